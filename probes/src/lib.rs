@@ -1,0 +1,1 @@
+//! Shared probe plumbing.

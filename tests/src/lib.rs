@@ -1,0 +1,1 @@
+//! Fixture helpers for the end-to-end tests.

@@ -1,0 +1,26 @@
+//! Packs: Hugging Face Qwen3-VL checkpoints turned into one memory-mapped file, and the quant
+//! layouts (`quant`) that host kernels and device designs share. The file format is described in
+//! FORMAT.md.
+
+#[cfg(target_endian = "big")]
+compile_error!("packs are little-endian byte images; big-endian targets are not supported");
+
+pub mod build;
+pub mod container;
+mod encode;
+pub mod hf;
+pub mod layout;
+pub mod names;
+pub mod pack;
+pub mod quant;
+pub mod random;
+pub mod semantics;
+pub mod writer;
+
+pub use build::{build_from_hf, BuildError, BuildOptions, BuildReport};
+pub use container::Dtype;
+pub use pack::{Embedding, Linear, LinearData, Pack, PackError, TensorInfo};
+pub use quant::{QuantError, QuantKind};
+pub use random::{write_random, RandomShape};
+pub use semantics::{Semantics, SemanticsError};
+pub use writer::{PackWriter, WriteError, FORMAT};

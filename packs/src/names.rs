@@ -1,0 +1,128 @@
+//! Tensor names in a pack: the hub layout of Qwen3-VL's text decoder, no renaming.
+
+pub const EMBED: &str = "model.language_model.embed_tokens.weight";
+pub const FINAL_NORM: &str = "model.language_model.norm.weight";
+pub const LM_HEAD: &str = "lm_head.weight";
+
+const LAYERS: &str = "model.language_model.layers";
+
+/// Suffix of the scales tensor of a quantized weight: `X` keeps its scales in `X.scales`.
+pub const SCALES_SUFFIX: &str = ".scales";
+
+/// The seven linear projections of a decoder layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Proj {
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+impl Proj {
+    pub const ALL: [Proj; 7] = [
+        Proj::Q,
+        Proj::K,
+        Proj::V,
+        Proj::O,
+        Proj::Gate,
+        Proj::Up,
+        Proj::Down,
+    ];
+
+    /// The path of this projection inside a layer.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Proj::Q => "self_attn.q_proj.weight",
+            Proj::K => "self_attn.k_proj.weight",
+            Proj::V => "self_attn.v_proj.weight",
+            Proj::O => "self_attn.o_proj.weight",
+            Proj::Gate => "mlp.gate_proj.weight",
+            Proj::Up => "mlp.up_proj.weight",
+            Proj::Down => "mlp.down_proj.weight",
+        }
+    }
+}
+
+/// The four norm weights of a decoder layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Norm {
+    Input,
+    PostAttention,
+    QNorm,
+    KNorm,
+}
+
+impl Norm {
+    pub const ALL: [Norm; 4] = [Norm::Input, Norm::PostAttention, Norm::QNorm, Norm::KNorm];
+
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Norm::Input => "input_layernorm.weight",
+            Norm::PostAttention => "post_attention_layernorm.weight",
+            Norm::QNorm => "self_attn.q_norm.weight",
+            Norm::KNorm => "self_attn.k_norm.weight",
+        }
+    }
+}
+
+/// "model.language_model.layers.{layer}.self_attn.q_proj.weight", ".mlp.gate_proj.weight", ...
+pub fn proj(layer: usize, p: Proj) -> String {
+    format!("{LAYERS}.{layer}.{}", p.suffix())
+}
+
+/// "model.language_model.layers.{layer}.input_layernorm.weight", ...
+pub fn norm(layer: usize, n: Norm) -> String {
+    format!("{LAYERS}.{layer}.{}", n.suffix())
+}
+
+/// The scales tensor of quantized weight `name`: `name` + ".scales".
+pub fn scales_of(name: &str) -> String {
+    format!("{name}{SCALES_SUFFIX}")
+}
+
+/// Padding entries that keep the container's offsets contiguous; readers hide them.
+pub const PAD_PREFIX: &str = "__pad__.";
+
+pub fn is_padding(name: &str) -> bool {
+    name.starts_with(PAD_PREFIX)
+}
+
+/// The checkpoint name of a pack tensor for a text-only Qwen3 checkpoint (`model.layers.*`,
+/// `model.embed_tokens.weight`, ...): the same path without `language_model.`.
+pub fn text_only_name(pack_name: &str) -> String {
+    match pack_name.strip_prefix("model.language_model.") {
+        Some(rest) => format!("model.{rest}"),
+        None => pack_name.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_hub_layout() {
+        assert_eq!(
+            proj(3, Proj::Q),
+            "model.language_model.layers.3.self_attn.q_proj.weight"
+        );
+        assert_eq!(
+            proj(0, Proj::Down),
+            "model.language_model.layers.0.mlp.down_proj.weight"
+        );
+        assert_eq!(
+            norm(1, Norm::KNorm),
+            "model.language_model.layers.1.self_attn.k_norm.weight"
+        );
+        assert_eq!(
+            norm(2, Norm::PostAttention),
+            "model.language_model.layers.2.post_attention_layernorm.weight"
+        );
+        assert_eq!(scales_of(LM_HEAD), "lm_head.weight.scales");
+        assert_eq!(text_only_name(EMBED), "model.embed_tokens.weight");
+        assert_eq!(text_only_name(LM_HEAD), "lm_head.weight");
+    }
+}

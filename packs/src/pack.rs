@@ -1,0 +1,405 @@
+//! The pack reader: one memory map, zero-copy typed slices, everything validated at open so the
+//! forward can index without further checks.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use half::bf16;
+use memmap2::Mmap;
+
+use crate::container::{self, Dtype, HeaderError, LEN_PREFIX};
+use crate::layout::{self, WeightRole};
+use crate::names::{self, EMBED, LM_HEAD};
+use crate::quant::QuantKind;
+use crate::semantics::{Semantics, SemanticsError};
+use crate::writer::{ALIGN, FORMAT};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: not a pack: {source}")]
+    Header { path: PathBuf, source: HeaderError },
+    #[error("{path}: __metadata__.format is {found:?}, expected {FORMAT:?}")]
+    Format {
+        path: PathBuf,
+        found: Option<String>,
+    },
+    #[error("{path}: __metadata__.semantics: {what}")]
+    SemanticsJson { path: PathBuf, what: String },
+    #[error("{path}: invalid semantics: {source}")]
+    Semantics {
+        path: PathBuf,
+        source: SemanticsError,
+    },
+    #[error("{path}: tensor {name}: starts at file offset {offset}, not {ALIGN}-byte aligned")]
+    Misaligned {
+        path: PathBuf,
+        name: String,
+        offset: u64,
+    },
+    #[error("{path}: padding entry {name} must be a 1-D U8 tensor")]
+    BadPadding { path: PathBuf, name: String },
+    #[error("{path}: required tensor {name} is missing")]
+    Missing { path: PathBuf, name: String },
+    #[error("{path}: tensor {name} is {found_dtype} {found_shape:?}, expected {dtype} {shape:?}")]
+    WrongShape {
+        path: PathBuf,
+        name: String,
+        found_dtype: Dtype,
+        found_shape: Vec<usize>,
+        dtype: Dtype,
+        shape: Vec<usize>,
+    },
+    #[error("{path}: no tensor named {name}")]
+    NotFound { path: PathBuf, name: String },
+    #[error("{path}: tensor {name} is not a {what}")]
+    WrongRole {
+        path: PathBuf,
+        name: String,
+        what: &'static str,
+    },
+}
+
+/// A tensor of the pack (padding entries excluded).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// Absolute file offset of the first byte.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// The embedding matrix [vocab x hidden].
+#[derive(Clone, Copy, Debug)]
+pub enum Embedding<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+}
+
+/// A linear weight W [n x k] (out x in) in its stored form.
+#[derive(Clone, Copy, Debug)]
+pub struct Linear<'a> {
+    pub name: &'a str,
+    /// Output features.
+    pub n: usize,
+    /// Input features.
+    pub k: usize,
+    pub data: LinearData<'a>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum LinearData<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+    /// codes [n*k] row-major, scales [n].
+    I8 {
+        codes: &'a [i8],
+        scales: &'a [f32],
+    },
+    /// codes [n * k/2] (element 2i low nibble, 2i+1 high), scales [n * k/32].
+    Q4 {
+        codes: &'a [u8],
+        scales: &'a [bf16],
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Embedding,
+    Norm,
+    Linear,
+    Scales,
+    Extra,
+}
+
+pub struct Pack {
+    path: PathBuf,
+    map: Mmap,
+    semantics: Semantics,
+    tensors: Vec<TensorInfo>,
+    index: HashMap<String, (usize, Kind)>,
+}
+
+impl std::fmt::Debug for Pack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pack")
+            .field("path", &self.path)
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+impl Pack {
+    /// Maps the file and validates everything: header length and JSON, offsets inside the file,
+    /// no overlap, dtype and shape agreeing with byte sizes, 64-byte alignment, the format string,
+    /// the semantics, and every tensor the semantics require present with the right dtype and shape.
+    pub fn open(path: impl AsRef<Path>) -> Result<Pack, PackError> {
+        let path = path.as_ref().to_path_buf();
+        let io = |source| PackError::Io {
+            path: path.clone(),
+            source,
+        };
+        let file = File::open(&path).map_err(io)?;
+        let file_len = file.metadata().map_err(io)?.len();
+        let header_err = |source| PackError::Header {
+            path: path.clone(),
+            source,
+        };
+        if file_len < LEN_PREFIX {
+            return Err(header_err(HeaderError::TooShort { len: file_len }));
+        }
+        // SAFETY: the map is read-only and we never hand out references past its length (every
+        // range is checked against it below). Like every memory-mapped reader, we rely on the
+        // file not being truncated or rewritten while the pack is open; packs are written once
+        // by rename and never modified in place.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let map_len = map.len() as u64;
+        let header_len = container::header_len(&map, map_len).map_err(header_err)?;
+        let data_start = LEN_PREFIX + header_len;
+        let header = container::parse_header(
+            &map[LEN_PREFIX as usize..data_start as usize],
+            data_start,
+            map_len - data_start,
+        )
+        .map_err(header_err)?;
+
+        let format = header.metadata.get("format").cloned();
+        if format.as_deref() != Some(FORMAT) {
+            return Err(PackError::Format {
+                path,
+                found: format,
+            });
+        }
+        let semantics_json =
+            header
+                .metadata
+                .get("semantics")
+                .ok_or_else(|| PackError::SemanticsJson {
+                    path: path.clone(),
+                    what: "missing".into(),
+                })?;
+        let semantics: Semantics =
+            serde_json::from_str(semantics_json).map_err(|e| PackError::SemanticsJson {
+                path: path.clone(),
+                what: e.to_string(),
+            })?;
+        semantics
+            .validate()
+            .map_err(|source| PackError::Semantics {
+                path: path.clone(),
+                source,
+            })?;
+
+        let mut tensors = Vec::with_capacity(header.entries.len());
+        for e in header.entries {
+            if names::is_padding(&e.name) {
+                if e.dtype != Dtype::U8 || e.shape.len() != 1 {
+                    return Err(PackError::BadPadding { path, name: e.name });
+                }
+                continue;
+            }
+            let offset = data_start + e.start;
+            if offset % ALIGN != 0 {
+                return Err(PackError::Misaligned {
+                    path,
+                    name: e.name,
+                    offset,
+                });
+            }
+            let len = e.len();
+            tensors.push(TensorInfo {
+                name: e.name,
+                dtype: e.dtype,
+                shape: e.shape,
+                offset,
+                len,
+            });
+        }
+        let mut index: HashMap<String, (usize, Kind)> = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), (i, Kind::Extra)))
+            .collect();
+
+        let mut plan = layout::weights(&semantics);
+        if !layout::head_is_stored(&semantics) && index.contains_key(LM_HEAD) {
+            // A tied f32/bf16 pack need not store the head; if it does, it must be well formed.
+            let mut untied = semantics.clone();
+            untied.tie_word_embeddings = false;
+            plan.extend(
+                layout::weights(&untied)
+                    .into_iter()
+                    .filter(|w| w.name == LM_HEAD),
+            );
+        }
+        for weight in &plan {
+            for (i, spec) in weight.tensors(semantics.quant).into_iter().enumerate() {
+                let Some(slot) = index.get_mut(&spec.name) else {
+                    return Err(PackError::Missing {
+                        path,
+                        name: spec.name,
+                    });
+                };
+                let t = &tensors[slot.0];
+                if t.dtype != spec.dtype || t.shape != spec.shape {
+                    return Err(PackError::WrongShape {
+                        path,
+                        name: spec.name,
+                        found_dtype: t.dtype,
+                        found_shape: t.shape.clone(),
+                        dtype: spec.dtype,
+                        shape: spec.shape,
+                    });
+                }
+                slot.1 = match (weight.role, i) {
+                    (_, 1) => Kind::Scales,
+                    (WeightRole::Embedding, _) => Kind::Embedding,
+                    (WeightRole::Norm, _) => Kind::Norm,
+                    (WeightRole::Linear, _) => Kind::Linear,
+                };
+            }
+        }
+        Ok(Pack {
+            path,
+            map,
+            semantics,
+            tensors,
+            index,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn semantics(&self) -> &Semantics {
+        &self.semantics
+    }
+
+    pub fn file_len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Every tensor (padding entries hidden), in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.index.get(name).map(|&(i, _)| &self.tensors[i])
+    }
+
+    /// The raw bytes of a tensor.
+    pub fn bytes(&self, name: &str) -> Result<&[u8], PackError> {
+        let t = self.tensor(name).ok_or_else(|| self.not_found(name))?;
+        Ok(self.bytes_of(t))
+    }
+
+    fn bytes_of(&self, t: &TensorInfo) -> &[u8] {
+        // In range: checked against the map length at open.
+        &self.map[t.offset as usize..(t.offset + t.len) as usize]
+    }
+
+    fn not_found(&self, name: &str) -> PackError {
+        PackError::NotFound {
+            path: self.path.clone(),
+            name: name.to_string(),
+        }
+    }
+
+    fn typed<T: bytemuck::Pod>(&self, t: &TensorInfo) -> &[T] {
+        // Cannot fail: offsets are 64-byte aligned in a page-aligned map, and byte lengths are
+        // whole multiples of the element size (dtype times shape, checked at open).
+        bytemuck::try_cast_slice(self.bytes_of(t)).expect("pack tensor validated at open")
+    }
+
+    fn lookup(&self, name: &str, want: Kind, what: &'static str) -> Result<&TensorInfo, PackError> {
+        let &(i, kind) = self.index.get(name).ok_or_else(|| self.not_found(name))?;
+        if kind != want {
+            return Err(PackError::WrongRole {
+                path: self.path.clone(),
+                name: name.to_string(),
+                what,
+            });
+        }
+        Ok(&self.tensors[i])
+    }
+
+    /// The embedding [vocab x hidden]: f32 in f32 packs, bf16 otherwise.
+    pub fn embedding(&self) -> Embedding<'_> {
+        let t = self
+            .lookup(EMBED, Kind::Embedding, "embedding")
+            .expect("embedding validated at open");
+        match t.dtype {
+            Dtype::F32 => Embedding::F32(self.typed(t)),
+            _ => Embedding::Bf16(self.typed(t)),
+        }
+    }
+
+    /// A norm weight (f32).
+    pub fn norm(&self, name: &str) -> Result<&[f32], PackError> {
+        let t = self.lookup(name, Kind::Norm, "norm weight")?;
+        Ok(self.typed(t))
+    }
+
+    /// A linear weight: one of the seven projections of a layer, or the stored head.
+    pub fn linear(&self, name: &str) -> Result<Linear<'_>, PackError> {
+        let t = self.lookup(name, Kind::Linear, "linear weight")?;
+        let n = t.shape[0];
+        let scales = || {
+            let s = self.lookup(&names::scales_of(name), Kind::Scales, "scales tensor");
+            s.expect("scales validated at open")
+        };
+        let (k, data) = match self.semantics.quant {
+            QuantKind::F32 => (t.shape[1], LinearData::F32(self.typed(t))),
+            QuantKind::Bf16 => (t.shape[1], LinearData::Bf16(self.typed(t))),
+            QuantKind::I8 => (
+                t.shape[1],
+                LinearData::I8 {
+                    codes: self.typed(t),
+                    scales: self.typed(scales()),
+                },
+            ),
+            QuantKind::Q4 => (
+                t.shape[1] * 2,
+                LinearData::Q4 {
+                    codes: self.typed(t),
+                    scales: self.typed(scales()),
+                },
+            ),
+        };
+        Ok(Linear {
+            name: &t.name,
+            n,
+            k,
+            data,
+        })
+    }
+
+    /// The output head: `lm_head.weight` when stored, else (tied f32/bf16 packs) the embedding
+    /// viewed as a linear [vocab x hidden].
+    pub fn head(&self) -> Linear<'_> {
+        if self.index.contains_key(LM_HEAD) {
+            return self.linear(LM_HEAD).expect("head validated at open");
+        }
+        let t = self.tensor(EMBED).expect("embedding validated at open");
+        let data = match self.embedding() {
+            Embedding::F32(w) => LinearData::F32(w),
+            Embedding::Bf16(w) => LinearData::Bf16(w),
+        };
+        Linear {
+            name: &t.name,
+            n: t.shape[0],
+            k: t.shape[1],
+            data,
+        }
+    }
+}

@@ -1,0 +1,370 @@
+//! The quant layouts and their scalar arithmetic: the one implementation that host kernels and
+//! device designs are checked against. Every rule here is spelled out in FORMAT.md so that an
+//! independent reference can reproduce the bytes; "round" is half away from zero (`f32::round`).
+
+use std::fmt;
+use std::str::FromStr;
+
+use half::bf16;
+use serde::{Deserialize, Serialize};
+
+/// How the linear weights of a pack are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuantKind {
+    /// Every weight f32: the exact path.
+    F32,
+    /// Linears and embedding bf16, norms f32.
+    Bf16,
+    /// Linears int8 per output row (f32 scale), embedding bf16, norms f32.
+    I8,
+    /// Linears signed int4 in groups of 32 along K (bf16 scale), embedding bf16, norms f32.
+    Q4,
+}
+
+impl QuantKind {
+    pub const ALL: [QuantKind; 4] = [
+        QuantKind::F32,
+        QuantKind::Bf16,
+        QuantKind::I8,
+        QuantKind::Q4,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuantKind::F32 => "f32",
+            QuantKind::Bf16 => "bf16",
+            QuantKind::I8 => "i8",
+            QuantKind::Q4 => "q4",
+        }
+    }
+
+    /// i8 and q4 store linears as integer codes plus scales.
+    pub fn is_integer(self) -> bool {
+        matches!(self, QuantKind::I8 | QuantKind::Q4)
+    }
+}
+
+impl fmt::Display for QuantKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for QuantKind {
+    type Err = QuantError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        QuantKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| QuantError::UnknownKind(s.to_string()))
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum QuantError {
+    #[error("unknown quant kind {0:?} (expected one of f32, bf16, i8, q4)")]
+    UnknownKind(String),
+    #[error("q4 needs the input dimension K to be a multiple of {Q4_GROUP}, got K = {k}")]
+    Q4GroupMismatch { k: usize },
+    #[error("weight has {len} values, expected N x K = {n} x {k}")]
+    LengthMismatch { len: usize, n: usize, k: usize },
+}
+
+/// Elements per q4 group along K.
+pub const Q4_GROUP: usize = 32;
+
+/// Per output row r: `s_r = max|w[r,:]| / 127` (f32), codes `clamp(round(w / s_r), -127, 127)`.
+/// A zero row (or one whose scale underflows to 0) has scale 0 and codes 0.
+/// Returns codes [n*k] row-major and scales [n]. Panics if `w.len() != n * k` (a caller bug).
+pub fn quantize_i8_rows(w: &[f32], n: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
+    assert_eq!(
+        w.len(),
+        n * k,
+        "quantize_i8_rows: w has {} values, expected {n} x {k}",
+        w.len()
+    );
+    let mut codes = vec![0i8; n * k];
+    let mut scales = vec![0f32; n];
+    if k == 0 {
+        return (codes, scales);
+    }
+    for ((row, codes_row), scale) in w
+        .chunks_exact(k)
+        .zip(codes.chunks_exact_mut(k))
+        .zip(&mut scales)
+    {
+        *scale = quantize_i8_row(row, codes_row);
+    }
+    (codes, scales)
+}
+
+/// One row of [`quantize_i8_rows`]; returns the row's scale.
+pub fn quantize_i8_row(row: &[f32], codes: &mut [i8]) -> f32 {
+    symmetric_i8_row(row, codes)
+}
+
+/// Shared by weight rows and activation rows: the two rules are the same formula.
+fn symmetric_i8_row(x: &[f32], codes: &mut [i8]) -> f32 {
+    debug_assert_eq!(x.len(), codes.len());
+    // A NaN anywhere makes the scale NaN (f32::max would skip it), so a broken row stays visible.
+    let max_abs = x.iter().fold(0f32, |m, v| {
+        if m.is_nan() || v.abs() <= m {
+            m
+        } else {
+            v.abs()
+        }
+    });
+    let scale = max_abs / 127.0;
+    if scale == 0.0 {
+        codes.fill(0);
+        return scale;
+    }
+    for (c, &v) in codes.iter_mut().zip(x) {
+        // `as i8` saturates and maps NaN to 0.
+        *c = (v / scale).round().clamp(-127.0, 127.0) as i8;
+    }
+    scale
+}
+
+/// Dequantize i8 rows: `w[r, j] = codes[r, j] as f32 * scales[r]`.
+pub fn dequantize_i8_rows(codes: &[i8], scales: &[f32], n: usize, k: usize) -> Vec<f32> {
+    assert_eq!(codes.len(), n * k, "dequantize_i8_rows: codes length");
+    assert_eq!(scales.len(), n, "dequantize_i8_rows: scales length");
+    let mut out = Vec::with_capacity(n * k);
+    for r in 0..n {
+        out.extend(
+            codes[r * k..(r + 1) * k]
+                .iter()
+                .map(|&c| c as f32 * scales[r]),
+        );
+    }
+    out
+}
+
+/// The q4 scale of one group: m is the value of largest magnitude (the first on ties), scale
+/// `bf16(m / -8)` rounded to nearest even. So m itself maps to code -8, the one code whose
+/// magnitude has no positive twin.
+pub fn q4_group_scale(group: &[f32]) -> bf16 {
+    let mut m = 0f32;
+    for &v in group {
+        if v.abs() > m.abs() {
+            m = v;
+        }
+    }
+    if m == 0.0 {
+        return bf16::ZERO;
+    }
+    bf16::from_f32(m / -8.0)
+}
+
+/// Quantize one row (k values, k % 32 == 0) into packed codes [k/2] and scales [k/32].
+pub fn quantize_q4_row(row: &[f32], codes: &mut [u8], scales: &mut [bf16]) {
+    debug_assert_eq!(row.len() % Q4_GROUP, 0);
+    debug_assert_eq!(codes.len() * 2, row.len());
+    debug_assert_eq!(scales.len() * Q4_GROUP, row.len());
+    for ((group, group_codes), scale) in row
+        .chunks_exact(Q4_GROUP)
+        .zip(codes.chunks_exact_mut(Q4_GROUP / 2))
+        .zip(scales.iter_mut())
+    {
+        *scale = q4_group_scale(group);
+        // Codes use the rounded scale, so dequantization reproduces exactly what was chosen.
+        let s = scale.to_f32();
+        for (byte, pair) in group_codes.iter_mut().zip(group.chunks_exact(2)) {
+            let lo = q4_value_code(pair[0], s);
+            let hi = q4_value_code(pair[1], s);
+            *byte = (lo as u8 & 0x0F) | ((hi as u8 & 0x0F) << 4);
+        }
+    }
+}
+
+fn q4_value_code(v: f32, scale: f32) -> i8 {
+    // A zero scale (zero group, or a scale that underflowed) gives code 0.
+    if scale == 0.0 || !scale.is_finite() {
+        return 0;
+    }
+    (v / scale).round().clamp(-8.0, 7.0) as i8
+}
+
+/// Quantize W [n x k] row-major to q4: codes [n * k/2] (element 2i low nibble, 2i+1 high nibble,
+/// two's complement) and bf16 scales [n * k/32]. K % 32 != 0 is refused.
+pub fn quantize_q4(w: &[f32], n: usize, k: usize) -> Result<(Vec<u8>, Vec<bf16>), QuantError> {
+    if k % Q4_GROUP != 0 {
+        return Err(QuantError::Q4GroupMismatch { k });
+    }
+    if w.len() != n * k {
+        return Err(QuantError::LengthMismatch { len: w.len(), n, k });
+    }
+    let mut codes = vec![0u8; n * k / 2];
+    let mut scales = vec![bf16::ZERO; n * k / Q4_GROUP];
+    if k == 0 {
+        return Ok((codes, scales));
+    }
+    for ((row, codes_row), scales_row) in w
+        .chunks_exact(k)
+        .zip(codes.chunks_exact_mut(k / 2))
+        .zip(scales.chunks_exact_mut(k / Q4_GROUP))
+    {
+        quantize_q4_row(row, codes_row, scales_row);
+    }
+    Ok((codes, scales))
+}
+
+/// Element j of a packed q4 row, sign-extended.
+#[inline]
+pub fn q4_code(codes_row: &[u8], j: usize) -> i8 {
+    let byte = codes_row[j / 2];
+    let nibble = if j % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+    ((nibble << 4) as i8) >> 4
+}
+
+/// Dequantize q4: `w[r, j] = code(r, j) as f32 * f32(scale[r, j / 32])`.
+pub fn dequantize_q4(codes: &[u8], scales: &[bf16], n: usize, k: usize) -> Vec<f32> {
+    assert_eq!(
+        k % Q4_GROUP,
+        0,
+        "dequantize_q4: K = {k} is not a multiple of {Q4_GROUP}"
+    );
+    assert_eq!(codes.len(), n * k / 2, "dequantize_q4: codes length");
+    assert_eq!(
+        scales.len(),
+        n * k / Q4_GROUP,
+        "dequantize_q4: scales length"
+    );
+    let mut out = Vec::with_capacity(n * k);
+    for r in 0..n {
+        let codes_row = &codes[r * k / 2..(r + 1) * k / 2];
+        let scales_row = &scales[r * k / Q4_GROUP..(r + 1) * k / Q4_GROUP];
+        out.extend(
+            (0..k).map(|j| q4_code(codes_row, j) as f32 * scales_row[j / Q4_GROUP].to_f32()),
+        );
+    }
+    out
+}
+
+/// Activation row quantization: s_a = max|x|/127 (f32), codes clamp(round(x / s_a), -127, 127)
+/// (f32 division, round half away from zero = f32::round); zero row -> s_a = 0, codes 0. Returns s_a.
+pub fn quantize_activation_row(x: &[f32], codes: &mut [i8]) -> f32 {
+    assert_eq!(
+        x.len(),
+        codes.len(),
+        "quantize_activation_row: x and codes differ in length"
+    );
+    symmetric_i8_row(x, codes)
+}
+
+/// Exact integer dot product.
+#[inline]
+pub fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
+    assert_eq!(a.len(), b.len(), "dot_i8: lengths differ");
+    a.iter().zip(b).map(|(&x, &y)| x as i32 * y as i32).sum()
+}
+
+/// q4 row: for each group g ascending, `sum += (int dot of the group) as f32 * f32(scale[g])`;
+/// returns sum (f32, without the activation scale).
+pub fn q4_row_scaled_sum(a: &[i8], codes_row: &[u8], scales_row: &[bf16]) -> f32 {
+    let k = a.len();
+    assert_eq!(
+        k % Q4_GROUP,
+        0,
+        "q4_row_scaled_sum: K = {k} not a multiple of {Q4_GROUP}"
+    );
+    assert_eq!(codes_row.len() * 2, k, "q4_row_scaled_sum: codes length");
+    assert_eq!(
+        scales_row.len() * Q4_GROUP,
+        k,
+        "q4_row_scaled_sum: scales length"
+    );
+    let mut sum = 0f32;
+    for (g, scale) in scales_row.iter().enumerate() {
+        let base = g * Q4_GROUP;
+        let acc: i32 = (base..base + Q4_GROUP)
+            .map(|j| a[j] as i32 * q4_code(codes_row, j) as i32)
+            .sum();
+        sum += acc as f32 * scale.to_f32();
+    }
+    sum
+}
+
+/// i8 result of one output: `(acc as f32 * s_a) * s_w`.
+#[inline]
+pub fn finish_i8(acc: i32, s_a: f32, s_w: f32) -> f32 {
+    (acc as f32 * s_a) * s_w
+}
+
+/// q4 result of one output: `group_sum * s_a`.
+#[inline]
+pub fn finish_q4(group_sum: f32, s_a: f32) -> f32 {
+    group_sum * s_a
+}
+
+/// Scalar oracle: A codes [m x k] with row scales, W i8 [n x k] with row scales; out [m x n].
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_i8_ref(
+    a: &[i8],
+    a_scales: &[f32],
+    m: usize,
+    k: usize,
+    w: &[i8],
+    w_scales: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    assert_eq!(a.len(), m * k, "gemm_i8_ref: a length");
+    assert_eq!(a_scales.len(), m, "gemm_i8_ref: a_scales length");
+    assert_eq!(w.len(), n * k, "gemm_i8_ref: w length");
+    assert_eq!(w_scales.len(), n, "gemm_i8_ref: w_scales length");
+    assert_eq!(out.len(), m * n, "gemm_i8_ref: out length");
+    for i in 0..m {
+        let a_row = &a[i * k..(i + 1) * k];
+        for j in 0..n {
+            let acc = dot_i8(a_row, &w[j * k..(j + 1) * k]);
+            out[i * n + j] = finish_i8(acc, a_scales[i], w_scales[j]);
+        }
+    }
+}
+
+/// Scalar oracle: A codes [m x k] with row scales, W q4 [n x k]; out [m x n].
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_q4_ref(
+    a: &[i8],
+    a_scales: &[f32],
+    m: usize,
+    k: usize,
+    w: &[u8],
+    w_scales: &[bf16],
+    n: usize,
+    out: &mut [f32],
+) {
+    assert_eq!(
+        k % Q4_GROUP,
+        0,
+        "gemm_q4_ref: K = {k} not a multiple of {Q4_GROUP}"
+    );
+    assert_eq!(a.len(), m * k, "gemm_q4_ref: a length");
+    assert_eq!(a_scales.len(), m, "gemm_q4_ref: a_scales length");
+    assert_eq!(w.len(), n * k / 2, "gemm_q4_ref: w length");
+    assert_eq!(
+        w_scales.len(),
+        n * k / Q4_GROUP,
+        "gemm_q4_ref: w_scales length"
+    );
+    assert_eq!(out.len(), m * n, "gemm_q4_ref: out length");
+    let groups = k / Q4_GROUP;
+    for i in 0..m {
+        let a_row = &a[i * k..(i + 1) * k];
+        for j in 0..n {
+            let sum = q4_row_scaled_sum(
+                a_row,
+                &w[j * k / 2..(j + 1) * k / 2],
+                &w_scales[j * groups..(j + 1) * groups],
+            );
+            out[i * n + j] = finish_q4(sum, a_scales[i]);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "quant_tests.rs"]
+mod tests;

@@ -1,0 +1,60 @@
+//! The GEMM backend seam: every projection and the head go through one of these.
+//!
+//! `y[rows x n] = x[rows x k] · Wᵀ` where W is a pack's linear weight ([n x k], row-major). The host
+//! backend runs the kernels on the CPU; the device backend dispatches the same bytes to the NPU.
+
+use packs::Linear;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("{0}")]
+    Device(String),
+    #[error("the {backend} backend cannot run {weight}: {why}")]
+    Unsupported {
+        backend: &'static str,
+        weight: String,
+        why: String,
+    },
+}
+
+/// Where one backend's time went (for `--profile`).
+#[derive(Clone, Debug, Default)]
+pub struct GemmStats {
+    pub gemms: u64,
+    pub launches: u64,
+    pub rows: u64,
+    pub quantize_launch: Duration,
+    pub wait: Duration,
+    pub readback: Duration,
+    pub host: Duration,
+}
+
+/// A weight the forward will multiply by: its index in the forward's weight table and its view.
+pub struct WeightRef<'a> {
+    pub id: usize,
+    pub linear: Linear<'a>,
+}
+
+pub trait GemmBackend: Send {
+    fn name(&self) -> &'static str;
+
+    /// Called once with every weight before the first step (device backends upload them here).
+    fn prepare(&mut self, _weights: &[WeightRef<'_>]) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    /// `y[rows x n] = x[rows x k] · Wᵀ`.
+    fn gemm(
+        &mut self,
+        w: &WeightRef<'_>,
+        x: &[f32],
+        rows: usize,
+        y: &mut [f32],
+    ) -> Result<(), BackendError>;
+
+    /// Counters since the last `take_stats`.
+    fn take_stats(&mut self) -> GemmStats {
+        GemmStats::default()
+    }
+}

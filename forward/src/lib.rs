@@ -1,0 +1,25 @@
+//! The Qwen3-VL text decoder.
+//!
+//! One pass per step reads like the model card — norm, q/k/v, q/k norm, rotate, attend, o, residual,
+//! norm, gate/up/down, residual, DeepStack — with the mechanics (kernels, cache, backends) one call away.
+//! Cache slot and rotary position are separate numbers everywhere.
+
+pub mod attention;
+pub mod backend;
+pub mod host;
+pub mod hybrid;
+pub mod inputs;
+pub mod kernels;
+pub mod kv;
+pub mod model;
+pub mod norm;
+pub mod rope;
+pub mod sampling;
+pub mod stfile;
+
+pub use backend::{BackendError, GemmBackend, GemmStats, WeightRef};
+pub use hybrid::HybridInputs;
+pub use inputs::PromptInputs;
+pub use kv::KvDtype;
+pub use model::{Ablation, BackendChoice, Forward, ForwardError, ForwardOptions, Logits};
+pub use rope::{RopeLayout, Rotary};

@@ -1,0 +1,670 @@
+//! `Forward`: the Qwen3-VL text decoder, one clear pass per step.
+
+use crate::attention::{attend_group, AttnShape};
+use crate::backend::{BackendError, GemmBackend, WeightRef};
+use crate::host::HostGemm;
+use crate::hybrid::HybridInputs;
+use crate::kv::{KvCache, KvData, KvDtype, KvElem, KvStore};
+use crate::norm::{rmsnorm, rmsnorm_inplace};
+use crate::rope::{rotate_half, RopeLayout, Rotary};
+use packs::names::{self, Norm, Proj};
+use packs::{Embedding, Pack, PackError, Semantics};
+use rayon::prelude::*;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("cache slot {slot} refused: the next free slot is {next} (capacity {capacity}); call reset() or truncate() to rewind")]
+    NotNextSlot {
+        slot: usize,
+        next: usize,
+        capacity: usize,
+    },
+    #[error("{rows} rows from cache slot {start} need {needed} slots, the KV cache holds {capacity} (raise the context capacity)")]
+    OverCapacity {
+        rows: usize,
+        start: usize,
+        needed: usize,
+        capacity: usize,
+    },
+    #[error("token id {token} at row {row} is outside the vocabulary (0..{vocab})")]
+    TokenOutOfVocab {
+        token: u32,
+        row: usize,
+        vocab: usize,
+    },
+    #[error("invalid hybrid inputs: {0}")]
+    Hybrid(String),
+    #[error("{0}")]
+    Options(String),
+    #[error(transparent)]
+    Pack(#[from] PackError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+/// Which rows' logits a step returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Logits {
+    #[default]
+    LastRow,
+    AllRows,
+}
+
+/// Deliberate mistakes, for controls: tests and probes show that the checks catch each one.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ablation {
+    /// Use this rotary layout instead of the pack's.
+    pub rope_layout: Option<RopeLayout>,
+    /// Add DeepStack set l before decoder layer l instead of after it.
+    pub deepstack_before_layer: bool,
+    /// Add DeepStack to every prompt row (row r takes set row r % image_rows), not only image rows.
+    pub deepstack_every_row: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct ForwardOptions {
+    /// KV cache slots (the longest prompt + generation).
+    pub capacity: usize,
+    /// Threads of the persistent pool (GEMMs and attention).
+    pub threads: usize,
+    pub kv_dtype: KvDtype,
+    /// Keep every layer's output hidden states (for per-layer comparison with a reference).
+    pub trace_layers: bool,
+    pub ablation: Ablation,
+}
+
+impl Default for ForwardOptions {
+    fn default() -> Self {
+        ForwardOptions {
+            capacity: 2048,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            kv_dtype: KvDtype::F32,
+            trace_layers: false,
+            ablation: Ablation::default(),
+        }
+    }
+}
+
+/// The GEMM backend a forward runs its projections on.
+pub enum BackendChoice {
+    Host,
+    Custom(Box<dyn GemmBackend>),
+}
+
+/// Reusable activations: grown to the largest batch seen, never reallocated per step after that.
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+fn grow(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+    &mut v[..len]
+}
+
+pub struct Forward {
+    pack: Arc<Pack>,
+    sem: Semantics,
+    rotary: Rotary,
+    shape: AttnShape,
+    eps: f32,
+    backend: Box<dyn GemmBackend>,
+    pool: Arc<rayon::ThreadPool>,
+    kv: KvCache,
+    /// Linear weight names; id = layer * 7 + proj, the head last.
+    weights: Vec<String>,
+    /// Norm weight names per layer: input, post-attention, q, k.
+    norms: Vec<[String; 4]>,
+    scratch: Scratch,
+    options: ForwardOptions,
+    trace: Vec<Vec<f32>>,
+}
+
+const PROJS: [Proj; 7] = [
+    Proj::Q,
+    Proj::K,
+    Proj::V,
+    Proj::O,
+    Proj::Gate,
+    Proj::Up,
+    Proj::Down,
+];
+
+impl Forward {
+    pub fn new(
+        pack: &Arc<Pack>,
+        backend: BackendChoice,
+        options: ForwardOptions,
+    ) -> Result<Forward, ForwardError> {
+        let sem = pack.semantics().clone();
+        if options.capacity == 0 {
+            return Err(ForwardError::Options(
+                "context capacity must be at least 1 slot".into(),
+            ));
+        }
+        if options.threads == 0 {
+            return Err(ForwardError::Options("threads must be at least 1".into()));
+        }
+        let pool = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(options.threads)
+                .thread_name(|i| format!("xdna-vl-{i}"))
+                .build()
+                .map_err(|e| ForwardError::Options(format!("cannot start the thread pool: {e}")))?,
+        );
+        let mut backend: Box<dyn GemmBackend> = match backend {
+            BackendChoice::Host => Box::new(HostGemm::new(pool.clone())),
+            BackendChoice::Custom(b) => b,
+        };
+        let layout = options
+            .ablation
+            .rope_layout
+            .unwrap_or_else(|| RopeLayout::from_semantics(&sem));
+        let rotary = Rotary::new(layout, sem.rope_theta, sem.head_dim);
+        let shape = AttnShape {
+            heads: sem.num_heads,
+            kv_heads: sem.num_kv_heads,
+            head_dim: sem.head_dim,
+        };
+        let mut weights = Vec::with_capacity(sem.num_layers * 7 + 1);
+        let mut norms = Vec::with_capacity(sem.num_layers);
+        for l in 0..sem.num_layers {
+            for p in PROJS {
+                weights.push(names::proj(l, p));
+            }
+            norms.push([
+                names::norm(l, Norm::Input),
+                names::norm(l, Norm::PostAttention),
+                names::norm(l, Norm::QNorm),
+                names::norm(l, Norm::KNorm),
+            ]);
+        }
+        // Resolve every weight now so a broken pack fails here, not mid-step.
+        let mut refs = Vec::with_capacity(weights.len() + 1);
+        for (id, name) in weights.iter().enumerate() {
+            refs.push(WeightRef {
+                id,
+                linear: pack.linear(name)?,
+            });
+        }
+        refs.push(WeightRef {
+            id: weights.len(),
+            linear: pack.head(),
+        });
+        for l in &norms {
+            for n in l {
+                pack.norm(n)?;
+            }
+        }
+        pack.norm(names::FINAL_NORM)?;
+        backend.prepare(&refs)?;
+        drop(refs);
+        let kv = KvCache::new(
+            options.kv_dtype,
+            sem.num_layers,
+            options.capacity,
+            shape.kv_dim(),
+        );
+        Ok(Forward {
+            pack: pack.clone(),
+            eps: sem.rms_norm_eps as f32,
+            sem,
+            rotary,
+            shape,
+            backend,
+            pool,
+            kv,
+            weights,
+            norms,
+            scratch: Scratch::default(),
+            options,
+            trace: Vec::new(),
+        })
+    }
+
+    pub fn semantics(&self) -> &Semantics {
+        &self.sem
+    }
+    pub fn pack(&self) -> &Arc<Pack> {
+        &self.pack
+    }
+    /// The rotary tables the forward rotates q and k with (probes check its angles).
+    pub fn rotary(&self) -> &Rotary {
+        &self.rotary
+    }
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+    /// Filled cache slots; the next step must start here.
+    pub fn next_slot(&self) -> usize {
+        self.kv.len()
+    }
+    /// Bytes the KV cache holds (all slots allocated up front).
+    pub fn kv_bytes(&self) -> usize {
+        self.kv.bytes_allocated()
+    }
+    pub fn reset(&mut self) {
+        self.kv.reset();
+    }
+    /// Forget slots `len..` (decoding continues at slot `len`).
+    pub fn truncate(&mut self, len: usize) {
+        self.kv.truncate(len);
+    }
+    pub fn backend_mut(&mut self) -> &mut dyn GemmBackend {
+        self.backend.as_mut()
+    }
+    /// Hidden states after each layer of the last step (`rows x hidden` each), when tracing is on.
+    pub fn layer_trace(&self) -> &[Vec<f32>] {
+        &self.trace
+    }
+
+    /// One token at `rotary_pos` (all three planes) written to `cache_slot`; last-row logits.
+    pub fn step(
+        &mut self,
+        token: u32,
+        rotary_pos: i64,
+        cache_slot: usize,
+    ) -> Result<&[f32], ForwardError> {
+        self.step_batch(&[token], rotary_pos, cache_slot, Logits::LastRow)
+    }
+
+    /// A text prompt: row i at rotary position `start_pos + i` and cache slot `start_slot + i`.
+    pub fn step_batch(
+        &mut self,
+        tokens: &[u32],
+        start_pos: i64,
+        start_slot: usize,
+        logits: Logits,
+    ) -> Result<&[f32], ForwardError> {
+        let hidden = self.sem.hidden_size;
+        let rows = tokens.len();
+        for (row, &token) in tokens.iter().enumerate() {
+            if token as usize >= self.sem.vocab_size {
+                return Err(ForwardError::TokenOutOfVocab {
+                    token,
+                    row,
+                    vocab: self.sem.vocab_size,
+                });
+            }
+        }
+        let mut x = std::mem::take(&mut self.scratch.x);
+        let xs = grow(&mut x, rows * hidden);
+        for (row, &token) in xs.chunks_exact_mut(hidden).zip(tokens) {
+            self.embed_row(token, row);
+        }
+        let result = self.run(
+            &mut x,
+            rows,
+            &HybridInputs::text(start_pos),
+            start_slot,
+            logits,
+        );
+        self.scratch.x = x;
+        result?;
+        Ok(self.logits_slice(rows, logits))
+    }
+
+    /// Rows given as embeddings (`rows x hidden`), with position planes, image rows and DeepStack.
+    pub fn step_batch_embeds(
+        &mut self,
+        rows_embeds: &[f32],
+        hybrid: &HybridInputs,
+        start_slot: usize,
+        logits: Logits,
+    ) -> Result<&[f32], ForwardError> {
+        let hidden = self.sem.hidden_size;
+        if rows_embeds.is_empty() || !rows_embeds.len().is_multiple_of(hidden) {
+            return Err(ForwardError::Hybrid(format!(
+                "row embeddings hold {} values, not a positive multiple of hidden size {hidden}",
+                rows_embeds.len()
+            )));
+        }
+        let rows = rows_embeds.len() / hidden;
+        self.check_hybrid(hybrid, rows)?;
+        let mut x = std::mem::take(&mut self.scratch.x);
+        grow(&mut x, rows * hidden).copy_from_slice(rows_embeds);
+        let result = self.run(&mut x, rows, hybrid, start_slot, logits);
+        self.scratch.x = x;
+        result?;
+        Ok(self.logits_slice(rows, logits))
+    }
+
+    /// The embedding row of `token` as f32.
+    pub fn embed_row(&self, token: u32, out: &mut [f32]) {
+        let h = self.sem.hidden_size;
+        let t = token as usize;
+        match self.pack.embedding() {
+            Embedding::F32(e) => out.copy_from_slice(&e[t * h..(t + 1) * h]),
+            Embedding::Bf16(e) => {
+                for (o, v) in out.iter_mut().zip(&e[t * h..(t + 1) * h]) {
+                    *o = v.to_f32();
+                }
+            }
+        }
+    }
+
+    fn check_hybrid(&self, h: &HybridInputs, rows: usize) -> Result<(), ForwardError> {
+        let bad = |m: String| Err(ForwardError::Hybrid(m));
+        if let Some(planes) = &h.planes {
+            if !self.rotary.layout.is_mrope() {
+                return bad(format!(
+                    "position planes given, but the pack ({}) declares no MRoPE; pass plain positions",
+                    self.pack.path().display()
+                ));
+            }
+            if planes.len() != 3 * rows {
+                return bad(format!(
+                    "{} position values given, expected 3 planes x {rows} rows = {}",
+                    planes.len(),
+                    3 * rows
+                ));
+            }
+        }
+        let mut prev = None;
+        for &r in &h.image_rows {
+            if r >= rows {
+                return bad(format!(
+                    "image row {r} is outside the prompt of {rows} rows"
+                ));
+            }
+            if prev.is_some_and(|p| p >= r) {
+                return bad(format!(
+                    "image rows must be strictly ascending (row {r} follows {})",
+                    prev.unwrap_or(0)
+                ));
+            }
+            prev = Some(r);
+        }
+        let n_img = h.image_rows.len();
+        let hidden = self.sem.hidden_size;
+        if n_img > 0 && h.deepstack_sets != self.sem.deepstack_sets {
+            return bad(format!(
+                "{} DeepStack sets given, the pack declares {}",
+                h.deepstack_sets, self.sem.deepstack_sets
+            ));
+        }
+        if n_img == 0 && !h.deepstack.is_empty() {
+            return bad("DeepStack sets given but no image rows".into());
+        }
+        if h.deepstack.len() != h.deepstack_sets * n_img * hidden {
+            let per_set = h.deepstack.len().checked_div(h.deepstack_sets).unwrap_or(0);
+            return bad(format!(
+                "DeepStack holds {} values: {} sets of {} rows x {hidden} expected (one row per image row); got {} values per set",
+                h.deepstack.len(),
+                h.deepstack_sets,
+                n_img,
+                per_set
+            ));
+        }
+        Ok(())
+    }
+
+    fn logits_slice(&self, rows: usize, which: Logits) -> &[f32] {
+        let vocab = self.sem.vocab_size;
+        match which {
+            Logits::LastRow => &self.scratch.logits[..vocab],
+            Logits::AllRows => &self.scratch.logits[..rows * vocab],
+        }
+    }
+
+    fn gemm(
+        &mut self,
+        id: usize,
+        x: &[f32],
+        rows: usize,
+        y: &mut [f32],
+    ) -> Result<(), ForwardError> {
+        let linear = if id == self.weights.len() {
+            self.pack.head()
+        } else {
+            self.pack.linear(&self.weights[id])?
+        };
+        self.backend.gemm(&WeightRef { id, linear }, x, rows, y)?;
+        Ok(())
+    }
+
+    /// The decoder over `rows` rows already embedded in `x`. The KV cache advances only on success.
+    fn run(
+        &mut self,
+        x: &mut [f32],
+        rows: usize,
+        hybrid: &HybridInputs,
+        start_slot: usize,
+        which: Logits,
+    ) -> Result<(), ForwardError> {
+        let cap = self.kv.capacity;
+        if start_slot != self.kv.len() {
+            return Err(ForwardError::NotNextSlot {
+                slot: start_slot,
+                next: self.kv.len(),
+                capacity: cap,
+            });
+        }
+        if start_slot + rows > cap {
+            return Err(ForwardError::OverCapacity {
+                rows,
+                start: start_slot,
+                needed: start_slot + rows,
+                capacity: cap,
+            });
+        }
+        let sem = self.sem.clone();
+        let (hidden, inter, d) = (sem.hidden_size, sem.intermediate_size, sem.head_dim);
+        let (q_dim, kv_dim) = (self.shape.q_dim(), self.shape.kv_dim());
+        let half = d / 2;
+        let eps = self.eps;
+        let ablation = self.options.ablation;
+        let x = &mut x[..rows * hidden];
+        self.trace.clear();
+        let pack = Arc::clone(&self.pack);
+
+        let mut s = std::mem::take(&mut self.scratch);
+        // cos/sin of every row, shared by all layers.
+        grow(&mut s.cos, rows * half);
+        grow(&mut s.sin, rows * half);
+        for r in 0..rows {
+            let pos = hybrid.position(r, rows);
+            self.rotary.cos_sin(
+                pos,
+                &mut s.cos[r * half..(r + 1) * half],
+                &mut s.sin[r * half..(r + 1) * half],
+            );
+        }
+        let result = (|| -> Result<(), ForwardError> {
+            for layer in 0..sem.num_layers {
+                if ablation.deepstack_before_layer {
+                    add_deepstack(x, hybrid, layer, hidden, ablation.deepstack_every_row);
+                }
+                let [n_in, n_post, n_q, n_k] = &self.norms[layer];
+                let (w_in, w_post, w_q, w_k) = (
+                    pack.norm(n_in)?,
+                    pack.norm(n_post)?,
+                    pack.norm(n_q)?,
+                    pack.norm(n_k)?,
+                );
+                // Attention block.
+                let xn = grow(&mut s.xn, rows * hidden);
+                for (xr, nr) in x.chunks_exact(hidden).zip(xn.chunks_exact_mut(hidden)) {
+                    rmsnorm(xr, w_in, eps, nr);
+                }
+                let id = layer * 7;
+                let xn = &s.xn[..rows * hidden];
+                self.gemm(id, xn, rows, grow(&mut s.q, rows * q_dim))?;
+                self.gemm(id + 1, xn, rows, grow(&mut s.k, rows * kv_dim))?;
+                self.gemm(id + 2, xn, rows, grow(&mut s.v, rows * kv_dim))?;
+                for r in 0..rows {
+                    let (cos, sin) = (
+                        &s.cos[r * half..(r + 1) * half],
+                        &s.sin[r * half..(r + 1) * half],
+                    );
+                    for head in s.q[r * q_dim..(r + 1) * q_dim].chunks_exact_mut(d) {
+                        rmsnorm_inplace(head, w_q, eps);
+                        rotate_half(head, cos, sin);
+                    }
+                    for head in s.k[r * kv_dim..(r + 1) * kv_dim].chunks_exact_mut(d) {
+                        rmsnorm_inplace(head, w_k, eps);
+                        rotate_half(head, cos, sin);
+                    }
+                }
+                let attn = grow(&mut s.attn, rows * q_dim);
+                match &mut self.kv.data {
+                    KvData::F32(store) => attend_rows(
+                        &self.pool, self.shape, store, layer, start_slot, rows, &s.q, &s.k, &s.v,
+                        attn,
+                    ),
+                    KvData::Bf16(store) => attend_rows(
+                        &self.pool, self.shape, store, layer, start_slot, rows, &s.q, &s.k, &s.v,
+                        attn,
+                    ),
+                }
+                self.gemm(
+                    id + 3,
+                    &s.attn[..rows * q_dim],
+                    rows,
+                    grow(&mut s.proj, rows * hidden),
+                )?;
+                for (a, b) in x.iter_mut().zip(&s.proj[..rows * hidden]) {
+                    *a += b;
+                }
+                // MLP block.
+                let xn = grow(&mut s.xn, rows * hidden);
+                for (xr, nr) in x.chunks_exact(hidden).zip(xn.chunks_exact_mut(hidden)) {
+                    rmsnorm(xr, w_post, eps, nr);
+                }
+                let xn = &s.xn[..rows * hidden];
+                self.gemm(id + 4, xn, rows, grow(&mut s.gate, rows * inter))?;
+                self.gemm(id + 5, xn, rows, grow(&mut s.up, rows * inter))?;
+                for (g, u) in s.gate[..rows * inter].iter_mut().zip(&s.up[..rows * inter]) {
+                    *g = silu(*g) * u;
+                }
+                self.gemm(
+                    id + 6,
+                    &s.gate[..rows * inter],
+                    rows,
+                    grow(&mut s.proj, rows * hidden),
+                )?;
+                for (a, b) in x.iter_mut().zip(&s.proj[..rows * hidden]) {
+                    *a += b;
+                }
+                if !ablation.deepstack_before_layer {
+                    add_deepstack(x, hybrid, layer, hidden, ablation.deepstack_every_row);
+                }
+                if self.options.trace_layers {
+                    self.trace.push(x.to_vec());
+                }
+            }
+            // Final norm and head, on the rows whose logits are wanted.
+            let first = match which {
+                Logits::LastRow => rows - 1,
+                Logits::AllRows => 0,
+            };
+            let out_rows = rows - first;
+            let w_final = pack.norm(packs::names::FINAL_NORM)?;
+            let xn = grow(&mut s.xn, out_rows * hidden);
+            for (xr, nr) in x[first * hidden..]
+                .chunks_exact(hidden)
+                .zip(xn.chunks_exact_mut(hidden))
+            {
+                rmsnorm(xr, w_final, eps, nr);
+            }
+            let head = self.weights.len();
+            let vocab = sem.vocab_size;
+            self.gemm(
+                head,
+                &s.xn[..out_rows * hidden],
+                out_rows,
+                grow(&mut s.logits, out_rows * vocab),
+            )?;
+            Ok(())
+        })();
+        self.scratch = s;
+        result?;
+        self.kv.commit(start_slot + rows);
+        Ok(())
+    }
+}
+
+#[inline]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// DeepStack: after layer l (l < sets), set l is added to the image rows, row i of the set to the
+/// i-th image row in prompt order.
+fn add_deepstack(x: &mut [f32], h: &HybridInputs, layer: usize, hidden: usize, every_row: bool) {
+    let n_img = h.image_rows.len();
+    if layer >= h.deepstack_sets || n_img == 0 {
+        return;
+    }
+    let set = &h.deepstack[layer * n_img * hidden..(layer + 1) * n_img * hidden];
+    if every_row {
+        for (r, xr) in x.chunks_exact_mut(hidden).enumerate() {
+            let i = r % n_img;
+            for (a, b) in xr.iter_mut().zip(&set[i * hidden..(i + 1) * hidden]) {
+                *a += b;
+            }
+        }
+        return;
+    }
+    for (i, &r) in h.image_rows.iter().enumerate() {
+        for (a, b) in x[r * hidden..(r + 1) * hidden]
+            .iter_mut()
+            .zip(&set[i * hidden..(i + 1) * hidden])
+        {
+            *a += b;
+        }
+    }
+}
+
+/// Writes the rows' K/V at their slots, then attends every (row, KV head) pair in parallel.
+#[allow(clippy::too_many_arguments)]
+fn attend_rows<T: KvElem>(
+    pool: &rayon::ThreadPool,
+    shape: AttnShape,
+    store: &mut KvStore<T>,
+    layer: usize,
+    start_slot: usize,
+    rows: usize,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    attn: &mut [f32],
+) {
+    let kv_dim = shape.kv_dim();
+    for r in 0..rows {
+        store.write(
+            layer,
+            start_slot + r,
+            kv_dim,
+            &k[r * kv_dim..(r + 1) * kv_dim],
+            &v[r * kv_dim..(r + 1) * kv_dim],
+        );
+    }
+    let span = shape.group() * shape.head_dim;
+    let (k_cache, v_cache) = (&store.k[layer][..], &store.v[layer][..]);
+    let q_dim = shape.q_dim();
+    pool.install(|| {
+        attn[..rows * q_dim]
+            .par_chunks_mut(span)
+            .enumerate()
+            .for_each(|(t, out)| {
+                let (r, g) = (t / shape.kv_heads, t % shape.kv_heads);
+                let qs = &q[r * q_dim + g * span..r * q_dim + (g + 1) * span];
+                attend_group(shape, g, start_slot + r + 1, qs, k_cache, v_cache, out);
+            })
+    });
+}

@@ -1,33 +1,675 @@
-//! Hub checkpoints (stub; being written).
+//! Hugging Face hub checkpoints: `config.json` plus `model.safetensors`, or shards listed by
+//! `model.safetensors.index.json`. Tensors are read block by block with positioned reads, so
+//! memory stays bounded by one block whatever the checkpoint size (pages of a memory map would
+//! count toward the process's resident set until unmapped).
 
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use half::{bf16, f16};
+use rayon::prelude::*;
+use serde_json::Value;
+
+use crate::container::{self, Dtype, Entry, HeaderError, LEN_PREFIX};
+use crate::layout::{self, WeightRole};
+use crate::names;
 use crate::quant::QuantKind;
-use crate::semantics::Semantics;
+use crate::semantics::{self, Semantics, SemanticsError, ARCH_QWEN3, ARCH_QWEN3_VL};
+
+pub const CONFIG: &str = "config.json";
+pub const SINGLE_FILE: &str = "model.safetensors";
+pub const INDEX: &str = "model.safetensors.index.json";
 
 #[derive(Debug, thiserror::Error)]
 pub enum HfError {
-    #[error("{0}: reading hub checkpoints is not implemented yet")]
-    NotYet(PathBuf),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: not valid JSON: {what}")]
+    Json { path: PathBuf, what: String },
+    #[error("{path}: {key}: {what}")]
+    Key {
+        path: PathBuf,
+        key: String,
+        what: String,
+    },
+    #[error("{path}: model_type {found:?} is not supported (expected \"qwen3_vl\" or text-only \"qwen3\")")]
+    ModelType { path: PathBuf, found: String },
+    #[error(
+        "{path}: the config declares MRoPE (qwen3_vl) but {key}.mrope_section is missing; \
+         state it with --mrope-section (Qwen3-VL ships 24,20,20) rather than guessing the axis layout"
+    )]
+    MissingMropeSection { path: PathBuf, key: String },
+    #[error(
+        "{path}: {key}.mrope_section = {section} is not three non-negative integers summing to at \
+         most head_dim/2 = {half}"
+    )]
+    BadMropeSection {
+        path: PathBuf,
+        key: String,
+        section: String,
+        half: usize,
+    },
+    #[error("{path}: {key}.mrope_section = {section} is not three non-negative integers")]
+    MalformedMropeSection {
+        path: PathBuf,
+        key: String,
+        section: String,
+    },
+    #[error("--mrope-section {given:?} is not three non-negative integers summing to at most head_dim/2 = {half}")]
+    BadMropeOverride { given: [usize; 3], half: usize },
+    #[error("{path}: {key}.mrope_section is {config:?} but --mrope-section says {given:?}")]
+    MropeConflict {
+        path: PathBuf,
+        key: String,
+        config: [usize; 3],
+        given: [usize; 3],
+    },
+    #[error("{path}: --mrope-section was given but a text-only qwen3 model has no MRoPE")]
+    MropeOverrideWithoutMrope { path: PathBuf },
+    #[error(
+        "{path}: {key}.mrope_interleaved is false, but transformers' Qwen3-VL always interleaves \
+         the MRoPE planes; fix the config"
+    )]
+    NotInterleaved { path: PathBuf, key: String },
+    #[error("{path}: {key}.rope_type {found:?} is not supported (expected \"default\")")]
+    RopeType {
+        path: PathBuf,
+        key: String,
+        found: String,
+    },
+    #[error("{dir}: no {SINGLE_FILE} and no {INDEX}")]
+    NoWeights { dir: PathBuf },
+    #[error("{path}: not a safetensors file: {source}")]
+    Shard { path: PathBuf, source: HeaderError },
+    #[error("{path}: weight_map names shard {shard:?}, which is not a plain file name in the checkpoint directory")]
+    ShardName { path: PathBuf, shard: String },
+    #[error("{dir}: tensor {name} is missing from the checkpoint")]
+    MissingTensor { dir: PathBuf, name: String },
+    #[error("{path}: weight_map puts tensor {name} in this shard, but it is not there")]
+    NotInShard { path: PathBuf, name: String },
+    #[error("{path}: tensor {name} has shape {found:?}, expected {expected:?}")]
+    TensorShape {
+        path: PathBuf,
+        name: String,
+        found: Vec<usize>,
+        expected: Vec<usize>,
+    },
+    #[error("{path}: tensor {name} is {dtype}, expected BF16, F16 or F32")]
+    TensorDtype {
+        path: PathBuf,
+        name: String,
+        dtype: Dtype,
+    },
+    #[error("{path}: invalid model: {source}")]
+    Semantics {
+        path: PathBuf,
+        source: SemanticsError,
+    },
 }
 
-pub struct Checkpoint;
+/// The facts of `config.json`, before head_dim is known for certain.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConfigFacts {
+    /// Everything but `head_dim` (0 when the config omits it), `quant` and `source`.
+    pub semantics: Semantics,
+    /// `head_dim` as the config states it.
+    pub head_dim: Option<usize>,
+    /// Where the rope keys live ("text_config.rope_scaling", ...), for messages.
+    pub rope_key: String,
+}
+
+/// Parses a config. `mrope_override` is `--mrope-section`. The section's sum is checked later,
+/// once head_dim is known (`finish_config`).
+pub fn parse_config(
+    path: &Path,
+    config: &Value,
+    mrope_override: Option<[usize; 3]>,
+) -> Result<ConfigFacts, HfError> {
+    let key_err = |key: &str, what: &str| HfError::Key {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        what: what.to_string(),
+    };
+    if !config.is_object() {
+        return Err(key_err("(top level)", "expected a JSON object"));
+    }
+    let model_type = config
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let (architecture, text, text_prefix) = match model_type {
+        ARCH_QWEN3_VL => {
+            let text = config.get("text_config").filter(|t| t.is_object());
+            (
+                ARCH_QWEN3_VL,
+                text.ok_or_else(|| key_err("text_config", "missing object"))?,
+                "text_config.",
+            )
+        }
+        ARCH_QWEN3 => (ARCH_QWEN3, config, ""),
+        other => {
+            return Err(HfError::ModelType {
+                path: path.to_path_buf(),
+                found: other.to_string(),
+            })
+        }
+    };
+    let full = |key: &str| format!("{text_prefix}{key}");
+    let size = |key: &str| -> Result<Option<usize>, HfError> {
+        match text.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|v| usize::try_from(v).ok())
+                .map(Some)
+                .ok_or_else(|| {
+                    key_err(
+                        &full(key),
+                        &format!("expected a non-negative integer, got {v}"),
+                    )
+                }),
+        }
+    };
+    let required = |key: &str| size(key)?.ok_or_else(|| key_err(&full(key), "missing"));
+    let float = |obj: &Value, prefix: &str, key: &str| -> Result<Option<f64>, HfError> {
+        match obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| {
+                key_err(
+                    &format!("{prefix}{key}"),
+                    &format!("expected a number, got {v}"),
+                )
+            }),
+        }
+    };
+    let token_id = |key: &str| -> Result<Option<u32>, HfError> {
+        match config.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|v| u32::try_from(v).ok())
+                .map(Some)
+                .ok_or_else(|| key_err(key, &format!("expected a token id, got {v}"))),
+        }
+    };
+
+    let num_heads = required("num_attention_heads")?;
+    let num_kv_heads = size("num_key_value_heads")?.unwrap_or(num_heads);
+    let rms_norm_eps = float(text, text_prefix, "rms_norm_eps")?.unwrap_or(1e-6);
+
+    // transformers 5.x: rope_parameters {rope_type, rope_theta, mrope_section, ...};
+    // 4.57 hub configs: rope_scaling {rope_type, mrope_section, ...} with rope_theta beside it.
+    let (rope, rope_key) = match (text.get("rope_parameters"), text.get("rope_scaling")) {
+        (Some(p), _) if p.is_object() => (Some(p), full("rope_parameters")),
+        (_, Some(s)) if s.is_object() => (Some(s), full("rope_scaling")),
+        _ => (None, full("rope_scaling")),
+    };
+    let rope_prefix = format!("{rope_key}.");
+    let rope_theta = match rope
+        .map(|r| float(r, &rope_prefix, "rope_theta"))
+        .transpose()?
+        .flatten()
+    {
+        Some(theta) => theta,
+        None => float(text, text_prefix, "rope_theta")?.ok_or_else(|| {
+            key_err(
+                &full("rope_theta"),
+                "missing (looked beside and inside the rope parameters)",
+            )
+        })?,
+    };
+    if let Some(rope) = rope {
+        let rope_type = rope
+            .get("rope_type")
+            .or_else(|| rope.get("type"))
+            .and_then(Value::as_str);
+        if let Some(t) = rope_type.filter(|t| *t != "default" && *t != "mrope") {
+            return Err(HfError::RopeType {
+                path: path.to_path_buf(),
+                key: rope_key,
+                found: t.to_string(),
+            });
+        }
+    }
+
+    let mrope = architecture == ARCH_QWEN3_VL;
+    let (mrope_section, mrope_interleaved) = if mrope {
+        let from_config = match rope.and_then(|r| r.get("mrope_section")) {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(section_of(v).ok_or_else(|| HfError::MalformedMropeSection {
+                path: path.to_path_buf(),
+                key: rope_key.clone(),
+                section: v.to_string(),
+            })?),
+        };
+        let section = match (from_config, mrope_override) {
+            (Some(c), Some(g)) if c != g => {
+                return Err(HfError::MropeConflict {
+                    path: path.to_path_buf(),
+                    key: rope_key,
+                    config: c,
+                    given: g,
+                })
+            }
+            (Some(c), _) => c,
+            (None, Some(g)) => g,
+            (None, None) => {
+                return Err(HfError::MissingMropeSection {
+                    path: path.to_path_buf(),
+                    key: rope_key,
+                })
+            }
+        };
+        if rope
+            .and_then(|r| r.get("mrope_interleaved"))
+            .and_then(Value::as_bool)
+            == Some(false)
+        {
+            return Err(HfError::NotInterleaved {
+                path: path.to_path_buf(),
+                key: rope_key,
+            });
+        }
+        (Some(section), true)
+    } else {
+        if mrope_override.is_some() {
+            return Err(HfError::MropeOverrideWithoutMrope {
+                path: path.to_path_buf(),
+            });
+        }
+        (None, false)
+    };
+
+    let deepstack_sets = if mrope {
+        config
+            .get("vision_config")
+            .and_then(|v| v.get("deepstack_visual_indexes"))
+            .and_then(Value::as_array)
+            .map(Vec::len)
+            .ok_or_else(|| key_err("vision_config.deepstack_visual_indexes", "missing array"))?
+    } else {
+        0
+    };
+
+    let tie = match config
+        .get("tie_word_embeddings")
+        .or_else(|| text.get("tie_word_embeddings"))
+    {
+        None | Some(Value::Null) => false,
+        Some(v) => v.as_bool().ok_or_else(|| {
+            key_err(
+                "tie_word_embeddings",
+                &format!("expected a boolean, got {v}"),
+            )
+        })?,
+    };
+
+    let head_dim = size("head_dim")?;
+    let semantics = Semantics {
+        architecture: architecture.to_string(),
+        vocab_size: required("vocab_size")?,
+        hidden_size: required("hidden_size")?,
+        num_layers: required("num_hidden_layers")?,
+        num_heads,
+        num_kv_heads,
+        head_dim: head_dim.unwrap_or(0),
+        intermediate_size: required("intermediate_size")?,
+        rms_norm_eps,
+        rope_theta,
+        mrope,
+        mrope_section,
+        mrope_interleaved,
+        deepstack_sets,
+        image_token_id: token_id("image_token_id")?,
+        video_token_id: token_id("video_token_id")?,
+        vision_start_token_id: token_id("vision_start_token_id")?,
+        vision_end_token_id: token_id("vision_end_token_id")?,
+        tie_word_embeddings: tie,
+        source: String::new(),
+        quant: QuantKind::F32,
+    };
+    Ok(ConfigFacts {
+        semantics,
+        head_dim,
+        rope_key,
+    })
+}
+
+/// Three non-negative integers.
+fn section_of(v: &Value) -> Option<[usize; 3]> {
+    let a = v.as_array().filter(|a| a.len() == 3)?;
+    let mut out = [0usize; 3];
+    for (o, x) in out.iter_mut().zip(a) {
+        *o = usize::try_from(x.as_u64()?).ok()?;
+    }
+    Some(out)
+}
+
+/// Sets head_dim (the config's, else `inferred`) and checks the section against it.
+pub fn finish_config(
+    path: &Path,
+    facts: &ConfigFacts,
+    inferred_head_dim: usize,
+    mrope_override: Option<[usize; 3]>,
+) -> Result<Semantics, HfError> {
+    let mut sem = facts.semantics.clone();
+    sem.head_dim = facts.head_dim.unwrap_or(inferred_head_dim);
+    if let Some(section) = sem.mrope_section {
+        if let Err(SemanticsError::MropeSectionTooLarge { half, .. }) =
+            semantics::check_mrope_section(section, sem.head_dim)
+        {
+            return Err(if mrope_override == Some(section) {
+                HfError::BadMropeOverride {
+                    given: section,
+                    half,
+                }
+            } else {
+                HfError::BadMropeSection {
+                    path: path.to_path_buf(),
+                    key: facts.rope_key.clone(),
+                    section: format!("[{}, {}, {}]", section[0], section[1], section[2]),
+                    half,
+                }
+            });
+        }
+    }
+    sem.validate().map_err(|source| HfError::Semantics {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(sem)
+}
+
+struct Shard {
+    path: PathBuf,
+    file: File,
+    data_start: u64,
+}
+
+struct SourceTensor {
+    shard: usize,
+    entry: Entry,
+}
+
+/// An opened checkpoint: config facts and the location of every decoder tensor.
+pub struct Checkpoint {
+    dir: PathBuf,
+    semantics: Semantics,
+    shards: Vec<Shard>,
+    /// Keyed by pack name.
+    tensors: HashMap<String, SourceTensor>,
+}
 
 impl Checkpoint {
-    pub fn open(dir: &Path, _mrope_section: Option<[usize; 3]>) -> Result<Checkpoint, HfError> {
-        Err(HfError::NotYet(dir.to_path_buf()))
+    /// Reads the config and every shard header, and checks that each decoder tensor is present
+    /// with the expected shape and a float dtype.
+    pub fn open(dir: &Path, mrope_override: Option<[usize; 3]>) -> Result<Checkpoint, HfError> {
+        let config_path = dir.join(CONFIG);
+        let config = read_json(&config_path)?;
+        let facts = parse_config(&config_path, &config, mrope_override)?;
+        let text_only = facts.semantics.architecture == ARCH_QWEN3;
+        let source_name = |pack_name: &str| {
+            if text_only {
+                names::text_only_name(pack_name)
+            } else {
+                pack_name.to_string()
+            }
+        };
+
+        // Which shard holds which tensor.
+        let index_path = dir.join(INDEX);
+        let mut shard_files: Vec<String> = Vec::new();
+        let mut weight_map: HashMap<String, usize> = HashMap::new();
+        if index_path.exists() {
+            let index = read_json(&index_path)?;
+            let map = index
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| HfError::Key {
+                    path: index_path.clone(),
+                    key: "weight_map".into(),
+                    what: "missing object".into(),
+                })?;
+            for (name, file) in map {
+                let file = file.as_str().unwrap_or_default();
+                if file.is_empty()
+                    || file.contains('/')
+                    || file.contains('\\')
+                    || file == "."
+                    || file == ".."
+                {
+                    return Err(HfError::ShardName {
+                        path: index_path,
+                        shard: file.to_string(),
+                    });
+                }
+                let i = match shard_files.iter().position(|f| f == file) {
+                    Some(i) => i,
+                    None => {
+                        shard_files.push(file.to_string());
+                        shard_files.len() - 1
+                    }
+                };
+                weight_map.insert(name.clone(), i);
+            }
+        } else if dir.join(SINGLE_FILE).exists() {
+            shard_files.push(SINGLE_FILE.to_string());
+        } else {
+            return Err(HfError::NoWeights {
+                dir: dir.to_path_buf(),
+            });
+        }
+
+        let mut shards = Vec::with_capacity(shard_files.len());
+        let mut headers = Vec::with_capacity(shard_files.len());
+        for file_name in &shard_files {
+            let path = dir.join(file_name);
+            let (shard, header) = open_shard(&path)?;
+            shards.push(shard);
+            headers.push(header);
+        }
+        let find = |name: &str| -> Result<(usize, Entry), HfError> {
+            let candidates: Vec<usize> = match weight_map.get(name) {
+                Some(&i) => vec![i],
+                None if weight_map.is_empty() => (0..headers.len()).collect(),
+                None => {
+                    return Err(HfError::MissingTensor {
+                        dir: dir.to_path_buf(),
+                        name: name.to_string(),
+                    })
+                }
+            };
+            for i in candidates.iter().copied() {
+                if let Some(e) = headers[i].iter().find(|e| e.name == name) {
+                    return Ok((i, e.clone()));
+                }
+            }
+            match candidates.as_slice() {
+                [i] if !weight_map.is_empty() => Err(HfError::NotInShard {
+                    path: shards[*i].path.clone(),
+                    name: name.to_string(),
+                }),
+                _ => Err(HfError::MissingTensor {
+                    dir: dir.to_path_buf(),
+                    name: name.to_string(),
+                }),
+            }
+        };
+
+        // head_dim: the config's, else the q_norm length (what the weights were trained with).
+        let inferred_head_dim = match facts.head_dim {
+            Some(d) => d,
+            None => {
+                let q_norm = source_name(&names::norm(0, names::Norm::QNorm));
+                let (_, e) = find(&q_norm)?;
+                e.shape.first().copied().unwrap_or(0)
+            }
+        };
+        let semantics = finish_config(&config_path, &facts, inferred_head_dim, mrope_override)?;
+
+        let mut tensors = HashMap::new();
+        // The plan of an f32 pack reads every weight the checkpoint must provide.
+        let plan_sem = Semantics {
+            quant: QuantKind::F32,
+            ..semantics.clone()
+        };
+        let mut needed = layout::weights(&plan_sem);
+        needed.retain(|w| w.source == w.name);
+        for weight in needed {
+            let name = source_name(&weight.name);
+            let (shard, entry) = find(&name)?;
+            let expected = if weight.role == WeightRole::Norm {
+                vec![weight.cols]
+            } else {
+                vec![weight.rows, weight.cols]
+            };
+            let path = &shards[shard].path;
+            if entry.shape != expected {
+                return Err(HfError::TensorShape {
+                    path: path.clone(),
+                    name,
+                    found: entry.shape,
+                    expected,
+                });
+            }
+            if !matches!(entry.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
+                return Err(HfError::TensorDtype {
+                    path: path.clone(),
+                    name,
+                    dtype: entry.dtype,
+                });
+            }
+            tensors.insert(weight.name.clone(), SourceTensor { shard, entry });
+        }
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            semantics,
+            shards,
+            tensors,
+        })
     }
 
-    pub fn semantics(&self, _quant: QuantKind) -> Semantics {
-        unreachable!()
+    /// The pack semantics for `quant`; `source` is the checkpoint directory.
+    pub fn semantics(&self, quant: QuantKind) -> Semantics {
+        Semantics {
+            quant,
+            source: self.dir.display().to_string(),
+            ..self.semantics.clone()
+        }
     }
 
+    /// Reads rows `first_row..` of the weight with pack name `name` as f32 into `values`
+    /// (a whole number of rows).
     pub fn read_rows(
         &self,
-        _name: &str,
-        _first_row: usize,
-        _values: &mut [f32],
+        name: &str,
+        first_row: usize,
+        values: &mut [f32],
     ) -> Result<(), HfError> {
-        unreachable!()
+        let t = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| HfError::MissingTensor {
+                dir: self.dir.clone(),
+                name: name.to_string(),
+            })?;
+        let shard = &self.shards[t.shard];
+        let cols = *t.entry.shape.last().unwrap_or(&1) as u64;
+        let size = t.entry.dtype.size() as u64;
+        let offset = shard.data_start + t.entry.start + first_row as u64 * cols * size;
+        let len = values.len() as u64 * size;
+        if offset + len > shard.data_start + t.entry.end {
+            // Callers stay inside the tensor; this guards the arithmetic anyway.
+            return Err(HfError::TensorShape {
+                path: shard.path.clone(),
+                name: t.entry.name.clone(),
+                found: t.entry.shape.clone(),
+                expected: vec![first_row + values.len() / cols as usize, cols as usize],
+            });
+        }
+        let mut bytes = vec![0u8; len as usize];
+        shard
+            .file
+            .read_exact_at(&mut bytes, offset)
+            .map_err(|source| HfError::Io {
+                path: shard.path.clone(),
+                source,
+            })?;
+        const PAR: usize = 1 << 14;
+        match t.entry.dtype {
+            Dtype::BF16 => values
+                .par_chunks_mut(PAR)
+                .zip(bytes.par_chunks(PAR * 2))
+                .for_each(|(v, b)| {
+                    for (v, b) in v.iter_mut().zip(b.chunks_exact(2)) {
+                        *v = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+                    }
+                }),
+            Dtype::F16 => values
+                .par_chunks_mut(PAR)
+                .zip(bytes.par_chunks(PAR * 2))
+                .for_each(|(v, b)| {
+                    for (v, b) in v.iter_mut().zip(b.chunks_exact(2)) {
+                        *v = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                    }
+                }),
+            _ => values
+                .par_chunks_mut(PAR)
+                .zip(bytes.par_chunks(PAR * 4))
+                .for_each(|(v, b)| {
+                    for (v, b) in v.iter_mut().zip(b.chunks_exact(4)) {
+                        *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    }
+                }),
+        }
+        Ok(())
     }
+}
+
+fn read_json(path: &Path) -> Result<Value, HfError> {
+    let text = std::fs::read(path).map_err(|source| HfError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_slice(&text).map_err(|e| HfError::Json {
+        path: path.to_path_buf(),
+        what: e.to_string(),
+    })
+}
+
+fn open_shard(path: &Path) -> Result<(Shard, Vec<Entry>), HfError> {
+    let io = |source| HfError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    let file_len = file.metadata().map_err(io)?.len();
+    let shard_err = |source| HfError::Shard {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut prefix = [0u8; LEN_PREFIX as usize];
+    if file_len < LEN_PREFIX {
+        return Err(shard_err(HeaderError::TooShort { len: file_len }));
+    }
+    file.read_exact_at(&mut prefix, 0).map_err(io)?;
+    let header_len = container::header_len(&prefix, file_len).map_err(shard_err)?;
+    let mut json = vec![0u8; header_len as usize];
+    file.read_exact_at(&mut json, LEN_PREFIX).map_err(io)?;
+    let data_start = LEN_PREFIX + header_len;
+    let header =
+        container::parse_header(&json, data_start, file_len - data_start).map_err(shard_err)?;
+    Ok((
+        Shard {
+            path: path.to_path_buf(),
+            file,
+            data_start,
+        },
+        header.entries,
+    ))
 }

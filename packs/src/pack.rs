@@ -75,6 +75,8 @@ pub struct TensorInfo {
     pub offset: u64,
     /// Bytes.
     pub len: u64,
+    /// What the tensor is in the model.
+    pub kind: TensorKind,
 }
 
 /// The embedding matrix [vocab x hidden].
@@ -111,13 +113,29 @@ pub enum LinearData<'a> {
     },
 }
 
+/// The role of a pack tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+pub enum TensorKind {
     Embedding,
     Norm,
+    /// The values (or codes) of a linear weight.
     Linear,
+    /// The scales of a quantized linear weight.
     Scales,
+    /// Not required by the semantics; ignored by the forward.
     Extra,
+}
+
+impl TensorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TensorKind::Embedding => "embedding",
+            TensorKind::Norm => "norm",
+            TensorKind::Linear => "linear",
+            TensorKind::Scales => "scales",
+            TensorKind::Extra => "extra",
+        }
+    }
 }
 
 pub struct Pack {
@@ -125,7 +143,7 @@ pub struct Pack {
     map: Mmap,
     semantics: Semantics,
     tensors: Vec<TensorInfo>,
-    index: HashMap<String, (usize, Kind)>,
+    index: HashMap<String, usize>,
 }
 
 impl std::fmt::Debug for Pack {
@@ -221,12 +239,13 @@ impl Pack {
                 shape: e.shape,
                 offset,
                 len,
+                kind: TensorKind::Extra,
             });
         }
-        let mut index: HashMap<String, (usize, Kind)> = tensors
+        let index: HashMap<String, usize> = tensors
             .iter()
             .enumerate()
-            .map(|(i, t)| (t.name.clone(), (i, Kind::Extra)))
+            .map(|(i, t)| (t.name.clone(), i))
             .collect();
 
         let mut plan = layout::weights(&semantics);
@@ -242,13 +261,13 @@ impl Pack {
         }
         for weight in &plan {
             for (i, spec) in weight.tensors(semantics.quant).into_iter().enumerate() {
-                let Some(slot) = index.get_mut(&spec.name) else {
+                let Some(&slot) = index.get(&spec.name) else {
                     return Err(PackError::Missing {
                         path,
                         name: spec.name,
                     });
                 };
-                let t = &tensors[slot.0];
+                let t = &mut tensors[slot];
                 if t.dtype != spec.dtype || t.shape != spec.shape {
                     return Err(PackError::WrongShape {
                         path,
@@ -259,11 +278,11 @@ impl Pack {
                         shape: spec.shape,
                     });
                 }
-                slot.1 = match (weight.role, i) {
-                    (_, 1) => Kind::Scales,
-                    (WeightRole::Embedding, _) => Kind::Embedding,
-                    (WeightRole::Norm, _) => Kind::Norm,
-                    (WeightRole::Linear, _) => Kind::Linear,
+                t.kind = match (weight.role, i) {
+                    (_, 1) => TensorKind::Scales,
+                    (WeightRole::Embedding, _) => TensorKind::Embedding,
+                    (WeightRole::Norm, _) => TensorKind::Norm,
+                    (WeightRole::Linear, _) => TensorKind::Linear,
                 };
             }
         }
@@ -294,7 +313,7 @@ impl Pack {
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        self.index.get(name).map(|&(i, _)| &self.tensors[i])
+        self.index.get(name).map(|&i| &self.tensors[i])
     }
 
     /// The raw bytes of a tensor.
@@ -321,9 +340,14 @@ impl Pack {
         bytemuck::try_cast_slice(self.bytes_of(t)).expect("pack tensor validated at open")
     }
 
-    fn lookup(&self, name: &str, want: Kind, what: &'static str) -> Result<&TensorInfo, PackError> {
-        let &(i, kind) = self.index.get(name).ok_or_else(|| self.not_found(name))?;
-        if kind != want {
+    fn lookup(
+        &self,
+        name: &str,
+        want: TensorKind,
+        what: &'static str,
+    ) -> Result<&TensorInfo, PackError> {
+        let &i = self.index.get(name).ok_or_else(|| self.not_found(name))?;
+        if self.tensors[i].kind != want {
             return Err(PackError::WrongRole {
                 path: self.path.clone(),
                 name: name.to_string(),
@@ -336,7 +360,7 @@ impl Pack {
     /// The embedding [vocab x hidden]: f32 in f32 packs, bf16 otherwise.
     pub fn embedding(&self) -> Embedding<'_> {
         let t = self
-            .lookup(EMBED, Kind::Embedding, "embedding")
+            .lookup(EMBED, TensorKind::Embedding, "embedding")
             .expect("embedding validated at open");
         match t.dtype {
             Dtype::F32 => Embedding::F32(self.typed(t)),
@@ -346,16 +370,16 @@ impl Pack {
 
     /// A norm weight (f32).
     pub fn norm(&self, name: &str) -> Result<&[f32], PackError> {
-        let t = self.lookup(name, Kind::Norm, "norm weight")?;
+        let t = self.lookup(name, TensorKind::Norm, "norm weight")?;
         Ok(self.typed(t))
     }
 
     /// A linear weight: one of the seven projections of a layer, or the stored head.
     pub fn linear(&self, name: &str) -> Result<Linear<'_>, PackError> {
-        let t = self.lookup(name, Kind::Linear, "linear weight")?;
+        let t = self.lookup(name, TensorKind::Linear, "linear weight")?;
         let n = t.shape[0];
         let scales = || {
-            let s = self.lookup(&names::scales_of(name), Kind::Scales, "scales tensor");
+            let s = self.lookup(&names::scales_of(name), TensorKind::Scales, "scales tensor");
             s.expect("scales validated at open")
         };
         let (k, data) = match self.semantics.quant {

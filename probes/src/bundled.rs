@@ -1,0 +1,63 @@
+//! The bundled default: the tiny transformers-made Qwen3-VL committed under tests/fixtures, turned
+//! into a pack on first use, with its prompt and reference.
+
+use packs::quant::QuantKind;
+use std::path::{Path, PathBuf};
+
+/// The case the probes run when given no pack.
+pub const DEFAULT_CASE: &str = "hd128";
+
+/// tests/fixtures of this checkout.
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+pub struct Bundled {
+    pub pack: PathBuf,
+    pub inputs: PathBuf,
+    pub reference: PathBuf,
+}
+
+/// Reference file name for a pack kind: `reference.safetensors` for the exact kinds.
+pub fn reference_name(kind: QuantKind) -> &'static str {
+    match kind {
+        QuantKind::F32 | QuantKind::Bf16 => "reference.safetensors",
+        QuantKind::I8 => "reference-i8.safetensors",
+        QuantKind::Q4 => "reference-q4.safetensors",
+    }
+}
+
+/// Builds (once) the pack of `case` in `kind` under target/bundled and returns its files.
+pub fn bundled(case: &str, kind: QuantKind) -> Result<Bundled, String> {
+    let dir = fixtures_dir().join(case);
+    let checkpoint = dir.join("checkpoint");
+    if !checkpoint.join("config.json").exists() {
+        return Err(format!(
+            "the bundled model is missing: {} has no config.json (is this a full checkout?)",
+            checkpoint.display()
+        ));
+    }
+    let out_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bundled");
+    std::fs::create_dir_all(&out_dir)
+        .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
+    let pack = out_dir.join(format!("{case}-{kind}.pack"));
+    let fresh = std::fs::metadata(&pack)
+        .and_then(|p| {
+            Ok(p.modified()? >= std::fs::metadata(checkpoint.join("config.json"))?.modified()?)
+        })
+        .unwrap_or(false);
+    if !fresh {
+        eprintln!("building the bundled pack {} ...", pack.display());
+        let opts = packs::build::BuildOptions {
+            quant: kind,
+            mrope_section: None,
+            progress: false,
+        };
+        packs::build::build_from_hf(&checkpoint, &pack, &opts).map_err(|e| e.to_string())?;
+    }
+    Ok(Bundled {
+        pack,
+        inputs: dir.join("inputs.safetensors"),
+        reference: dir.join(reference_name(kind)),
+    })
+}

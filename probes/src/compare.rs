@@ -1,0 +1,106 @@
+//! Comparing our logits with a reference's: per-row max |Δ|, top-1 agreement, cosine.
+
+use forward::sampling::argmax;
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+pub fn mean_abs_diff(a: &[f32], b: &[f32]) -> f64 {
+    let n = a.len().max(1) as f64;
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| f64::from((x - y).abs()))
+        .sum::<f64>()
+        / n
+}
+
+/// How many entries differ at all (bitwise).
+pub fn count_differing(a: &[f32], b: &[f32]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let (mut ab, mut aa, mut bb) = (0.0f64, 0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y) = (f64::from(x), f64::from(y));
+        ab += x * y;
+        aa += x * x;
+        bb += y * y;
+    }
+    ab / (aa.sqrt() * bb.sqrt()).max(f64::MIN_POSITIVE)
+}
+
+/// Row-by-row comparison of two `rows x vocab` logit blocks.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RowsCompared {
+    pub rows: usize,
+    pub per_row_max_abs_diff: Vec<f32>,
+    pub ours_argmax: Vec<u32>,
+    pub reference_argmax: Vec<u32>,
+}
+
+impl RowsCompared {
+    pub fn new(ours: &[f32], reference: &[f32], vocab: usize) -> RowsCompared {
+        let mut c = RowsCompared::default();
+        c.push_rows(ours, reference, vocab);
+        c
+    }
+
+    pub fn push_rows(&mut self, ours: &[f32], reference: &[f32], vocab: usize) {
+        for (o, r) in ours.chunks_exact(vocab).zip(reference.chunks_exact(vocab)) {
+            self.rows += 1;
+            self.per_row_max_abs_diff.push(max_abs_diff(o, r));
+            self.ours_argmax.push(argmax(o));
+            self.reference_argmax.push(argmax(r));
+        }
+    }
+
+    pub fn max_abs_diff(&self) -> f32 {
+        self.per_row_max_abs_diff
+            .iter()
+            .copied()
+            .fold(0.0, f32::max)
+    }
+
+    pub fn agreeing(&self) -> usize {
+        self.ours_argmax
+            .iter()
+            .zip(&self.reference_argmax)
+            .filter(|(a, b)| a == b)
+            .count()
+    }
+
+    pub fn first_divergence(&self) -> Option<usize> {
+        self.ours_argmax
+            .iter()
+            .zip(&self.reference_argmax)
+            .position(|(a, b)| a != b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_see_a_difference() {
+        let a = [1.0, 2.0, 3.0, 0.0, 5.0, 1.0];
+        let mut b = a;
+        assert_eq!(max_abs_diff(&a, &b), 0.0);
+        assert_eq!(count_differing(&a, &b), 0);
+        b[4] = 0.5;
+        assert_eq!(max_abs_diff(&a, &b), 4.5);
+        let c = RowsCompared::new(&a, &b, 3);
+        assert_eq!(c.agreeing(), 1);
+        assert_eq!(c.first_divergence(), Some(1));
+        assert!(cosine(&a, &b) < 0.99);
+        assert!((cosine(&a, &a) - 1.0).abs() < 1e-12);
+    }
+}

@@ -6,6 +6,7 @@
 //! - [`detect`]: finding an `amdxdna` device node before opening anything;
 //! - [`designs`]: the designs directory and its manifest; [`plan`]: which designs a pack needs;
 //! - [`gemm`]: a design with resident weights, as the forward's device backend uses it;
+//!   [`verify`]: a design checked against the pack's scalar oracle;
 //! - [`hold`]: the device-hold ticket, a FIFO cross-process lease on the NPU.
 
 mod abi;
@@ -17,6 +18,7 @@ pub mod geometry;
 pub mod hold;
 pub mod plan;
 pub mod runtime;
+pub mod verify;
 
 pub use designs::{DesignEntry, Designs, DesignsError};
 pub use detect::{AccelNode, DetectError};

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use packs::names::{self, Proj};
+use packs::{LinearData, Pack, PackError};
 use serde::Serialize;
 
 use crate::geometry::{DesignKind, Geometry};
@@ -91,6 +93,57 @@ impl Plan {
     pub fn geometries(&self) -> Vec<Geometry> {
         self.shapes.iter().flat_map(|s| s.geometries()).collect()
     }
+}
+
+/// The design kind a stored linear needs: None for unquantized storage (host only).
+pub fn kind_of(data: &LinearData<'_>) -> Option<DesignKind> {
+    match data {
+        LinearData::I8 { .. } => Some(DesignKind::I8),
+        LinearData::Q4 { .. } => Some(DesignKind::Q4),
+        LinearData::F32(_) | LinearData::Bf16(_) => None,
+    }
+}
+
+/// `q_proj`, `gate_proj`, ...: the projection's name in the checkpoint.
+pub fn role_of(p: Proj) -> &'static str {
+    let suffix = p.suffix();
+    let without_weight = suffix.strip_suffix(".weight").unwrap_or(suffix);
+    without_weight.rsplit('.').next().unwrap_or(without_weight)
+}
+
+/// Every linear of the pack's decoder (seven per layer) and its head.
+pub fn pack_linears(pack: &Pack) -> Result<Vec<LinearShape>, PackError> {
+    let layers = pack.semantics().num_layers;
+    let mut linears = Vec::with_capacity(layers * Proj::ALL.len() + 1);
+    for layer in 0..layers {
+        for p in Proj::ALL {
+            let linear = pack.linear(&names::proj(layer, p))?;
+            linears.push(LinearShape {
+                role: role_of(p).to_string(),
+                kind: kind_of(&linear.data),
+                k: linear.k,
+                n: linear.n,
+            });
+        }
+    }
+    let head = pack.head();
+    let role = if head.name == names::LM_HEAD {
+        "lm_head"
+    } else {
+        "lm_head (tied embedding)"
+    };
+    linears.push(LinearShape {
+        role: role.into(),
+        kind: kind_of(&head.data),
+        k: head.k,
+        n: head.n,
+    });
+    Ok(linears)
+}
+
+/// The designs a pack needs.
+pub fn plan_pack(pack: &Pack) -> Result<Plan, PackError> {
+    Ok(plan_shapes(&pack_linears(pack)?))
 }
 
 /// Groups linears by (kind, design K, design N), keeping the roles in first-seen order.
@@ -224,6 +277,23 @@ mod tests {
         assert_eq!(plan.host_only.len(), 1);
         assert_eq!(plan.geometries().len(), 6);
         assert!(plan.to_string().contains("lm_head x1"));
+    }
+
+    #[test]
+    fn roles_are_checkpoint_names() {
+        let roles: Vec<&str> = Proj::ALL.into_iter().map(role_of).collect();
+        assert_eq!(
+            roles,
+            [
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj"
+            ]
+        );
     }
 
     #[test]

@@ -275,3 +275,43 @@ pub fn locate_in(
         None => Err(RuntimeError::NotFound { tried }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explicit_then_environment_then_installed() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty");
+        let installed = dir.path().join("lib");
+        std::fs::create_dir_all(&installed).unwrap();
+        std::fs::write(installed.join(abi::XRT_RUNTIME_NAME), b"").unwrap();
+        let dirs = vec![empty.clone(), installed.clone()];
+        let explicit = Path::new("/x/explicit.so");
+        let env = Path::new("/x/env.so");
+
+        let (path, source) = locate_in(Some(explicit), Some(env), &dirs).unwrap();
+        assert_eq!(
+            (path.as_path(), source),
+            (explicit, RuntimeSource::Explicit)
+        );
+        let (path, source) = locate_in(None, Some(env), &dirs).unwrap();
+        assert_eq!((path.as_path(), source), (env, RuntimeSource::Environment));
+        let (path, source) = locate_in(None, None, &dirs).unwrap();
+        assert_eq!(path, installed.join(abi::XRT_RUNTIME_NAME));
+        assert_eq!(source, RuntimeSource::Installed);
+
+        let err = locate_in(None, None, &[empty.clone()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(RUNTIME_ENV) && err.contains("--runtime"),
+            "{err}"
+        );
+        assert!(
+            err.contains(&empty.join(abi::XRT_RUNTIME_NAME).display().to_string()),
+            "{err}"
+        );
+    }
+}

@@ -1,1 +1,167 @@
-fn main() {}
+//! npu-designs: which GEMM designs a pack needs, a software-NPU designs directory for it, and
+//! checks of a designs directory (its manifest, its coverage of a pack, its arithmetic on a device).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use npu_sys::designs::{write_emu_designs, Designs};
+use npu_sys::hold::{Hold, HoldOptions};
+use npu_sys::plan::{plan_pack, Plan};
+use npu_sys::verify::{verify_design, GemmCase};
+use npu_sys::{Device, Runtime};
+use packs::Pack;
+
+#[derive(Parser)]
+#[command(
+    name = "npu-designs",
+    about = "GEMM designs for the NPU: plan, software stubs, checks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List the design geometries PACK needs (kind, K, N, M tiles, roles): what to build with mlir-aie.
+    Plan {
+        pack: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a designs directory for the software NPU covering PACK (manifest + stub files).
+    Emu {
+        pack: PathBuf,
+        #[arg(short = 'o', long = "out")]
+        out: PathBuf,
+    },
+    /// Validate DIR's manifest; with --pack, refuse if a geometry the pack needs is missing.
+    Check {
+        dir: PathBuf,
+        #[arg(long)]
+        pack: Option<PathBuf>,
+    },
+    /// Run every design of DIR once on random data and compare with the pack's scalar oracle.
+    /// Takes the device-hold ticket first (a hardware runtime only).
+    Verify {
+        dir: PathBuf,
+        /// The runtime library (else XDNA_VL_RUNTIME, else the installed libxdna_vl_xrt.so).
+        #[arg(long)]
+        runtime: Option<PathBuf>,
+        /// Activation rows per launch (at most the design's M tile; default: the whole tile).
+        #[arg(long)]
+        rows: Option<usize>,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn plan_of(pack: &Path) -> Result<Plan, String> {
+    let pack = Pack::open(pack).map_err(|e| e.to_string())?;
+    plan_pack(&pack).map_err(|e| e.to_string())
+}
+
+fn run(cli: Cli) -> Result<ExitCode, String> {
+    match cli.command {
+        Command::Plan { pack, json } => {
+            let plan = plan_of(&pack)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&plan).map_err(|e| e.to_string())?
+                );
+            } else {
+                println!("{plan}");
+            }
+        }
+        Command::Emu { pack, out } => {
+            let plan = plan_of(&pack)?;
+            let designs = write_emu_designs(&out, &plan.geometries()).map_err(|e| e.to_string())?;
+            println!(
+                "wrote {} software NPU designs to {}",
+                designs.entries().len(),
+                designs.manifest_path().display()
+            );
+        }
+        Command::Check { dir, pack } => {
+            let designs = Designs::load(&dir).map_err(|e| e.to_string())?;
+            for entry in designs.entries() {
+                println!(
+                    "{:<28} {}  kernel {}",
+                    entry.name, entry.geometry, entry.kernel
+                );
+            }
+            if let Some(pack) = pack {
+                let plan = plan_of(&pack)?;
+                let missing: Vec<String> = plan
+                    .geometries()
+                    .into_iter()
+                    .filter_map(|g| designs.find(g.kind, g.k, g.n, g.m_tile).err())
+                    .map(|e| e.to_string())
+                    .collect();
+                if !missing.is_empty() {
+                    return Err(missing.join("\n"));
+                }
+                println!("covers every geometry of {}", pack.display());
+            }
+        }
+        Command::Verify {
+            dir,
+            runtime,
+            rows,
+            seed,
+        } => {
+            let designs = Designs::load(&dir).map_err(|e| e.to_string())?;
+            let runtime = Runtime::open(runtime.as_deref()).map_err(|e| e.to_string())?;
+            let _hold = if runtime.is_software() {
+                None
+            } else {
+                let options =
+                    HoldOptions::new("npu-designs verify", format!("verify {}", dir.display()));
+                Some(Hold::acquire(&options).map_err(|e| e.to_string())?)
+            };
+            let device = Device::open(&runtime).map_err(|e| e.to_string())?;
+            println!(
+                "device {} ({}, {} columns), runtime {}",
+                device.info().name,
+                device.info().firmware,
+                device.info().columns,
+                runtime.path().display()
+            );
+            let mut failed = 0;
+            for entry in designs.entries() {
+                let g = entry.geometry;
+                let case_rows = rows.unwrap_or(g.m_tile).clamp(1, g.m_tile);
+                let case = GemmCase::random(g.kind, case_rows, g.k, g.n, seed);
+                let report =
+                    verify_design(&device, entry, &case, None).map_err(|e| e.to_string())?;
+                let verdict = if report.byte_identical() {
+                    "byte-identical"
+                } else {
+                    failed += 1;
+                    "DIFFERS"
+                };
+                println!(
+                    "{:<28} {verdict}: {}/{} identical, max |diff| {:e}",
+                    entry.name, report.identical, report.elements, report.max_abs_diff
+                );
+            }
+            if failed > 0 {
+                return Err(format!("{failed} designs differ from the oracle"));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -302,7 +302,7 @@ mod tests {
         assert_eq!(path, installed.join(abi::XRT_RUNTIME_NAME));
         assert_eq!(source, RuntimeSource::Installed);
 
-        let err = locate_in(None, None, &[empty.clone()])
+        let err = locate_in(None, None, std::slice::from_ref(&empty))
             .unwrap_err()
             .to_string();
         assert!(

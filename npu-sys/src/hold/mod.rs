@@ -39,6 +39,17 @@ const QUEUE_DIR: &str = "queue";
 const TICKET_PREFIX: &str = "ticket-";
 /// How often a waiter looks at the queue and the lease: bounds how late a release is noticed.
 const POLL: Duration = Duration::from_millis(20);
+/// Overrides the poll interval in milliseconds (1..=1000); tests use it to make a later waiter
+/// more eager than an earlier one, which FIFO order must not reward.
+pub const POLL_MS_ENV: &str = "XDNA_VL_HOLD_POLL_MS";
+
+fn poll_interval() -> Duration {
+    std::env::var(POLL_MS_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|ms| Duration::from_millis(ms.clamp(1, 1000)))
+        .unwrap_or(POLL)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum HoldError {
@@ -225,6 +236,7 @@ impl Hold {
         };
         let ticket = Ticket::take(&dir, &mut record)?;
         let started = Instant::now();
+        let poll = poll_interval();
         let mut reported: Option<(Option<(u32, u64)>, usize)> = None;
         loop {
             let ahead = live_tickets_before(&dir, ticket.number)?;
@@ -252,7 +264,7 @@ impl Hold {
                 );
                 reported = Some(now);
             }
-            std::thread::sleep(POLL);
+            std::thread::sleep(poll);
         }
         record.since_unix_ms = now_unix_ms();
         write_holder(&dir, &record)?;

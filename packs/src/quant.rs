@@ -121,8 +121,7 @@ fn symmetric_i8_row(x: &[f32], codes: &mut [i8]) -> f32 {
         return scale;
     }
     for (c, &v) in codes.iter_mut().zip(x) {
-        // `as i8` saturates and maps NaN to 0.
-        *c = (v / scale).round().clamp(-127.0, 127.0) as i8;
+        *c = round_clamp(v / scale, -127, 127);
     }
     scale
 }
@@ -184,7 +183,28 @@ fn q4_value_code(v: f32, scale: f32) -> i8 {
     if scale == 0.0 || !scale.is_finite() {
         return 0;
     }
-    (v / scale).round().clamp(-8.0, 7.0) as i8
+    round_clamp(v / scale, -8, 7)
+}
+
+/// `clamp(round(x), lo, hi)` with round half away from zero (`f32::round`); NaN gives 0.
+/// Written with an integer truncation instead of the `roundf` libm call, which dominated
+/// quantizing a whole checkpoint; `round_clamp_matches_f32_round` checks it against `f32::round`.
+#[inline]
+pub fn round_clamp(x: f32, lo: i8, hi: i8) -> i8 {
+    // Clamping to [lo - 1, hi + 1] first keeps the truncation in range and commutes with the
+    // final clamp.
+    let x = x.clamp(lo as f32 - 1.0, hi as f32 + 1.0);
+    // `as i32` truncates toward zero (NaN -> 0); x - t is exact for |x| < 2^23.
+    let t = x as i32;
+    let frac = x - t as f32;
+    let r = if frac >= 0.5 {
+        t + 1
+    } else if frac <= -0.5 {
+        t - 1
+    } else {
+        t
+    };
+    r.clamp(lo as i32, hi as i32) as i8
 }
 
 /// Quantize W [n x k] row-major to q4: codes [n * k/2] (element 2i low nibble, 2i+1 high nibble,

@@ -193,3 +193,38 @@ fn quant_kind_names() {
     }
     assert!("int4".parse::<QuantKind>().is_err());
 }
+
+#[test]
+fn round_clamp_matches_f32_round() {
+    let reference = |x: f32, lo: i8, hi: i8| x.round().clamp(lo as f32, hi as f32) as i8;
+    let mut checked = 0u64;
+    // Every 61st f32 bit pattern of both signs (covers ties, near-ties, huge values, NaN, inf).
+    for bits in (0..=u32::MAX).step_by(61) {
+        let x = f32::from_bits(bits);
+        for (lo, hi) in [(-127, 127), (-8, 7)] {
+            assert_eq!(
+                round_clamp(x, lo, hi),
+                reference(x, lo, hi),
+                "x = {x:e} ({bits:#x})"
+            );
+        }
+        checked += 1;
+    }
+    // Every tie and its neighbours in the code ranges.
+    for half in -300..=300 {
+        let tie = half as f32 + 0.5;
+        for x in [
+            tie,
+            f32::from_bits(tie.to_bits() + 1),
+            f32::from_bits(tie.to_bits() - 1),
+        ] {
+            assert_eq!(
+                round_clamp(x, -127, 127),
+                reference(x, -127, 127),
+                "x = {x:e}"
+            );
+            assert_eq!(round_clamp(x, -8, 7), reference(x, -8, 7), "x = {x:e}");
+        }
+    }
+    assert!(checked > 70_000_000);
+}

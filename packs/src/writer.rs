@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
@@ -234,6 +235,9 @@ impl PackWriter {
         };
         let tmp = self.file.into_inner().map_err(|e| io(e.into_error()))?;
         let file: &File = tmp.as_file();
+        // Temp files are created 0600; a pack is an ordinary shareable output file.
+        file.set_permissions(std::fs::Permissions::from_mode(0o644))
+            .map_err(io)?;
         file.sync_all().map_err(io)?;
         tmp.persist(&out).map_err(|e| io(e.error))?;
         Ok(self.pos)

@@ -100,7 +100,7 @@ typedef struct xdna_vl_run xdna_vl_run;
 typedef struct xdna_vl_device_info {
   char name[64];     /* e.g. "RyzenAI-npu4" or "npu-emu" */
   char firmware[64]; /* firmware version text, "" when unknown */
-  uint32_t columns;  /* AIE columns available to a hardware context */
+  uint32_t columns;  /* AIE columns available to a hardware context, 0 when unknown */
   uint32_t software; /* 1 for a software NPU, else 0 */
 } xdna_vl_device_info;
 

@@ -7,7 +7,8 @@
 //! - [`designs`]: the designs directory and its manifest; [`plan`]: which designs a pack needs;
 //! - [`gemm`]: a design with resident weights, as the forward's device backend uses it;
 //!   [`verify`]: a design checked against the pack's scalar oracle;
-//! - [`hold`]: the device-hold ticket, a FIFO cross-process lease on the NPU.
+//! - [`hold`]: the device-hold ticket, a FIFO cross-process lease on the NPU;
+//! - [`session`]: runtime, lease and device opened in the right order.
 
 mod abi;
 pub mod designs;
@@ -18,6 +19,7 @@ pub mod geometry;
 pub mod hold;
 pub mod plan;
 pub mod runtime;
+pub mod session;
 pub mod verify;
 
 pub use designs::{DesignEntry, Designs, DesignsError};
@@ -27,6 +29,7 @@ pub use gemm::{GemmDesign, GemmError, PendingGemm};
 pub use geometry::{ArgGroup, DesignKind, Geometry, GeometryError};
 pub use hold::{Hold, HoldError, HoldOptions, HoldStatus, HolderRecord};
 pub use runtime::{CallError, Runtime, RuntimeError, RuntimeSource};
+pub use session::NpuSession;
 
 /// The ABI version this build needs (`XDNA_VL_ABI_VERSION` of the header).
 pub const ABI_VERSION: u32 = abi::ABI_VERSION;

@@ -6,10 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use npu_sys::designs::{write_emu_designs, Designs};
-use npu_sys::hold::{Hold, HoldOptions};
 use npu_sys::plan::{plan_pack, Plan};
 use npu_sys::verify::{verify_design, GemmCase};
-use npu_sys::{Device, Runtime};
+use npu_sys::NpuSession;
 use packs::Pack;
 
 #[derive(Parser)]
@@ -124,21 +123,17 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             seed,
         } => {
             let designs = Designs::load(&dir).map_err(|e| e.to_string())?;
-            let runtime = Runtime::open(runtime.as_deref()).map_err(|e| e.to_string())?;
-            let _hold = if runtime.is_software() {
-                None
-            } else {
-                let options =
-                    HoldOptions::new("npu-designs verify", format!("verify {}", dir.display()));
-                Some(Hold::acquire(&options).map_err(|e| e.to_string())?)
-            };
-            let device = Device::open(&runtime).map_err(|e| e.to_string())?;
+            let purpose = format!("verify {}", dir.display());
+            let session = NpuSession::open(runtime.as_deref(), "npu-designs verify", &purpose)
+                .map_err(|e| e.to_string())?;
+            let device = session.device();
+            let info = device.info();
             println!(
                 "device {} ({}, {} columns), runtime {}",
-                device.info().name,
-                device.info().firmware,
-                device.info().columns,
-                runtime.path().display()
+                info.name,
+                info.firmware,
+                info.columns,
+                session.runtime().path().display()
             );
             let mut failed = 0;
             for entry in designs.entries() {
@@ -146,7 +141,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 let case_rows = rows.unwrap_or(g.m_tile).clamp(1, g.m_tile);
                 let case = GemmCase::random(g.kind, case_rows, g.k, g.n, seed);
                 let report =
-                    verify_design(&device, entry, &case, None).map_err(|e| e.to_string())?;
+                    verify_design(device, entry, &case, None).map_err(|e| e.to_string())?;
                 let verdict = if report.byte_identical() {
                     "byte-identical"
                 } else {

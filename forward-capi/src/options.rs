@@ -1,0 +1,169 @@
+//! `xvl_open_options`: how a pack is opened (context capacity, threads, KV type, GEMM backend and the
+//! device's runtime and designs), and its translation into the forward's options.
+
+use crate::ffi_args;
+use crate::status::*;
+use forward::{BackendChoice, ForwardOptions, KvDtype};
+use std::ffi::c_char;
+use std::path::PathBuf;
+
+/// The C struct `xvl_open_options` (same field order and types as the header).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct XvlOpenOptions {
+    /// `sizeof(xvl_open_options)` as the caller compiled it: a header/library mismatch is refused
+    /// instead of read past the caller's struct.
+    pub struct_size: u32,
+    /// `XVL_GEMM_HOST`, `XVL_GEMM_DEVICE` or `XVL_GEMM_AB`.
+    pub gemm: u32,
+    /// KV cache slots (the longest prompt plus generation).
+    pub capacity: usize,
+    /// Threads of the forward's pool; 0 = one per available core.
+    pub threads: u32,
+    /// `XVL_KV_F32` or `XVL_KV_BF16`.
+    pub kv_dtype: u32,
+    /// Device backends: the XDNA runtime library; NULL = the runtime's default search.
+    pub runtime_path: *const c_char,
+    /// Device backends: the directory of compiled GEMM designs; NULL = the default.
+    pub designs_dir: *const c_char,
+}
+
+impl XvlOpenOptions {
+    pub const SIZE: u32 = std::mem::size_of::<XvlOpenOptions>() as u32;
+
+    /// What `xvl_open_options_init` writes.
+    pub fn defaults() -> XvlOpenOptions {
+        XvlOpenOptions {
+            struct_size: XvlOpenOptions::SIZE,
+            gemm: XVL_GEMM_HOST,
+            capacity: ForwardOptions::default().capacity,
+            threads: 0,
+            kv_dtype: XVL_KV_F32,
+            runtime_path: std::ptr::null(),
+            designs_dir: std::ptr::null(),
+        }
+    }
+}
+
+/// The GEMM backend the caller asked for, with the device's paths.
+#[derive(Debug)]
+pub enum GemmRequest {
+    Host,
+    Device {
+        runtime_path: Option<PathBuf>,
+        designs_dir: Option<PathBuf>,
+    },
+    Ab {
+        runtime_path: Option<PathBuf>,
+        designs_dir: Option<PathBuf>,
+    },
+}
+
+/// The options the caller's struct asks for.
+pub struct OpenRequest {
+    pub forward: ForwardOptions,
+    pub gemm: GemmRequest,
+}
+
+/// Reads and checks the caller's options.
+///
+/// # Safety
+/// `options` must be NULL or point to at least 4 readable bytes (its `struct_size`), and to a whole
+/// `xvl_open_options` when `struct_size` says so; its paths must be NULL or NUL-terminated.
+pub unsafe fn read(options: *const XvlOpenOptions) -> Result<OpenRequest, CallError> {
+    const F: &str = "xvl_open";
+    if options.is_null() {
+        return Err(CallError::null(F, "options"));
+    }
+    if !options.is_aligned() {
+        return Err(CallError::argument(F, "`options` is not aligned"));
+    }
+    // Read the size alone first: a struct from an older or newer header may be shorter than ours.
+    // SAFETY: non-NULL and aligned (checked); the caller guarantees the first field is readable.
+    let struct_size = unsafe { std::ptr::addr_of!((*options).struct_size).read() };
+    if struct_size != XvlOpenOptions::SIZE {
+        return Err(CallError::argument(
+            F,
+            format!(
+                "options.struct_size = {struct_size}, this library's xvl_open_options is {} bytes \
+                 (call xvl_open_options_init, and build against the header that ships with the library)",
+                XvlOpenOptions::SIZE
+            ),
+        ));
+    }
+    // SAFETY: the caller's struct is as large as ours (its struct_size says so) and aligned.
+    let o = unsafe { options.read() };
+    let kv_dtype = match o.kv_dtype {
+        XVL_KV_F32 => KvDtype::F32,
+        XVL_KV_BF16 => KvDtype::Bf16,
+        other => {
+            return Err(CallError::argument(
+                F,
+                format!("options.kv_dtype = {other}, expected XVL_KV_F32 (0) or XVL_KV_BF16 (1)"),
+            ))
+        }
+    };
+    let threads = match o.threads {
+        0 => ForwardOptions::default().threads,
+        n => n as usize,
+    };
+    // SAFETY: NULL or NUL-terminated by the caller's contract.
+    let runtime_path =
+        unsafe { ffi_args::optional_path(F, "options.runtime_path", o.runtime_path) }?;
+    // SAFETY: as above.
+    let designs_dir = unsafe { ffi_args::optional_path(F, "options.designs_dir", o.designs_dir) }?;
+    let gemm = match o.gemm {
+        XVL_GEMM_HOST => GemmRequest::Host,
+        XVL_GEMM_DEVICE => GemmRequest::Device {
+            runtime_path,
+            designs_dir,
+        },
+        XVL_GEMM_AB => GemmRequest::Ab {
+            runtime_path,
+            designs_dir,
+        },
+        other => {
+            return Err(CallError::argument(
+                F,
+                format!(
+                    "options.gemm = {other}, expected XVL_GEMM_HOST (0), XVL_GEMM_DEVICE (1) or XVL_GEMM_AB (2)"
+                ),
+            ))
+        }
+    };
+    Ok(OpenRequest {
+        forward: ForwardOptions {
+            capacity: o.capacity,
+            threads,
+            kv_dtype,
+            ..ForwardOptions::default()
+        },
+        gemm,
+    })
+}
+
+/// The forward's backend for a request. The device backends are refused until `forward` exposes
+/// one; the refusal names what was asked for so the caller can fall back to the host.
+pub fn backend_choice(gemm: GemmRequest) -> Result<BackendChoice, CallError> {
+    let (name, runtime_path, designs_dir) = match gemm {
+        GemmRequest::Host => return Ok(BackendChoice::Host),
+        GemmRequest::Device {
+            runtime_path,
+            designs_dir,
+        } => ("device", runtime_path, designs_dir),
+        GemmRequest::Ab {
+            runtime_path,
+            designs_dir,
+        } => ("ab", runtime_path, designs_dir),
+    };
+    let shown = |p: Option<PathBuf>| p.map_or("default".to_string(), |p| p.display().to_string());
+    Err(CallError::new(
+        XVL_ERR_UNAVAILABLE,
+        format!(
+            "xvl_open: GEMM backend `{name}` is not available in this build: the forward has no device \
+             backend yet (runtime_path = {}, designs_dir = {}); open with XVL_GEMM_HOST",
+            shown(runtime_path),
+            shown(designs_dir)
+        ),
+    ))
+}

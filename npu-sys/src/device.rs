@@ -441,7 +441,7 @@ impl Design {
         Ok(Run {
             design: self,
             handle,
-            c,
+            c: Some(c),
             _inputs: PhantomData,
         })
     }
@@ -472,14 +472,15 @@ impl fmt::Debug for Design {
 pub struct Run<'a> {
     design: &'a Design,
     handle: NonNull<abi::RunHandle>,
-    c: &'a mut Buffer,
+    /// Some until `wait` hands it back.
+    c: Option<&'a mut Buffer>,
     _inputs: PhantomData<(&'a Buffer, &'a Buffer)>,
 }
 
 impl<'a> Run<'a> {
     /// Waits at most `timeout`. On completion syncs C from the device and hands it back; any
     /// other final state is an error naming the design, its geometry and the state.
-    pub fn wait(self, timeout: Duration) -> Result<&'a mut Buffer, RunError> {
+    pub fn wait(mut self, timeout: Duration) -> Result<&'a mut Buffer, RunError> {
         let design = self.design;
         let rt = design.runtime();
         let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
@@ -498,7 +499,12 @@ impl<'a> Run<'a> {
                 timeout,
             });
         }
-        let c = self.release_c();
+        // Free the run before C is touched again; the borrow of C outlives it.
+        let c = self.c.take();
+        drop(self);
+        let Some(c) = c else {
+            return Err(design.refused("the run's C buffer was already handed back".into()));
+        };
         c.sync_from_device().map_err(|source| RunError::Sync {
             design: design.inner.name.clone(),
             geometry: design.inner.geometry,
@@ -506,18 +512,10 @@ impl<'a> Run<'a> {
         })?;
         Ok(c)
     }
-
-    /// Frees the run (via Drop) and returns the C borrow it held.
-    fn release_c(self) -> &'a mut Buffer {
-        let this = std::mem::ManuallyDrop::new(self);
-        free_run(this.design, this.handle);
-        // SAFETY: `this` is never used or dropped again; moving the &mut out of it once is sound.
-        unsafe { ptr::read(&this.c) }
-    }
 }
 
 fn free_run(design: &Design, handle: NonNull<abi::RunHandle>) {
-    // SAFETY: the handle came from run_start and is freed exactly once (by Drop or release_c).
+    // SAFETY: the handle came from run_start and is freed exactly once, by Run's Drop.
     unsafe { (design.runtime().fns.run_free)(handle.as_ptr()) }
 }
 

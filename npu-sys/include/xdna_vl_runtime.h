@@ -18,7 +18,8 @@
  *   - Buffer memory returned by xdna_vl_buffer_map stays valid until xdna_vl_buffer_free. The host
  *     must not touch the A, B or C buffers of a run between xdna_vl_run_start and a wait that
  *     returned a final state (or xdna_vl_run_free).
- *   - Calls are thread-safe: distinct handles may be used from distinct threads at the same time.
+ *   - Calls may come from any thread and at the same time (a device or design handle may be used
+ *     by several threads at once), except that calls on one buffer, or on one run, never overlap.
  *   - All multi-byte values in buffers are little-endian.
  */
 #ifndef XDNA_VL_RUNTIME_H

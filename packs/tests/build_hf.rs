@@ -3,80 +3,17 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use common::{HfSpec, RopeSpelling};
-use half::bf16;
-use packs::layout::{self, WeightRole};
 use packs::names::{self, EMBED, LM_HEAD};
-use packs::quant::{self, QuantKind};
-use packs::{build_from_hf, BuildError, BuildOptions, Embedding, LinearData, Pack};
+use packs::quant::QuantKind;
+use packs::{build_from_hf, BuildError, BuildOptions, LinearData, Pack};
 use safetensors::Dtype as StDtype;
 use serde_json::json;
 
 fn build(dir: &Path, out: &Path, quant: QuantKind) -> Result<packs::BuildReport, BuildError> {
     build_from_hf(dir, out, &BuildOptions::new(quant))
-}
-
-/// Every tensor of the pack equals the documented encoding of the checkpoint's values.
-fn check_pack(pack: &Pack, stored: &HashMap<String, Vec<f32>>) {
-    let sem = pack.semantics();
-    let quant = sem.quant;
-    for w in layout::weights(sem) {
-        let values = &stored[&w.source];
-        match w.role {
-            WeightRole::Embedding => match pack.embedding() {
-                Embedding::F32(e) => {
-                    assert_eq!(quant, QuantKind::F32);
-                    assert!(e == &values[..], "embedding differs");
-                }
-                Embedding::Bf16(e) => {
-                    assert_ne!(quant, QuantKind::F32);
-                    assert!(
-                        e.iter().zip(values).all(|(a, b)| *a == bf16::from_f32(*b)),
-                        "embedding differs"
-                    );
-                }
-            },
-            WeightRole::Norm => assert!(
-                pack.norm(&w.name).unwrap() == &values[..],
-                "{} differs",
-                w.name
-            ),
-            WeightRole::Linear => {
-                let lin = pack.linear(&w.name).unwrap();
-                assert_eq!((lin.n, lin.k), (w.rows, w.cols), "{}", w.name);
-                let same = match lin.data {
-                    LinearData::F32(d) => d == &values[..],
-                    LinearData::Bf16(d) => {
-                        d.iter().zip(values).all(|(a, b)| *a == bf16::from_f32(*b))
-                    }
-                    LinearData::I8 { codes, scales } => {
-                        let (c, s) = quant::quantize_i8_rows(values, lin.n, lin.k);
-                        codes == &c[..] && scales == &s[..]
-                    }
-                    LinearData::Q4 { codes, scales } => {
-                        let (c, s) = quant::quantize_q4(values, lin.n, lin.k).unwrap();
-                        codes == &c[..] && scales == &s[..]
-                    }
-                };
-                assert!(
-                    same,
-                    "{} ({quant}) differs from the encoding of the checkpoint values",
-                    w.name
-                );
-            }
-        }
-    }
-    let head = pack.head();
-    assert_eq!((head.n, head.k), (sem.vocab_size, sem.hidden_size));
-    let head_stored = pack.tensor(LM_HEAD).is_some();
-    assert_eq!(
-        head_stored,
-        !sem.tie_word_embeddings || quant.is_integer(),
-        "{quant}"
-    );
 }
 
 #[test]
@@ -94,7 +31,7 @@ fn builds_every_kind_from_a_single_file_rope_parameters_checkpoint() {
             pack.semantics(),
             &common::expected_semantics(&spec, quant, &ck)
         );
-        check_pack(&pack, &stored);
+        common::check_pack(&pack, &stored);
         if quant.is_integer() {
             // The tied head is quantized from the checkpoint's f32 embedding values.
             assert_eq!(pack.head().name, LM_HEAD);
@@ -125,7 +62,7 @@ fn builds_a_sharded_bf16_rope_scaling_untied_checkpoint() {
             pack.semantics(),
             &common::expected_semantics(&spec, quant, &ck)
         );
-        check_pack(&pack, &stored);
+        common::check_pack(&pack, &stored);
         assert_eq!(pack.head().name, LM_HEAD, "an untied head is always stored");
     }
     // bf16 -> f32 is exact and bf16 -> bf16 is the identity: the bf16 pack holds the checkpoint's bits.
@@ -182,7 +119,7 @@ fn builds_f16_and_text_only_and_head_dim_free_checkpoints() {
             expected.mrope_section = Some([6, 5, 5]);
         }
         assert_eq!(pack.semantics(), &expected, "{name}");
-        check_pack(&pack, &stored);
+        common::check_pack(&pack, &stored);
     }
 }
 

@@ -8,7 +8,9 @@ use std::path::Path;
 use half::{bf16, f16};
 use packs::layout::{self, WeightRole};
 use packs::names;
-use packs::{QuantKind, Semantics};
+use packs::names::LM_HEAD;
+use packs::quant;
+use packs::{Embedding, LinearData, Pack, QuantKind, Semantics};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype as StDtype;
 use serde_json::{json, Value};
@@ -251,4 +253,64 @@ fn encode(vals: &[f32], dtype: StDtype) -> (Vec<u8>, Vec<f32>) {
         }
         other => panic!("test checkpoints use F32/BF16/F16, not {other:?}"),
     }
+}
+
+/// Every tensor of the pack equals the documented encoding of the checkpoint's values.
+pub fn check_pack(pack: &Pack, stored: &HashMap<String, Vec<f32>>) {
+    let sem = pack.semantics();
+    let quant = sem.quant;
+    for w in layout::weights(sem) {
+        let values = &stored[&w.source];
+        match w.role {
+            WeightRole::Embedding => match pack.embedding() {
+                Embedding::F32(e) => {
+                    assert_eq!(quant, QuantKind::F32);
+                    assert!(e == &values[..], "embedding differs");
+                }
+                Embedding::Bf16(e) => {
+                    assert_ne!(quant, QuantKind::F32);
+                    assert!(
+                        e.iter().zip(values).all(|(a, b)| *a == bf16::from_f32(*b)),
+                        "embedding differs"
+                    );
+                }
+            },
+            WeightRole::Norm => assert!(
+                pack.norm(&w.name).unwrap() == &values[..],
+                "{} differs",
+                w.name
+            ),
+            WeightRole::Linear => {
+                let lin = pack.linear(&w.name).unwrap();
+                assert_eq!((lin.n, lin.k), (w.rows, w.cols), "{}", w.name);
+                let same = match lin.data {
+                    LinearData::F32(d) => d == &values[..],
+                    LinearData::Bf16(d) => {
+                        d.iter().zip(values).all(|(a, b)| *a == bf16::from_f32(*b))
+                    }
+                    LinearData::I8 { codes, scales } => {
+                        let (c, s) = quant::quantize_i8_rows(values, lin.n, lin.k);
+                        codes == &c[..] && scales == &s[..]
+                    }
+                    LinearData::Q4 { codes, scales } => {
+                        let (c, s) = quant::quantize_q4(values, lin.n, lin.k).unwrap();
+                        codes == &c[..] && scales == &s[..]
+                    }
+                };
+                assert!(
+                    same,
+                    "{} ({quant}) differs from the encoding of the checkpoint values",
+                    w.name
+                );
+            }
+        }
+    }
+    let head = pack.head();
+    assert_eq!((head.n, head.k), (sem.vocab_size, sem.hidden_size));
+    let head_stored = pack.tensor(LM_HEAD).is_some();
+    assert_eq!(
+        head_stored,
+        !sem.tie_word_embeddings || quant.is_integer(),
+        "{quant}"
+    );
 }

@@ -1,1 +1,97 @@
-//! Fixture helpers for the end-to-end tests.
+//! Fixture helpers for the end-to-end tests: the committed transformers cases, packs built from
+//! them in temporary directories, and a forward over each.
+
+use forward::{BackendChoice, Forward, ForwardOptions, PromptInputs};
+use packs::{Pack, QuantKind};
+use probes::Reference;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// tests/fixtures.
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+/// Every committed case (a directory with a checkpoint and inputs).
+pub fn cases() -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(fixtures())
+        .expect("tests/fixtures")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("checkpoint/config.json").exists())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    out.sort();
+    assert!(
+        !out.is_empty(),
+        "no fixture cases under {}",
+        fixtures().display()
+    );
+    out
+}
+
+pub struct Case {
+    pub name: String,
+    pub dir: PathBuf,
+}
+
+impl Case {
+    pub fn new(name: &str) -> Case {
+        Case {
+            name: name.to_string(),
+            dir: fixtures().join(name),
+        }
+    }
+
+    pub fn checkpoint(&self) -> PathBuf {
+        self.dir.join("checkpoint")
+    }
+
+    pub fn inputs(&self) -> PromptInputs {
+        PromptInputs::open(self.dir.join("inputs.safetensors")).expect("inputs")
+    }
+
+    /// The transformers reference for a pack kind (f32 and bf16 share the exact one).
+    pub fn reference(&self, kind: QuantKind) -> Reference {
+        Reference::open(self.dir.join(probes::bundled::reference_name(kind))).expect("reference")
+    }
+
+    /// Whether the checkpoint itself is stored in bf16.
+    pub fn is_bf16_checkpoint(&self) -> bool {
+        let cfg = std::fs::read_to_string(self.checkpoint().join("config.json")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&cfg).unwrap();
+        let dtype = v
+            .get("torch_dtype")
+            .or_else(|| v.get("dtype"))
+            .or_else(|| v.pointer("/text_config/dtype"))
+            .or_else(|| v.pointer("/text_config/torch_dtype"));
+        dtype.and_then(|d| d.as_str()) == Some("bfloat16")
+    }
+
+    /// Builds the pack of this case in `kind` inside a temporary directory.
+    pub fn pack(&self, kind: QuantKind) -> (tempfile::TempDir, Arc<Pack>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(format!("{}-{kind}.pack", self.name));
+        let opts = packs::build::BuildOptions {
+            quant: kind,
+            mrope_section: None,
+            progress: false,
+        };
+        packs::build::build_from_hf(&self.checkpoint(), &path, &opts)
+            .unwrap_or_else(|e| panic!("{}: build {kind}: {e}", self.name));
+        let pack = Arc::new(Pack::open(&path).unwrap());
+        (dir, pack)
+    }
+}
+
+/// A host forward over `pack` with room for the prompt, the decode steps and the text control.
+pub fn forward(pack: &Arc<Pack>, options: ForwardOptions) -> Forward {
+    Forward::new(pack, BackendChoice::Host, options).expect("forward")
+}
+
+pub fn options() -> ForwardOptions {
+    ForwardOptions {
+        capacity: 256,
+        threads: 2,
+        ..ForwardOptions::default()
+    }
+}

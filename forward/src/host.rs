@@ -1,47 +1,59 @@
-//! The host GEMM backend: the quant kinds' arithmetic on the CPU, split over a persistent thread pool.
+//! The host GEMM backend: the quant kinds' arithmetic on the CPU (SIMD kernels chosen at run time),
+//! split over the forward's persistent rayon pool — no thread is spawned per GEMM.
 
 use crate::backend::{BackendError, GemmBackend, GemmStats, WeightRef};
-use crate::kernels;
-use packs::quant;
+use crate::kernels::{ActivationLayout, Activations, Kernels, PANEL};
 use packs::LinearData;
 use rayon::prelude::*;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Weight rows per parallel task.
-const N_CHUNK: usize = 64;
+/// Most weight rows one parallel task computes.
+const MAX_CHUNK: usize = 256;
+/// Tasks per pool thread to aim for (work stealing evens out the rest).
+const TASKS_PER_THREAD: usize = 8;
 
 pub struct HostGemm {
     pool: Arc<rayon::ThreadPool>,
-    a_codes: Vec<i8>,
-    a_scales: Vec<f32>,
-    y_t: Vec<f32>,
+    kernels: Kernels,
+    acts: Activations,
     stats: GemmStats,
 }
 
 impl HostGemm {
+    /// The fastest kernels this CPU runs, on `pool`.
     pub fn new(pool: Arc<rayon::ThreadPool>) -> HostGemm {
+        HostGemm::with_kernels(pool, Kernels::best())
+    }
+
+    /// A chosen instruction set (benchmarks and tests compare them).
+    pub fn with_kernels(pool: Arc<rayon::ThreadPool>, kernels: Kernels) -> HostGemm {
         HostGemm {
             pool,
-            a_codes: Vec::new(),
-            a_scales: Vec::new(),
-            y_t: Vec::new(),
+            kernels,
+            acts: Activations::default(),
             stats: GemmStats::default(),
         }
     }
+
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
+    }
 }
 
-/// Quantizes each activation row to int8 codes and its scale (the rule lives in `packs::quant`).
-pub fn quantize_rows(x: &[f32], rows: usize, k: usize, codes: &mut Vec<i8>, scales: &mut Vec<f32>) {
-    codes.resize(rows * k, 0);
-    scales.resize(rows, 0.0);
-    for ((xr, cr), s) in x
-        .chunks_exact(k)
-        .zip(codes.chunks_exact_mut(k))
-        .zip(scales.iter_mut())
-    {
-        *s = quant::quantize_activation_row(xr, cr);
+/// The activation layout a weight's kernels read, if it is quantized.
+fn layout_of(data: &LinearData<'_>) -> Option<ActivationLayout> {
+    match data {
+        LinearData::I8 { .. } => Some(ActivationLayout::Natural),
+        LinearData::Q4 { .. } => Some(ActivationLayout::Q4Groups),
+        LinearData::F32(_) | LinearData::Bf16(_) => None,
     }
+}
+
+/// Weight rows per task: whole panels, about `TASKS_PER_THREAD` tasks per thread, at most `MAX_CHUNK`.
+pub fn chunk_rows(n: usize, threads: usize) -> usize {
+    let per_task = n.div_ceil(threads.max(1) * TASKS_PER_THREAD);
+    per_task.div_ceil(PANEL).clamp(1, MAX_CHUNK / PANEL) * PANEL
 }
 
 impl GemmBackend for HostGemm {
@@ -58,31 +70,44 @@ impl GemmBackend for HostGemm {
     ) -> Result<(), BackendError> {
         let t0 = Instant::now();
         let (n, k) = (w.linear.n, w.linear.k);
-        debug_assert_eq!(x.len(), rows * k);
-        debug_assert_eq!(y.len(), rows * n);
-        let quantized = matches!(w.linear.data, LinearData::I8 { .. } | LinearData::Q4 { .. });
-        if quantized {
-            quantize_rows(x, rows, k, &mut self.a_codes, &mut self.a_scales);
+        assert_eq!(
+            x.len(),
+            rows * k,
+            "host gemm {}: x is not rows x k",
+            w.linear.name
+        );
+        assert_eq!(
+            y.len(),
+            rows * n,
+            "host gemm {}: y is not rows x n",
+            w.linear.name
+        );
+        if rows == 0 || n == 0 {
+            return Ok(());
         }
-        // Each task owns a block of weight rows and writes them transposed ([n x rows]); one
-        // transpose at the end puts them in y. Weight bytes are read once per GEMM, whatever `rows`.
-        self.y_t.resize(n * rows, 0.0);
-        let (a_codes, a_scales) = (&self.a_codes[..], &self.a_scales[..]);
         let data = &w.linear.data;
-        let y_t = &mut self.y_t;
+        let kernels = self.kernels;
+        let chunk = chunk_rows(n, self.pool.current_num_threads());
+        let acts = &mut self.acts;
         self.pool.install(|| {
-            y_t.par_chunks_mut(N_CHUNK * rows)
-                .enumerate()
-                .for_each(|(c, out)| {
-                    let n0 = c * N_CHUNK;
-                    kernels::gemm_block(data, k, n0, x, a_codes, a_scales, rows, out);
-                })
-        });
-        for (j, col) in self.y_t.chunks_exact(rows).enumerate() {
-            for (r, &v) in col.iter().enumerate() {
-                y[r * n + j] = v;
+            if let Some(layout) = layout_of(data) {
+                acts.prepare(kernels, layout, x, rows, k);
             }
-        }
+            let acts = &*acts;
+            // Each task owns weight rows c*chunk.. and writes that column span of every output row.
+            let mut row_spans: Vec<_> = y.chunks_mut(n).map(|row| row.chunks_mut(chunk)).collect();
+            let tasks = n.div_ceil(chunk);
+            let mut spans: Vec<&mut [f32]> = Vec::with_capacity(tasks * rows);
+            for _ in 0..tasks {
+                for row in row_spans.iter_mut() {
+                    spans.push(row.next().expect("every row splits into the same spans"));
+                }
+            }
+            spans
+                .par_chunks_mut(rows)
+                .enumerate()
+                .for_each(|(c, out)| kernels.gemm_block(data, k, c * chunk, x, acts, out));
+        });
         self.stats.gemms += 1;
         self.stats.rows += rows as u64;
         self.stats.host += t0.elapsed();
@@ -91,5 +116,25 @@ impl GemmBackend for HostGemm {
 
     fn take_stats(&mut self) -> GemmStats {
         std::mem::take(&mut self.stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_are_whole_panels_and_bounded() {
+        assert_eq!(chunk_rows(2048, 2), 128);
+        assert_eq!(chunk_rows(151936, 2), MAX_CHUNK);
+        assert_eq!(chunk_rows(5, 2), PANEL);
+        assert_eq!(chunk_rows(1024, 1), 128);
+        for n in [1, 7, 8, 9, 100, 4096, 6144] {
+            let c = chunk_rows(n, 2);
+            assert!(
+                c.is_multiple_of(PANEL) && (PANEL..=MAX_CHUNK).contains(&c),
+                "{n}: {c}"
+            );
+        }
     }
 }

@@ -1,0 +1,162 @@
+//! Activation rows prepared for the integer kernels: quantized by `packs::quant`'s rule, laid out for
+//! the weight kind, with the sums the SIMD paths subtract. Made once per GEMM input and reused while
+//! the input bits are unchanged (q, k and v read the same normed rows; so do gate and up).
+
+use super::Kernels;
+use packs::quant::Q4_GROUP;
+use rayon::prelude::*;
+
+/// How the codes of a prepared row are ordered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActivationLayout {
+    /// Element j at j (i8 weights).
+    Natural,
+    /// Per group of 32: the 16 even elements, then the 16 odd ones, which is where a q4 byte's low and
+    /// high nibbles land once split (q4 weights; K must be a multiple of 32).
+    Q4Groups,
+}
+
+/// Prepared activation rows (see the module comment).
+#[derive(Debug, Default)]
+pub struct Activations {
+    layout: Option<ActivationLayout>,
+    rows: usize,
+    k: usize,
+    /// `rows x k` codes in `layout`.
+    codes: Vec<i8>,
+    /// One scale per row.
+    scales: Vec<f32>,
+    /// Natural: per row, the sum of the codes the 32-wide SIMD loop covers (`0 .. k - k % 32`).
+    /// Q4Groups: per row and group, 8 x the group's code sum (`rows x k/32`).
+    sums: Vec<i32>,
+    /// The bits of the f32 rows these were made from.
+    source: Vec<u32>,
+}
+
+/// One row's input, codes, scale and sums.
+type RowJob<'a> = ((&'a [f32], &'a mut [i8]), (&'a mut f32, &'a mut [i32]));
+
+/// Elements per step of the 256-bit integer loops.
+pub(crate) const SIMD_BYTES: usize = 32;
+
+impl Activations {
+    /// Prepares `rows` rows of `x` (`rows x k`) for `layout`. Returns false when the previous
+    /// preparation was for the same bits and layout and was reused.
+    pub fn prepare(
+        &mut self,
+        kernels: Kernels,
+        layout: ActivationLayout,
+        x: &[f32],
+        rows: usize,
+        k: usize,
+    ) -> bool {
+        assert_eq!(x.len(), rows * k, "Activations::prepare: x is not rows x k");
+        if layout == ActivationLayout::Q4Groups {
+            assert_eq!(
+                k % Q4_GROUP,
+                0,
+                "Activations::prepare: q4 layout needs K % 32 == 0, got {k}"
+            );
+        }
+        let bits: &[u32] = bytemuck::cast_slice(x);
+        if self.layout == Some(layout) && self.rows == rows && self.k == k && self.source == bits {
+            return false;
+        }
+        self.layout = Some(layout);
+        self.rows = rows;
+        self.k = k;
+        self.source.clear();
+        self.source.extend_from_slice(bits);
+        self.codes.resize(rows * k, 0);
+        self.scales.resize(rows, 0.0);
+        let per_row = match layout {
+            ActivationLayout::Natural => 1,
+            ActivationLayout::Q4Groups => k / Q4_GROUP,
+        };
+        self.sums.resize(rows * per_row, 0);
+        if k == 0 {
+            self.scales.fill(0.0);
+            self.sums.fill(0);
+            return true;
+        }
+        let row_job = |((xr, cr), (s, sums)): RowJob<'_>| {
+            *s = kernels.quantize_row(xr, cr);
+            match layout {
+                ActivationLayout::Natural => {
+                    let covered = k - k % SIMD_BYTES;
+                    sums[0] = cr[..covered].iter().map(|&c| c as i32).sum();
+                }
+                ActivationLayout::Q4Groups => {
+                    for (group, sum) in cr.chunks_exact_mut(Q4_GROUP).zip(sums.iter_mut()) {
+                        *sum = 8 * group.iter().map(|&c| c as i32).sum::<i32>();
+                        let natural: [i8; Q4_GROUP] = (&*group).try_into().expect("group of 32");
+                        for i in 0..Q4_GROUP / 2 {
+                            group[i] = natural[2 * i];
+                            group[Q4_GROUP / 2 + i] = natural[2 * i + 1];
+                        }
+                    }
+                }
+            }
+        };
+        if rows >= 4 {
+            // Spread over whichever rayon pool runs us (the forward's persistent pool).
+            x.par_chunks_exact(k)
+                .zip(self.codes.par_chunks_exact_mut(k))
+                .zip(
+                    self.scales
+                        .par_iter_mut()
+                        .zip(self.sums.par_chunks_exact_mut(per_row)),
+                )
+                .for_each(row_job);
+        } else {
+            x.chunks_exact(k)
+                .zip(self.codes.chunks_exact_mut(k))
+                .zip(
+                    self.scales
+                        .iter_mut()
+                        .zip(self.sums.chunks_exact_mut(per_row)),
+                )
+                .for_each(row_job);
+        }
+        true
+    }
+
+    /// Panics unless these were prepared for `layout`, `rows` and `k` (a caller bug).
+    pub(crate) fn check(&self, layout: ActivationLayout, rows: usize, k: usize) {
+        assert!(
+            self.layout == Some(layout) && self.rows == rows && self.k == k,
+            "activations prepared as {:?} {} x {}, the kernel needs {layout:?} {rows} x {k}",
+            self.layout,
+            self.rows,
+            self.k
+        );
+    }
+
+    pub fn layout(&self) -> Option<ActivationLayout> {
+        self.layout
+    }
+
+    /// Row r's codes (in the prepared layout).
+    pub fn codes(&self, r: usize) -> &[i8] {
+        &self.codes[r * self.k..(r + 1) * self.k]
+    }
+
+    pub fn scale(&self, r: usize) -> f32 {
+        self.scales[r]
+    }
+
+    pub fn scales(&self) -> &[f32] {
+        &self.scales[..self.rows]
+    }
+
+    /// Row r's sums (see the field comment).
+    pub fn sums(&self, r: usize) -> &[i32] {
+        let per_row = self.sums.len() / self.rows.max(1);
+        &self.sums[r * per_row..(r + 1) * per_row]
+    }
+
+    /// Forget the cached input (the next `prepare` recomputes).
+    pub fn invalidate(&mut self) {
+        self.layout = None;
+    }
+}

@@ -1,0 +1,213 @@
+//! Host GEMM kernels: `out[r][j] = x[r] · W[n0 + j]` over a block of weight rows, for every quant kind,
+//! on the instruction set chosen at run time.
+//!
+//! Three paths produce the same bytes: portable scalar, AVX2, and AVX-512 VNNI (`vpdpbusd` at 256-bit
+//! width through AVX512-VL). The arithmetic is `packs::quant`'s:
+//! - i8: the integer dot of activation codes and weight codes is exact (any summation order), then
+//!   `finish_i8(acc, s_a, s_w)`.
+//! - q4: per group of 32, the exact integer dot, then `sum += acc as f32 * scale` in ascending group
+//!   order (a separate multiply and add, never fused), then `finish_q4(sum, s_a)`. SIMD paths keep one
+//!   f32 sum per (activation row, weight row) in a vector lane, so the order per output is unchanged.
+//! - f32/bf16: the dot order of [`scalar::dot_f32`] (16 lanes, multiply then add, lanes summed
+//!   ascending, then the tail), reproduced lane by lane, so every path gives the same bits.
+
+mod activations;
+pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+#[cfg(test)]
+mod tests;
+
+use packs::LinearData;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::OnceLock;
+
+pub use activations::{ActivationLayout, Activations};
+
+/// Weight rows per panel: the SIMD tiles work on this many weight rows at once (a short last panel
+/// repeats its last row and drops the extra lanes).
+pub const PANEL: usize = 8;
+
+/// An instruction set the kernels can run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust, any CPU.
+    Scalar,
+    /// AVX2 + FMA (`vpmaddubsw`/`vpmaddwd` integer dots).
+    Avx2,
+    /// AVX-512 VNNI + VL + BW (`vpdpbusd` on 256-bit vectors), on top of AVX2.
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// Fastest first.
+    pub const ALL: [Isa; 3] = [Isa::Avx512Vnni, Isa::Avx2, Isa::Scalar];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512vnni",
+        }
+    }
+
+    /// Whether this CPU can run the path.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::has_avx2(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => x86::has_avx512_vnni(),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// Every path this CPU can run, fastest first.
+    pub fn available() -> Vec<Isa> {
+        Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
+    }
+
+    /// The fastest path this CPU can run (detected once).
+    pub fn best() -> Isa {
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        *BEST.get_or_init(|| Isa::available()[0])
+    }
+}
+
+impl fmt::Display for Isa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Isa {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Isa, String> {
+        Isa::ALL.into_iter().find(|i| i.name() == s).ok_or_else(|| {
+            format!("unknown instruction set {s:?} (expected avx512vnni, avx2 or scalar)")
+        })
+    }
+}
+
+/// The kernels of one instruction set. A value exists only for a path the CPU can run, which is what
+/// makes calling the SIMD code sound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernels {
+    isa: Isa,
+}
+
+impl Kernels {
+    /// The kernels of `isa`, or `None` when this CPU cannot run it.
+    pub fn new(isa: Isa) -> Option<Kernels> {
+        isa.is_available().then_some(Kernels { isa })
+    }
+
+    /// The fastest kernels this CPU can run.
+    pub fn best() -> Kernels {
+        Kernels { isa: Isa::best() }
+    }
+
+    pub fn isa(self) -> Isa {
+        self.isa
+    }
+
+    /// Quantizes one activation row exactly as `packs::quant::quantize_activation_row`; returns the scale.
+    pub fn quantize_row(self, x: &[f32], codes: &mut [i8]) -> f32 {
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a `Kernels` holding a SIMD isa exists only when the CPU reported its features.
+            Isa::Avx2 | Isa::Avx512Vnni => unsafe { x86::quantize_row_avx2(x, codes) },
+            _ => packs::quant::quantize_activation_row(x, codes),
+        }
+    }
+
+    /// Weight rows `n0 .. n0 + out[0].len()` of `w` against every activation row: `out[r][j]` is
+    /// activation row r times weight row `n0 + j`. `x` holds the f32 rows (`out.len() x k`) for f32
+    /// and bf16 weights; `acts` the prepared integer rows for i8 (layout `Natural`) and q4
+    /// (layout `Q4Groups`). Panics on mismatched lengths (a caller bug).
+    pub fn gemm_block(
+        self,
+        w: &LinearData<'_>,
+        k: usize,
+        n0: usize,
+        x: &[f32],
+        acts: &Activations,
+        out: &mut [&mut [f32]],
+    ) {
+        let rows = out.len();
+        let nb = out.first().map_or(0, |o| o.len());
+        if rows == 0 || nb == 0 {
+            return;
+        }
+        assert!(
+            out.iter().all(|o| o.len() == nb),
+            "gemm_block: ragged output rows"
+        );
+        let block = WeightBlock::new(w, k, n0, nb);
+        match block {
+            WeightBlock::F32(_) | WeightBlock::Bf16(_) => {
+                assert!(
+                    x.len() >= rows * k,
+                    "gemm_block: x holds {} values, need {rows} x {k}",
+                    x.len()
+                )
+            }
+            WeightBlock::I8 { .. } => acts.check(ActivationLayout::Natural, rows, k),
+            WeightBlock::Q4 { .. } => acts.check(ActivationLayout::Q4Groups, rows, k),
+        }
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: this `Kernels` exists only because the CPU reported AVX2 + FMA; the block and
+            // the activations were checked against `k`, `rows` and `nb` above.
+            Isa::Avx2 => unsafe { x86::gemm_block_avx2(&block, k, x, acts, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above, for AVX-512 F/BW/VL/VNNI on top of AVX2 + FMA.
+            Isa::Avx512Vnni => unsafe { x86::gemm_block_vnni(&block, k, x, acts, out) },
+            _ => scalar::gemm_block(&block, k, x, acts, out),
+        }
+    }
+}
+
+/// The weight rows of one block, sliced out of a linear weight.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum WeightBlock<'a> {
+    /// `nb` rows of `k` values.
+    F32(&'a [f32]),
+    Bf16(&'a [half::bf16]),
+    /// codes `nb x k`, one scale per row.
+    I8 {
+        codes: &'a [i8],
+        scales: &'a [f32],
+    },
+    /// codes `nb x k/2`, scales `nb x k/32`.
+    Q4 {
+        codes: &'a [u8],
+        scales: &'a [half::bf16],
+    },
+}
+
+impl<'a> WeightBlock<'a> {
+    fn new(w: &LinearData<'a>, k: usize, n0: usize, nb: usize) -> WeightBlock<'a> {
+        let rows = n0..n0 + nb;
+        match *w {
+            LinearData::F32(v) => WeightBlock::F32(&v[rows.start * k..rows.end * k]),
+            LinearData::Bf16(v) => WeightBlock::Bf16(&v[rows.start * k..rows.end * k]),
+            LinearData::I8 { codes, scales } => WeightBlock::I8 {
+                codes: &codes[rows.start * k..rows.end * k],
+                scales: &scales[rows],
+            },
+            LinearData::Q4 { codes, scales } => {
+                let g = k / packs::quant::Q4_GROUP;
+                assert_eq!(g * packs::quant::Q4_GROUP, k, "q4 weight with K = {k}");
+                WeightBlock::Q4 {
+                    codes: &codes[rows.start * k / 2..rows.end * k / 2],
+                    scales: &scales[rows.start * g..rows.end * g],
+                }
+            }
+        }
+    }
+}

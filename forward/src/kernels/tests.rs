@@ -1,0 +1,445 @@
+//! Every kernel path this machine can run (plus the VNNI bodies with `vpdpbusd` emulated) against
+//! the `packs::quant` oracles and `scalar::dot_f32`, byte for byte, on random and adversarial inputs.
+
+use super::*;
+use half::bf16;
+use packs::quant::{self, Q4_GROUP};
+
+/// splitmix64: reproducible inputs without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn byte(&mut self) -> u8 {
+        self.next() as u8
+    }
+}
+
+/// A way to run `gemm_block`: a real path, or the VNNI bodies with `vpdpbusd` emulated.
+#[derive(Clone, Copy, Debug)]
+enum Path {
+    Real(Kernels),
+    #[cfg(target_arch = "x86_64")]
+    EmulatedVnni,
+}
+
+fn paths() -> Vec<Path> {
+    let mut p: Vec<Path> = Isa::available()
+        .into_iter()
+        .map(|i| Path::Real(Kernels::new(i).unwrap()))
+        .collect();
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.is_available() {
+        p.push(Path::EmulatedVnni);
+    }
+    p
+}
+
+fn run(
+    path: Path,
+    w: &LinearData<'_>,
+    k: usize,
+    n0: usize,
+    x: &[f32],
+    acts: &Activations,
+    out: &mut [Vec<f32>],
+) {
+    let mut spans: Vec<&mut [f32]> = out.iter_mut().map(|o| o.as_mut_slice()).collect();
+    match path {
+        Path::Real(kern) => kern.gemm_block(w, k, n0, x, acts, &mut spans),
+        #[cfg(target_arch = "x86_64")]
+        Path::EmulatedVnni => {
+            let nb = spans[0].len();
+            let block = WeightBlock::new(w, k, n0, nb);
+            // SAFETY: `paths` offers this only when the CPU has AVX2 + FMA; shapes match by construction.
+            unsafe { x86::gemm_block_emulated_vnni(&block, k, x, acts, &mut spans) }
+        }
+    }
+}
+
+/// Activation rows: random, with every row's largest magnitude at a random sign (codes reach ±127).
+fn activations(rng: &mut Rng, rows: usize, k: usize) -> Vec<f32> {
+    (0..rows * k).map(|_| rng.unit() * 3.0).collect()
+}
+
+fn quantize_oracle(x: &[f32], rows: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
+    let mut codes = vec![0i8; rows * k];
+    let mut scales = vec![0f32; rows];
+    for r in 0..rows {
+        scales[r] =
+            quant::quantize_activation_row(&x[r * k..(r + 1) * k], &mut codes[r * k..(r + 1) * k]);
+    }
+    (codes, scales)
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
+/// Compares every path's block `n0..n0+nb` with `expect` (`rows x n`, the oracle's layout).
+#[allow(clippy::too_many_arguments)]
+fn check_all_paths(
+    what: &str,
+    w: &LinearData<'_>,
+    k: usize,
+    n: usize,
+    x: &[f32],
+    rows: usize,
+    layout: Option<ActivationLayout>,
+    expect: &[f32],
+) {
+    for n0 in [0, n / 3] {
+        let nb = n - n0;
+        for path in paths() {
+            let kern = match path {
+                Path::Real(kern) => kern,
+                #[cfg(target_arch = "x86_64")]
+                Path::EmulatedVnni => Kernels::best(),
+            };
+            let mut acts = Activations::default();
+            if let Some(l) = layout {
+                acts.prepare(kern, l, x, rows, k);
+            }
+            let mut out = vec![vec![f32::NAN; nb]; rows];
+            run(path, w, k, n0, x, &acts, &mut out);
+            for r in 0..rows {
+                let want = &expect[r * n + n0..(r + 1) * n];
+                assert_eq!(
+                    bits(&out[r]),
+                    bits(want),
+                    "{what}: {path:?} rows {rows} k {k} n {n} n0 {n0} row {r}"
+                );
+            }
+        }
+    }
+}
+
+fn check_i8(rows: usize, k: usize, n: usize, x: &[f32], codes: &[i8], w_scales: &[f32]) {
+    let (a, a_s) = quantize_oracle(x, rows, k);
+    let mut expect = vec![0f32; rows * n];
+    quant::gemm_i8_ref(&a, &a_s, rows, k, codes, w_scales, n, &mut expect);
+    let w = LinearData::I8 {
+        codes,
+        scales: w_scales,
+    };
+    check_all_paths(
+        "i8",
+        &w,
+        k,
+        n,
+        x,
+        rows,
+        Some(ActivationLayout::Natural),
+        &expect,
+    );
+}
+
+fn check_q4(rows: usize, k: usize, n: usize, x: &[f32], codes: &[u8], w_scales: &[bf16]) {
+    let (a, a_s) = quantize_oracle(x, rows, k);
+    let mut expect = vec![0f32; rows * n];
+    quant::gemm_q4_ref(&a, &a_s, rows, k, codes, w_scales, n, &mut expect);
+    let w = LinearData::Q4 {
+        codes,
+        scales: w_scales,
+    };
+    check_all_paths(
+        "q4",
+        &w,
+        k,
+        n,
+        x,
+        rows,
+        Some(ActivationLayout::Q4Groups),
+        &expect,
+    );
+}
+
+const ROWS: [usize; 6] = [1, 2, 3, 4, 5, 16];
+const NS: [usize; 4] = [1, 5, 8, 13];
+
+#[test]
+fn i8_random_matches_the_oracle_on_every_path() {
+    let mut rng = Rng(1);
+    for k in [1, 31, 32, 33, 64, 100, 257] {
+        for rows in ROWS {
+            for n in NS {
+                let x = activations(&mut rng, rows, k);
+                let codes: Vec<i8> = (0..n * k).map(|_| rng.byte() as i8).collect();
+                let scales: Vec<f32> = (0..n).map(|_| rng.unit().abs() * 0.02).collect();
+                check_i8(rows, k, n, &x, &codes, &scales);
+            }
+        }
+    }
+}
+
+#[test]
+fn i8_extremes_are_exact_without_saturation() {
+    // Activation codes all ±127 and weights at -128, -127 and 127: the largest pair sums the sign
+    // trick and the VNNI offset ever see.
+    let (k, n) = (2048 + 17, 11);
+    for rows in [1, 3, 16] {
+        for &(a_sign, w_byte) in &[
+            (1.0f32, -128i8),
+            (-1.0, -128),
+            (1.0, 127),
+            (-1.0, -127),
+            (-1.0, 127),
+        ] {
+            let x = vec![a_sign; rows * k];
+            let codes = vec![w_byte; n * k];
+            let scales = vec![1.0f32; n];
+            check_i8(rows, k, n, &x, &codes, &scales);
+        }
+    }
+}
+
+#[test]
+fn q4_random_matches_the_oracle_on_every_path() {
+    let mut rng = Rng(2);
+    for k in [32, 64, 96, 256, 288, 544] {
+        for rows in ROWS {
+            for n in NS {
+                let x = activations(&mut rng, rows, k);
+                let codes: Vec<u8> = (0..n * k / 2).map(|_| rng.byte()).collect();
+                let scales: Vec<bf16> = (0..n * k / Q4_GROUP)
+                    .map(|_| bf16::from_f32(rng.unit() * 0.05))
+                    .collect();
+                check_q4(rows, k, n, &x, &codes, &scales);
+            }
+        }
+    }
+}
+
+#[test]
+fn q4_extreme_nibbles_are_exact() {
+    // Every nibble -8 (0x88) or 7 (0x77), activations all ±127: the largest group dots, and the
+    // largest i16 sums the packed AVX2 kernel accumulates.
+    let (k, n) = (2048, 9);
+    for rows in [1, 4, 16] {
+        for &(a_sign, byte) in &[
+            (1.0f32, 0x88u8),
+            (-1.0, 0x88),
+            (1.0, 0x77),
+            (-1.0, 0x78),
+            (1.0, 0x87),
+        ] {
+            let x = vec![a_sign; rows * k];
+            let codes = vec![byte; n * k / 2];
+            let scales: Vec<bf16> = (0..n * k / Q4_GROUP)
+                .map(|g| bf16::from_f32(0.01 * (1 + g % 7) as f32))
+                .collect();
+            check_q4(rows, k, n, &x, &codes, &scales);
+        }
+    }
+}
+
+#[test]
+fn decoder_sized_blocks_match_the_oracle() {
+    // A 2B-shaped K, 128 rows (the packed q4 kernel and the 2x4 i8 tiles), a short last panel.
+    let mut rng = Rng(3);
+    let (rows, k, n) = (128, 2048, 12);
+    let x = activations(&mut rng, rows, k);
+    let codes: Vec<i8> = (0..n * k).map(|_| (rng.byte() as i8).max(-127)).collect();
+    let scales: Vec<f32> = (0..n).map(|_| rng.unit().abs() * 0.02).collect();
+    check_i8(rows, k, n, &x, &codes, &scales);
+    let codes4: Vec<u8> = (0..n * k / 2).map(|_| rng.byte()).collect();
+    let scales4: Vec<bf16> = (0..n * k / Q4_GROUP)
+        .map(|_| bf16::from_f32(rng.unit() * 0.05))
+        .collect();
+    check_q4(rows, k, n, &x, &codes4, &scales4);
+}
+
+#[test]
+fn f32_and_bf16_match_the_scalar_dot_bit_for_bit() {
+    let mut rng = Rng(4);
+    for k in [1, 15, 16, 17, 33, 100, 2048] {
+        for rows in [1, 2, 3] {
+            for n in [1, 4, 7] {
+                let x = activations(&mut rng, rows, k);
+                let w: Vec<f32> = (0..n * k).map(|_| rng.unit()).collect();
+                let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+                let wbf: Vec<f32> = wb.iter().map(|v| v.to_f32()).collect();
+                let mut expect = vec![0f32; rows * n];
+                let mut expect_b = vec![0f32; rows * n];
+                for r in 0..rows {
+                    for j in 0..n {
+                        let xr = &x[r * k..(r + 1) * k];
+                        expect[r * n + j] = scalar::dot_f32(xr, &w[j * k..(j + 1) * k]);
+                        expect_b[r * n + j] = scalar::dot_f32(xr, &wbf[j * k..(j + 1) * k]);
+                    }
+                }
+                check_all_paths("f32", &LinearData::F32(&w), k, n, &x, rows, None, &expect);
+                check_all_paths(
+                    "bf16",
+                    &LinearData::Bf16(&wb),
+                    k,
+                    n,
+                    &x,
+                    rows,
+                    None,
+                    &expect_b,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_f32_order_matters_so_the_bit_check_can_fail() {
+    // Control for the f32 test: a plain left-to-right sum of the same products differs in the last
+    // bits on these inputs, so matching `dot_f32` bit for bit is a real constraint.
+    let mut rng = Rng(5);
+    let a: Vec<f32> = (0..2048).map(|_| rng.unit()).collect();
+    let b: Vec<f32> = (0..2048).map(|_| rng.unit()).collect();
+    let plain = a.iter().zip(&b).fold(0f32, |s, (x, y)| s + x * y);
+    assert_ne!(plain.to_bits(), scalar::dot_f32(&a, &b).to_bits());
+}
+
+/// Inputs for the quantizer: ties at exactly .5 after the division, values at the clamp, zeros,
+/// signed zeros, subnormals, huge and non-finite values, lengths around the vector widths.
+fn quantizer_rows() -> Vec<Vec<f32>> {
+    let mut rng = Rng(6);
+    let mut rows = Vec::new();
+    for len in [0, 1, 7, 8, 9, 31, 32, 33, 100, 2048] {
+        rows.push((0..len).map(|_| rng.unit() * 10.0).collect::<Vec<f32>>());
+    }
+    // max = 127 makes the scale exactly 1: x.5 values are exact ties.
+    let mut ties: Vec<f32> = (-127..127).map(|i| i as f32 + 0.5).collect();
+    ties.push(127.0);
+    rows.push(ties);
+    // max = 254: scale 2, odd integers are ties after the division.
+    rows.push(
+        (-127..=127)
+            .map(|i| (2 * i + 1) as f32)
+            .chain([254.0])
+            .collect(),
+    );
+    rows.push(vec![0.0; 40]);
+    rows.push(vec![-0.0; 40]);
+    rows.push(
+        (0..40)
+            .map(|i| if i % 2 == 0 { -0.0 } else { 1e-40 })
+            .collect(),
+    );
+    rows.push((0..40).map(|i| f32::from_bits(1 + i)).collect());
+    rows.push(
+        (0..40)
+            .map(|i| if i == 17 { f32::MAX } else { i as f32 })
+            .collect(),
+    );
+    rows.push(
+        (0..40)
+            .map(|i| if i == 3 { f32::NAN } else { i as f32 })
+            .collect(),
+    );
+    rows.push(
+        (0..40)
+            .map(|i| if i == 39 { f32::NAN } else { i as f32 })
+            .collect(),
+    );
+    rows.push(
+        (0..40)
+            .map(|i| if i == 5 { f32::INFINITY } else { i as f32 })
+            .collect(),
+    );
+    rows.push(
+        (0..40)
+            .map(|i| {
+                if i == 5 {
+                    f32::NEG_INFINITY
+                } else {
+                    -(i as f32)
+                }
+            })
+            .collect(),
+    );
+    rows
+}
+
+#[test]
+fn quantizer_gives_the_oracle_bytes() {
+    for kern in Isa::available()
+        .into_iter()
+        .map(|i| Kernels::new(i).unwrap())
+    {
+        for (i, x) in quantizer_rows().iter().enumerate() {
+            let mut want = vec![0i8; x.len()];
+            let mut got = vec![1i8; x.len()];
+            let s_want = quant::quantize_activation_row(x, &mut want);
+            let s_got = kern.quantize_row(x, &mut got);
+            assert_eq!(s_got.to_bits(), s_want.to_bits(), "{kern:?} row {i} scale");
+            assert_eq!(got, want, "{kern:?} row {i} codes");
+        }
+    }
+}
+
+#[test]
+fn the_tie_rows_hold_real_ties() {
+    // Control: round-half-to-even gives other codes on the tie rows, so they test the rounding rule.
+    let rows = quantizer_rows();
+    let ties = rows
+        .iter()
+        .find(|r| r.len() == 255 && r[0] == -126.5)
+        .expect("tie row");
+    let differs = ties
+        .iter()
+        .filter(|&&v| v.round() != v.round_ties_even())
+        .count();
+    assert!(differs > 100, "{differs}");
+}
+
+#[test]
+fn prepared_activations_are_reused_only_for_the_same_bits() {
+    let kern = Kernels::best();
+    let mut acts = Activations::default();
+    let mut x: Vec<f32> = (0..64).map(|i| i as f32 - 20.0).collect();
+    assert!(acts.prepare(kern, ActivationLayout::Natural, &x, 2, 32));
+    assert!(!acts.prepare(kern, ActivationLayout::Natural, &x, 2, 32));
+    // Another layout, shape, or a single changed bit recomputes.
+    assert!(acts.prepare(kern, ActivationLayout::Q4Groups, &x, 2, 32));
+    assert!(acts.prepare(kern, ActivationLayout::Q4Groups, &x, 1, 64));
+    x[63] = f32::from_bits(x[63].to_bits() ^ 1);
+    assert!(acts.prepare(kern, ActivationLayout::Q4Groups, &x, 1, 64));
+    // The q4 layout: even elements, then odd ones, per group; sums are 8 x the group's sum.
+    let mut natural = vec![0i8; 64];
+    let s = quant::quantize_activation_row(&x, &mut natural);
+    assert_eq!(acts.scale(0), s);
+    let c = acts.codes(0);
+    assert_eq!(
+        (c[0], c[1], c[16], c[17]),
+        (natural[0], natural[2], natural[1], natural[3])
+    );
+    let group_sum: i32 = natural[32..].iter().map(|&v| v as i32).sum();
+    assert_eq!(acts.sums(0)[1], 8 * group_sum);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_adversarial_i8_inputs_would_saturate_an_unsigned_offset_on_avx2() {
+    // Control for the i8 extremes test: `maddubs(w + 128, a)` (the VNNI offset form done with the
+    // AVX2 instruction) saturates on those inputs, so they do reach the i16 limit the sign trick avoids.
+    if !Isa::Avx2.is_available() {
+        return;
+    }
+    #[target_feature(enable = "avx2")]
+    unsafe fn offset_pairs(w: i8, a: i8) -> i16 {
+        use std::arch::x86_64::*;
+        let wu = _mm256_xor_si256(_mm256_set1_epi8(w), _mm256_set1_epi8(i8::MIN));
+        let p = _mm256_maddubs_epi16(wu, _mm256_set1_epi8(a));
+        _mm256_extract_epi16::<0>(p) as i16
+    }
+    // SAFETY: AVX2 checked above.
+    let got = unsafe { offset_pairs(127, 127) };
+    assert_eq!(got, i16::MAX, "saturated: 2 * 255 * 127 does not fit");
+    assert_ne!(got as i32, 2 * 255 * 127);
+}

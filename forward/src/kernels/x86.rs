@@ -1,0 +1,748 @@
+//! AVX2 and AVX-512 VNNI kernels.
+//!
+//! Every kernel has one generic body (`#[inline(always)]`) parameterised by a [`Dot`] primitive — the
+//! AVX2 `vpmaddubsw` + `vpmaddwd` pair or VNNI `vpdpbusd` — and is instantiated inside a
+//! `#[target_feature]` entry point, so each instantiation is compiled for its instruction set. Tests
+//! also instantiate the VNNI bodies with an exact AVX2 emulation of `vpdpbusd` (`EmuVnniDot`), which
+//! runs every line of the VNNI path except the instruction itself on an AVX2-only machine.
+//!
+//! Exactness (the `packs::quant` arithmetic, see `kernels/mod.rs`):
+//! - AVX2 i8 uses the sign trick `maddubs(|w|, sign(a, w))`. `|w| <= 128` as an unsigned byte (even for
+//!   a -128 weight byte) and `|a| <= 127` (activation codes are clamped to ±127), so each i16 pair sum
+//!   is at most 2 * 128 * 127 = 32512 < 32767: `vpmaddubsw` never saturates.
+//! - VNNI i8 multiplies `w + 128` (unsigned) by `a` and subtracts `128 * Σa`; no step saturates.
+//! - q4 multiplies the nibble plus 8 (0..=15, unsigned) by `a` and subtracts `8 * Σa` per group. On AVX2
+//!   the i16 pair sums are at most 2 * 15 * 127 = 3810, and the packed kernel adds eight of them per
+//!   lane (30480 < 32767) before widening.
+//! - Group sums are exact i32; the per-output f32 chain (`sum + acc as f32 * scale`, multiply then add,
+//!   groups ascending) runs lane-wise on vectors whose lanes are outputs.
+
+// Index loops mirror the lane layouts (row r, weight row c, group g) across several arrays.
+#![allow(clippy::needless_range_loop)]
+
+use super::activations::SIMD_BYTES;
+use super::{Activations, WeightBlock, PANEL};
+use half::bf16;
+use packs::quant::{self, Q4_GROUP};
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+pub(super) fn has_avx2() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+}
+
+pub(super) fn has_avx512_vnni() -> bool {
+    has_avx2()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+/// Rows at which q4 switches from the per-row kernel to the packed-panel kernel.
+const Q4_PACKED_MIN_ROWS: usize = 4;
+/// Activation rows per packed q4 tile.
+const Q4_TILE_ROWS: usize = 4;
+/// Weight rows per f32/bf16 tile.
+const F_TILE: usize = 4;
+
+/// The integer dot primitive of an instruction set. Every method accumulates, per 32-bit lane, the
+/// products of that lane's 4 bytes.
+pub(crate) trait Dot {
+    /// Subtracted per i8 output as `I8_OFFSET * Σa` (the unsigned offset of the weights).
+    const I8_OFFSET: i32;
+    /// The unsigned operand made from i8 weight bytes.
+    unsafe fn i8_weight(w: __m256i) -> __m256i;
+    /// `acc + a · w` per lane, given the weights `w` and their unsigned form `wu`.
+    unsafe fn i8_dot(acc: __m256i, wu: __m256i, w: __m256i, a: __m256i) -> __m256i;
+    /// `acc + u · a` per lane for unsigned `u` in 0..=15.
+    unsafe fn u4_dot(acc: __m256i, u: __m256i, a: __m256i) -> __m256i;
+    /// One q4 group of a packed panel: lane c is `Σ_j wp[j][c] · a[4j..4j+4]` over the 8 chunks.
+    unsafe fn u4_group_packed(wp: *const u8, a: *const i8) -> __m256i;
+}
+
+/// AVX2: `vpmaddubsw` (u8 x i8 pairs to i16) then `vpmaddwd` by ones (i16 pairs to i32).
+pub(crate) struct Avx2Dot;
+
+impl Dot for Avx2Dot {
+    const I8_OFFSET: i32 = 0;
+    #[inline(always)]
+    unsafe fn i8_weight(w: __m256i) -> __m256i {
+        _mm256_abs_epi8(w)
+    }
+    #[inline(always)]
+    unsafe fn i8_dot(acc: __m256i, wu: __m256i, w: __m256i, a: __m256i) -> __m256i {
+        let pairs = _mm256_maddubs_epi16(wu, _mm256_sign_epi8(a, w));
+        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+    #[inline(always)]
+    unsafe fn u4_dot(acc: __m256i, u: __m256i, a: __m256i) -> __m256i {
+        let pairs = _mm256_maddubs_epi16(u, a);
+        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+    #[inline(always)]
+    unsafe fn u4_group_packed(wp: *const u8, a: *const i8) -> __m256i {
+        let mut acc16 = _mm256_setzero_si256();
+        for j in 0..8 {
+            let w = _mm256_loadu_si256(wp.add(32 * j) as *const __m256i);
+            let aj = _mm256_set1_epi32((a.add(4 * j) as *const i32).read_unaligned());
+            acc16 = _mm256_add_epi16(acc16, _mm256_maddubs_epi16(w, aj));
+        }
+        _mm256_madd_epi16(acc16, _mm256_set1_epi16(1))
+    }
+}
+
+/// AVX-512 VNNI: `vpdpbusd` (u8 x i8, 4 products per i32 lane, accumulated, no saturation).
+pub(crate) struct VnniDot;
+
+impl Dot for VnniDot {
+    const I8_OFFSET: i32 = 128;
+    #[inline(always)]
+    unsafe fn i8_weight(w: __m256i) -> __m256i {
+        _mm256_xor_si256(w, _mm256_set1_epi8(i8::MIN))
+    }
+    #[inline(always)]
+    unsafe fn i8_dot(acc: __m256i, wu: __m256i, _w: __m256i, a: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, wu, a)
+    }
+    #[inline(always)]
+    unsafe fn u4_dot(acc: __m256i, u: __m256i, a: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, u, a)
+    }
+    #[inline(always)]
+    unsafe fn u4_group_packed(wp: *const u8, a: *const i8) -> __m256i {
+        let mut acc = _mm256_setzero_si256();
+        for j in 0..8 {
+            let w = _mm256_loadu_si256(wp.add(32 * j) as *const __m256i);
+            let aj = _mm256_set1_epi32((a.add(4 * j) as *const i32).read_unaligned());
+            acc = _mm256_dpbusd_epi32(acc, w, aj);
+        }
+        acc
+    }
+}
+
+/// `VnniDot` with `vpdpbusd` emulated exactly in AVX2 (bytes widened to i16, `vpmaddwd` on the even
+/// and the odd bytes): runs the VNNI bodies on machines without AVX-512.
+#[cfg(test)]
+pub(crate) struct EmuVnniDot;
+
+#[cfg(test)]
+#[inline(always)]
+unsafe fn dpbusd_emulated(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    let u_even = _mm256_and_si256(u, _mm256_set1_epi16(0x00FF));
+    let u_odd = _mm256_srli_epi16(u, 8);
+    let s_even = _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8);
+    let s_odd = _mm256_srai_epi16(s, 8);
+    let even = _mm256_madd_epi16(u_even, s_even);
+    let odd = _mm256_madd_epi16(u_odd, s_odd);
+    _mm256_add_epi32(acc, _mm256_add_epi32(even, odd))
+}
+
+#[cfg(test)]
+impl Dot for EmuVnniDot {
+    const I8_OFFSET: i32 = VnniDot::I8_OFFSET;
+    #[inline(always)]
+    unsafe fn i8_weight(w: __m256i) -> __m256i {
+        VnniDot::i8_weight(w)
+    }
+    #[inline(always)]
+    unsafe fn i8_dot(acc: __m256i, wu: __m256i, _w: __m256i, a: __m256i) -> __m256i {
+        dpbusd_emulated(acc, wu, a)
+    }
+    #[inline(always)]
+    unsafe fn u4_dot(acc: __m256i, u: __m256i, a: __m256i) -> __m256i {
+        dpbusd_emulated(acc, u, a)
+    }
+    #[inline(always)]
+    unsafe fn u4_group_packed(wp: *const u8, a: *const i8) -> __m256i {
+        let mut acc = _mm256_setzero_si256();
+        for j in 0..8 {
+            let w = _mm256_loadu_si256(wp.add(32 * j) as *const __m256i);
+            let aj = _mm256_set1_epi32((a.add(4 * j) as *const i32).read_unaligned());
+            acc = dpbusd_emulated(acc, w, aj);
+        }
+        acc
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points: one per instruction set, each the generic body compiled with that set's features.
+
+/// # Safety
+/// The CPU must support AVX2 and FMA; `block`, `x` and `acts` must match `k` and `out`
+/// (checked by `Kernels::gemm_block`).
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn gemm_block_avx2(
+    block: &WeightBlock<'_>,
+    k: usize,
+    x: &[f32],
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    gemm_block_generic::<Avx2Dot>(block, k, x, acts, out)
+}
+
+/// # Safety
+/// As [`gemm_block_avx2`], and the CPU must support AVX-512 F, BW, VL and VNNI.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn gemm_block_vnni(
+    block: &WeightBlock<'_>,
+    k: usize,
+    x: &[f32],
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    gemm_block_generic::<VnniDot>(block, k, x, acts, out)
+}
+
+/// The VNNI bodies with `vpdpbusd` emulated, for tests on AVX2 machines.
+///
+/// # Safety
+/// As [`gemm_block_avx2`].
+#[cfg(test)]
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn gemm_block_emulated_vnni(
+    block: &WeightBlock<'_>,
+    k: usize,
+    x: &[f32],
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    gemm_block_generic::<EmuVnniDot>(block, k, x, acts, out)
+}
+
+#[inline(always)]
+unsafe fn gemm_block_generic<D: Dot>(
+    block: &WeightBlock<'_>,
+    k: usize,
+    x: &[f32],
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    match *block {
+        WeightBlock::F32(w) => f32_block(w, k, x, out),
+        WeightBlock::Bf16(w) => f32_block(w, k, x, out),
+        WeightBlock::I8 { codes, scales } => i8_block::<D>(codes, scales, k, acts, out),
+        WeightBlock::Q4 { codes, scales } => {
+            if out.len() >= Q4_PACKED_MIN_ROWS {
+                q4_block_packed::<D>(codes, scales, k, acts, out)
+            } else {
+                q4_block_rows::<D>(codes, scales, k, acts, out)
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared vector helpers.
+
+/// Lane p of the result is the sum of the 8 lanes of `v[p]`.
+#[inline(always)]
+unsafe fn reduce8(v: [__m256i; 8]) -> __m256i {
+    let h01 = _mm256_hadd_epi32(v[0], v[1]);
+    let h23 = _mm256_hadd_epi32(v[2], v[3]);
+    let h45 = _mm256_hadd_epi32(v[4], v[5]);
+    let h67 = _mm256_hadd_epi32(v[6], v[7]);
+    let h0123 = _mm256_hadd_epi32(h01, h23);
+    let h4567 = _mm256_hadd_epi32(h45, h67);
+    let lo = _mm256_permute2x128_si256::<0x20>(h0123, h4567);
+    let hi = _mm256_permute2x128_si256::<0x31>(h0123, h4567);
+    _mm256_add_epi32(lo, hi)
+}
+
+/// 8x8 transpose: lane c of output g is lane g of input c.
+#[inline(always)]
+unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    [
+        _mm256_permute2f128_ps::<0x20>(u0, u4),
+        _mm256_permute2f128_ps::<0x20>(u1, u5),
+        _mm256_permute2f128_ps::<0x20>(u2, u6),
+        _mm256_permute2f128_ps::<0x20>(u3, u7),
+        _mm256_permute2f128_ps::<0x31>(u0, u4),
+        _mm256_permute2f128_ps::<0x31>(u1, u5),
+        _mm256_permute2f128_ps::<0x31>(u2, u6),
+        _mm256_permute2f128_ps::<0x31>(u3, u7),
+    ]
+}
+
+/// One q4 group (16 bytes) as 32 unsigned values `nibble ^ 8` (= code + 8): the 16 low nibbles
+/// (even elements), then the 16 high nibbles (odd elements) — the `Q4Groups` activation order.
+#[inline(always)]
+unsafe fn expand_q4(p: *const u8) -> __m256i {
+    let b = _mm_loadu_si128(p as *const __m128i);
+    let w = _mm256_xor_si256(
+        _mm256_broadcastsi128_si256(b),
+        _mm256_set1_epi8(0x88u8 as i8),
+    );
+    let w = _mm256_srlv_epi64(w, _mm256_set_epi64x(4, 4, 0, 0));
+    _mm256_and_si256(w, _mm256_set1_epi8(0x0F))
+}
+
+/// 8 bf16 values widened to f32 (exact).
+#[inline(always)]
+unsafe fn bf16x8_to_ps(p: *const bf16) -> __m256 {
+    let h = _mm_loadu_si128(p as *const __m128i);
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+}
+
+/// Weight row indices of a panel starting at `j0`: a short last panel repeats its last row.
+#[inline(always)]
+fn panel_rows<const C: usize>(j0: usize, nb: usize) -> [usize; C] {
+    std::array::from_fn(|c| (j0 + c).min(nb - 1))
+}
+
+// ---------------------------------------------------------------------------------------------
+// i8: register tiles of R activation rows x C weight rows (R * C = 8), over the whole K.
+
+/// The exact i8 dots of R rows by C weight rows; element `r * C + c`. `a` and `w` rows hold `k` codes.
+#[inline(always)]
+unsafe fn i8_tile<D: Dot, const R: usize, const C: usize>(
+    a: [&[i8]; R],
+    w: [&[i8]; C],
+    k: usize,
+    offsets: [i32; R],
+) -> [i32; 8] {
+    debug_assert_eq!(R * C, 8);
+    let steps = k / SIMD_BYTES;
+    let mut acc = [[_mm256_setzero_si256(); C]; R];
+    for s in 0..steps {
+        let off = s * SIMD_BYTES;
+        let wv: [__m256i; C] =
+            std::array::from_fn(|c| _mm256_loadu_si256(w[c].as_ptr().add(off) as *const __m256i));
+        let wu: [__m256i; C] = std::array::from_fn(|c| D::i8_weight(wv[c]));
+        for r in 0..R {
+            let av = _mm256_loadu_si256(a[r].as_ptr().add(off) as *const __m256i);
+            for c in 0..C {
+                acc[r][c] = D::i8_dot(acc[r][c], wu[c], wv[c], av);
+            }
+        }
+    }
+    let flat: [__m256i; 8] = std::array::from_fn(|p| acc[p / C][p % C]);
+    let mut sums = [0i32; 8];
+    _mm256_storeu_si256(sums.as_mut_ptr() as *mut __m256i, reduce8(flat));
+    let tail = steps * SIMD_BYTES;
+    for (p, s) in sums.iter_mut().enumerate() {
+        let (r, c) = (p / C, p % C);
+        *s -= D::I8_OFFSET * offsets[r];
+        for j in tail..k {
+            *s += a[r][j] as i32 * w[c][j] as i32;
+        }
+    }
+    sums
+}
+
+#[inline(always)]
+unsafe fn i8_block<D: Dot>(
+    codes: &[i8],
+    scales: &[f32],
+    k: usize,
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    let (rows, nb) = (out.len(), out[0].len());
+    let wrow = |j: usize| &codes[j * k..(j + 1) * k];
+    let offset = |r: usize| acts.sums(r)[0];
+    for j0 in (0..nb).step_by(PANEL) {
+        let js = panel_rows::<PANEL>(j0, nb);
+        let mut r = 0;
+        // Pairs of rows: two 2x4 tiles cover the panel.
+        while r + 2 <= rows {
+            for half in 0..2 {
+                let jh: [usize; 4] = std::array::from_fn(|c| js[4 * half + c]);
+                let acc = i8_tile::<D, 2, 4>(
+                    [acts.codes(r), acts.codes(r + 1)],
+                    jh.map(wrow),
+                    k,
+                    [offset(r), offset(r + 1)],
+                );
+                for (p, &v) in acc.iter().enumerate() {
+                    let (rr, j) = (r + p / 4, j0 + 4 * half + p % 4);
+                    if j < nb {
+                        out[rr][j] = quant::finish_i8(v, acts.scale(rr), scales[j]);
+                    }
+                }
+            }
+            r += 2;
+        }
+        if r < rows {
+            let acc = i8_tile::<D, 1, 8>([acts.codes(r)], js.map(wrow), k, [offset(r)]);
+            for (c, &v) in acc.iter().enumerate() {
+                if j0 + c < nb {
+                    out[r][j0 + c] = quant::finish_i8(v, acts.scale(r), scales[j0 + c]);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// q4, few rows: each row against a panel of 8 weight rows, 8 groups at a time.
+
+/// The scaled group sums (before `finish_q4`) of one activation row against 8 weight rows.
+#[inline(always)]
+unsafe fn q4_row_panel<D: Dot>(
+    a: &[i8],
+    corr: &[i32],
+    w: [&[u8]; PANEL],
+    s: [&[bf16]; PANEL],
+    groups: usize,
+) -> [f32; PANEL] {
+    let mut sum = _mm256_setzero_ps();
+    let blocks = groups / 8;
+    for b in 0..blocks {
+        let g0 = 8 * b;
+        let corr_v = _mm256_loadu_si256(corr.as_ptr().add(g0) as *const __m256i);
+        let mut prod = [_mm256_setzero_ps(); PANEL];
+        for c in 0..PANEL {
+            // Lane g: the exact dot of group g0 + g.
+            let v: [__m256i; 8] = std::array::from_fn(|g| {
+                let u = expand_q4(w[c].as_ptr().add((g0 + g) * Q4_GROUP / 2));
+                let av = _mm256_loadu_si256(a.as_ptr().add((g0 + g) * Q4_GROUP) as *const __m256i);
+                D::u4_dot(_mm256_setzero_si256(), u, av)
+            });
+            let dots = _mm256_sub_epi32(reduce8(v), corr_v);
+            prod[c] = _mm256_mul_ps(
+                _mm256_cvtepi32_ps(dots),
+                bf16x8_to_ps(s[c].as_ptr().add(g0)),
+            );
+        }
+        // Lanes become weight rows; add the 8 groups in ascending order.
+        for t in transpose8(prod) {
+            sum = _mm256_add_ps(sum, t);
+        }
+    }
+    let mut sums = [0f32; PANEL];
+    _mm256_storeu_ps(sums.as_mut_ptr(), sum);
+    // Groups past the last multiple of 8 (only for K not a multiple of 256), still in order.
+    for g in 8 * blocks..groups {
+        let ag = &a[g * Q4_GROUP..(g + 1) * Q4_GROUP];
+        for c in 0..PANEL {
+            let wg = &w[c][g * Q4_GROUP / 2..(g + 1) * Q4_GROUP / 2];
+            let acc = q4_group_dot_scalar(ag, wg);
+            sums[c] += acc as f32 * s[c][g].to_f32();
+        }
+    }
+    sums
+}
+
+/// The exact dot of one group in the `Q4Groups` order.
+fn q4_group_dot_scalar(a: &[i8], w: &[u8]) -> i32 {
+    let (even, odd) = a.split_at(Q4_GROUP / 2);
+    let mut acc = 0i32;
+    for ((&b, &e), &o) in w.iter().zip(even).zip(odd) {
+        acc += e as i32 * (((b << 4) as i8) >> 4) as i32 + o as i32 * ((b as i8) >> 4) as i32;
+    }
+    acc
+}
+
+#[inline(always)]
+unsafe fn q4_block_rows<D: Dot>(
+    codes: &[u8],
+    scales: &[bf16],
+    k: usize,
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    let groups = k / Q4_GROUP;
+    let nb = out[0].len();
+    if groups == 0 {
+        for (r, o) in out.iter_mut().enumerate() {
+            o.fill(quant::finish_q4(0.0, acts.scale(r)));
+        }
+        return;
+    }
+    for j0 in (0..nb).step_by(PANEL) {
+        let js = panel_rows::<PANEL>(j0, nb);
+        let w = js.map(|j| &codes[j * k / 2..(j + 1) * k / 2]);
+        let s = js.map(|j| &scales[j * groups..(j + 1) * groups]);
+        for (r, o) in out.iter_mut().enumerate() {
+            let sums = q4_row_panel::<D>(acts.codes(r), acts.sums(r), w, s, groups);
+            for (c, &v) in sums.iter().enumerate() {
+                if j0 + c < nb {
+                    o[j0 + c] = quant::finish_q4(v, acts.scale(r));
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// q4, many rows: a panel of 8 weight rows is unpacked once into [group][chunk][row][4 bytes], then
+// every activation row broadcasts 4 codes at a time against it; lanes are weight rows throughout.
+
+thread_local! {
+    static Q4_PANEL: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Unpacks weight rows `js` into `wp` (`groups x 256` bytes) and their scales into `sp`
+/// (`groups x 8`).
+#[inline(always)]
+unsafe fn q4_pack_panel(
+    codes: &[u8],
+    scales: &[bf16],
+    k: usize,
+    js: [usize; PANEL],
+    wp: &mut [u8],
+    sp: &mut [f32],
+) {
+    let groups = k / Q4_GROUP;
+    for g in 0..groups {
+        let e: [__m256; PANEL] = std::array::from_fn(|c| {
+            _mm256_castsi256_ps(expand_q4(
+                codes.as_ptr().add(js[c] * k / 2 + g * Q4_GROUP / 2),
+            ))
+        });
+        // Chunk j (4 codes) of every row side by side.
+        for (j, t) in transpose8(e).into_iter().enumerate() {
+            _mm256_storeu_ps(wp.as_mut_ptr().add(g * 256 + 32 * j) as *mut f32, t);
+        }
+        for (c, &jr) in js.iter().enumerate() {
+            sp[g * PANEL + c] = scales[jr * groups + g].to_f32();
+        }
+    }
+}
+
+/// R activation rows against a packed panel, finished (`finish_q4`); lanes are weight rows.
+#[inline(always)]
+unsafe fn q4_packed_tile<D: Dot, const R: usize>(
+    wp: &[u8],
+    sp: &[f32],
+    a: [&[i8]; R],
+    corr: [&[i32]; R],
+    a_scale: [f32; R],
+    groups: usize,
+) -> [[f32; PANEL]; R] {
+    let mut sum = [_mm256_setzero_ps(); R];
+    for g in 0..groups {
+        let scale = _mm256_loadu_ps(sp.as_ptr().add(g * PANEL));
+        let wg = wp.as_ptr().add(g * 256);
+        for r in 0..R {
+            let acc = D::u4_group_packed(wg, a[r].as_ptr().add(g * Q4_GROUP));
+            let acc = _mm256_sub_epi32(acc, _mm256_set1_epi32(corr[r][g]));
+            sum[r] = _mm256_add_ps(sum[r], _mm256_mul_ps(_mm256_cvtepi32_ps(acc), scale));
+        }
+    }
+    let mut done = [[0f32; PANEL]; R];
+    for r in 0..R {
+        let v = _mm256_mul_ps(sum[r], _mm256_set1_ps(a_scale[r]));
+        _mm256_storeu_ps(done[r].as_mut_ptr(), v);
+    }
+    done
+}
+
+#[inline(always)]
+unsafe fn q4_block_packed<D: Dot>(
+    codes: &[u8],
+    scales: &[bf16],
+    k: usize,
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    let groups = k / Q4_GROUP;
+    let (rows, nb) = (out.len(), out[0].len());
+    if groups == 0 {
+        return q4_block_rows::<D>(codes, scales, k, acts, out);
+    }
+    Q4_PANEL.with(|cell| {
+        let (wp, sp) = &mut *cell.borrow_mut();
+        wp.resize(groups * 256, 0);
+        sp.resize(groups * PANEL, 0.0);
+        for j0 in (0..nb).step_by(PANEL) {
+            let js = panel_rows::<PANEL>(j0, nb);
+            q4_pack_panel(codes, scales, k, js, wp, sp);
+            let live = (nb - j0).min(PANEL);
+            let mut r = 0;
+            while r + Q4_TILE_ROWS <= rows {
+                let a: [&[i8]; Q4_TILE_ROWS] = std::array::from_fn(|i| acts.codes(r + i));
+                let corr: [&[i32]; Q4_TILE_ROWS] = std::array::from_fn(|i| acts.sums(r + i));
+                let s: [f32; Q4_TILE_ROWS] = std::array::from_fn(|i| acts.scale(r + i));
+                let done = q4_packed_tile::<D, Q4_TILE_ROWS>(wp, sp, a, corr, s, groups);
+                for (i, d) in done.iter().enumerate() {
+                    out[r + i][j0..j0 + live].copy_from_slice(&d[..live]);
+                }
+                r += Q4_TILE_ROWS;
+            }
+            while r < rows {
+                let [d] = q4_packed_tile::<D, 1>(
+                    wp,
+                    sp,
+                    [acts.codes(r)],
+                    [acts.sums(r)],
+                    [acts.scale(r)],
+                    groups,
+                );
+                out[r][j0..j0 + live].copy_from_slice(&d[..live]);
+                r += 1;
+            }
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// f32 and bf16: tiles of one row x F_TILE weight rows, in `scalar::dot_f32`'s order.
+
+/// A weight element the f32 tiles read: f32 itself or bf16 widened (exactly).
+trait Widen: Sized {
+    fn widen(&self) -> f32;
+    /// 8 elements as f32.
+    unsafe fn load8(p: *const Self) -> __m256;
+}
+
+impl Widen for f32 {
+    fn widen(&self) -> f32 {
+        *self
+    }
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+}
+
+impl Widen for bf16 {
+    fn widen(&self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    unsafe fn load8(p: *const bf16) -> __m256 {
+        bf16x8_to_ps(p)
+    }
+}
+
+#[inline(always)]
+unsafe fn f32_tile<T: Widen>(x: &[f32], w: [&[T]; F_TILE], k: usize) -> [f32; F_TILE] {
+    let mut lo = [_mm256_setzero_ps(); F_TILE];
+    let mut hi = [_mm256_setzero_ps(); F_TILE];
+    let blocks = k / 16;
+    for b in 0..blocks {
+        let xl = _mm256_loadu_ps(x.as_ptr().add(16 * b));
+        let xh = _mm256_loadu_ps(x.as_ptr().add(16 * b + 8));
+        for c in 0..F_TILE {
+            let p = w[c].as_ptr().add(16 * b);
+            lo[c] = _mm256_add_ps(lo[c], _mm256_mul_ps(xl, T::load8(p)));
+            hi[c] = _mm256_add_ps(hi[c], _mm256_mul_ps(xh, T::load8(p.add(8))));
+        }
+    }
+    let mut sums = [0f32; F_TILE];
+    for c in 0..F_TILE {
+        let mut lanes = [0f32; 16];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), lo[c]);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi[c]);
+        let mut sum = 0f32;
+        for v in lanes {
+            sum += v;
+        }
+        for j in 16 * blocks..k {
+            sum += x[j] * w[c][j].widen();
+        }
+        sums[c] = sum;
+    }
+    sums
+}
+
+#[inline(always)]
+unsafe fn f32_block<T: Widen>(w: &[T], k: usize, x: &[f32], out: &mut [&mut [f32]]) {
+    let nb = out[0].len();
+    for j0 in (0..nb).step_by(F_TILE) {
+        let js = panel_rows::<F_TILE>(j0, nb);
+        let wr = js.map(|j| &w[j * k..(j + 1) * k]);
+        for (r, o) in out.iter_mut().enumerate() {
+            let sums = f32_tile(&x[r * k..(r + 1) * k], wr, k);
+            let live = (nb - j0).min(F_TILE);
+            o[j0..j0 + live].copy_from_slice(&sums[..live]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation quantization with `packs::quant::quantize_activation_row`'s bytes.
+
+/// `quantize_activation_row` in AVX2: the same max, the same f32 division, round half away from zero
+/// done exactly (`t = trunc(q)`, `t ± 1` when `|q - t| >= 0.5`). Rows with a NaN, an infinite or a
+/// zero scale go to the oracle itself.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn quantize_row_avx2(x: &[f32], codes: &mut [i8]) -> f32 {
+    assert_eq!(
+        x.len(),
+        codes.len(),
+        "quantize_row: x and codes differ in length"
+    );
+    let n = x.len();
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
+    let mut vmax = _mm256_setzero_ps();
+    let mut nan = _mm256_setzero_ps();
+    let n8 = n - n % 8;
+    for i in (0..n8).step_by(8) {
+        let v = _mm256_loadu_ps(x.as_ptr().add(i));
+        vmax = _mm256_max_ps(vmax, _mm256_and_ps(v, abs_mask));
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+    }
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), vmax);
+    let mut max_abs = lanes.iter().fold(0f32, |m, &v| m.max(v));
+    let mut any_nan = _mm256_movemask_ps(nan) != 0;
+    for &v in &x[n8..] {
+        any_nan |= v.is_nan();
+        max_abs = max_abs.max(v.abs());
+    }
+    let scale = max_abs / 127.0;
+    if any_nan || scale == 0.0 || !scale.is_finite() {
+        return quant::quantize_activation_row(x, codes);
+    }
+    let sv = _mm256_set1_ps(scale);
+    let n32 = n - n % 32;
+    for i in (0..n32).step_by(32) {
+        let p = x.as_ptr().add(i);
+        let q: [__m256i; 4] = [
+            code8(_mm256_loadu_ps(p), sv),
+            code8(_mm256_loadu_ps(p.add(8)), sv),
+            code8(_mm256_loadu_ps(p.add(16)), sv),
+            code8(_mm256_loadu_ps(p.add(24)), sv),
+        ];
+        let w01 = _mm256_packs_epi32(q[0], q[1]);
+        let w23 = _mm256_packs_epi32(q[2], q[3]);
+        let b = _mm256_packs_epi16(w01, w23);
+        let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(codes.as_mut_ptr().add(i) as *mut __m256i, b);
+    }
+    for (c, &v) in codes[n32..].iter_mut().zip(&x[n32..]) {
+        *c = (v / scale).round().clamp(-127.0, 127.0) as i8;
+    }
+    scale
+}
+
+/// `(v / scale).round().clamp(-127.0, 127.0)` for 8 finite values, as i32 lanes.
+#[inline(always)]
+unsafe fn code8(v: __m256, scale: __m256) -> __m256i {
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
+    let q = _mm256_div_ps(v, scale);
+    let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(q);
+    // q - t is exact; a fraction of at least one half moves one step away from zero.
+    let frac = _mm256_and_ps(_mm256_sub_ps(q, t), abs_mask);
+    let away = _mm256_or_ps(_mm256_set1_ps(1.0), _mm256_andnot_ps(abs_mask, q));
+    let bump = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, _mm256_set1_ps(0.5)), away);
+    let r = _mm256_add_ps(t, bump);
+    let r = _mm256_min_ps(
+        _mm256_max_ps(r, _mm256_set1_ps(-127.0)),
+        _mm256_set1_ps(127.0),
+    );
+    _mm256_cvttps_epi32(r)
+}

@@ -53,6 +53,11 @@ pub trait GemmBackend: Send {
         y: &mut [f32],
     ) -> Result<(), BackendError>;
 
+    /// With `--gemm ab`: how host and device compared so far.
+    fn ab_report(&self) -> Option<crate::device::AbReport> {
+        None
+    }
+
     /// Counters since the last `take_stats`.
     fn take_stats(&mut self) -> GemmStats {
         GemmStats::default()

@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod backend;
+pub mod device;
 pub mod host;
 pub mod hybrid;
 pub mod inputs;
@@ -18,6 +19,7 @@ pub mod sampling;
 pub mod stfile;
 
 pub use backend::{BackendError, GemmBackend, GemmStats, WeightRef};
+pub use device::{AbReport, DeviceConfig};
 pub use hybrid::HybridInputs;
 pub use inputs::PromptInputs;
 pub use kv::KvDtype;

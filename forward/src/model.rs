@@ -2,6 +2,7 @@
 
 use crate::attention::{attend_group, AttnShape};
 use crate::backend::{BackendError, GemmBackend, WeightRef};
+use crate::device::{AbGemm, DeviceConfig, DeviceGemm};
 use crate::host::HostGemm;
 use crate::hybrid::HybridInputs;
 use crate::kv::{KvCache, KvData, KvDtype, KvElem, KvStore};
@@ -89,6 +90,10 @@ impl Default for ForwardOptions {
 /// The GEMM backend a forward runs its projections on.
 pub enum BackendChoice {
     Host,
+    /// Every projection on the NPU runtime.
+    Device(DeviceConfig),
+    /// Host and device, compared GEMM by GEMM (the host's result is used).
+    Ab(DeviceConfig),
     Custom(Box<dyn GemmBackend>),
 }
 
@@ -168,6 +173,11 @@ impl Forward {
         );
         let mut backend: Box<dyn GemmBackend> = match backend {
             BackendChoice::Host => Box::new(HostGemm::new(pool.clone())),
+            BackendChoice::Device(config) => Box::new(DeviceGemm::open(&config)?),
+            BackendChoice::Ab(config) => Box::new(AbGemm::new(
+                HostGemm::new(pool.clone()),
+                DeviceGemm::open(&config)?,
+            )),
             BackendChoice::Custom(b) => b,
         };
         let layout = options
@@ -263,6 +273,9 @@ impl Forward {
     /// Forget slots `len..` (decoding continues at slot `len`).
     pub fn truncate(&mut self, len: usize) {
         self.kv.truncate(len);
+    }
+    pub fn backend(&self) -> &dyn GemmBackend {
+        self.backend.as_ref()
     }
     pub fn backend_mut(&mut self) -> &mut dyn GemmBackend {
         self.backend.as_mut()

@@ -1,0 +1,363 @@
+//! The device GEMM backend: every projection and the head on the NPU runtime (the XRT shim or the
+//! software NPU), weights resident per layer and projection, activations quantized per row to int8
+//! on the host with the same rule the host kernels use — so host and device agree to the bit.
+//!
+//! Dispatch: M is padded to the smallest M tile that holds the rows (16 for decode, 128 for
+//! prefill; longer prompts loop over 128-row tiles); a linear wider than the widest design (the LM
+//! head) is split over N chunks. A pack whose shapes lack a design is refused at `prepare`, naming
+//! the missing geometry.
+
+use crate::backend::{BackendError, GemmBackend, GemmStats, WeightRef};
+use crate::host::HostGemm;
+use npu_sys::plan::{design_n, kind_of, m_tile_for, n_chunks, M_TILES};
+use npu_sys::{DesignKind, Designs, GemmDesign, NpuSession};
+use packs::quant;
+use packs::LinearData;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Where the device backend finds its runtime and designs.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceConfig {
+    /// The runtime library (None: `XDNA_VL_RUNTIME`, then the installed XRT shim).
+    pub runtime: Option<PathBuf>,
+    /// The designs directory (with its manifest; see `npu-designs`).
+    pub designs: PathBuf,
+    /// Who holds the device (shown to other processes waiting for the device-hold ticket).
+    pub program: String,
+    /// How long one launch may run (None: npu-sys' default).
+    pub run_timeout: Option<std::time::Duration>,
+    /// A deliberate layout mistake in the uploaded weights, for controls.
+    pub plant: PlantedLayout,
+}
+
+/// Deliberate weight-layout mistakes: tests show the host/device comparison catches each one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PlantedLayout {
+    #[default]
+    None,
+    /// B read as if stored column-major ([K x N]) instead of the linear's [N x K].
+    TransposedB,
+    /// q4: element 2i in the high nibble instead of the low one.
+    SwappedNibbles,
+}
+
+/// The weight codes as the plant says they were (mis)laid out.
+fn planted<T: Copy>(
+    plant: PlantedLayout,
+    codes: &[T],
+    n: usize,
+    k: usize,
+    swap: impl Fn(T) -> T,
+) -> Vec<T> {
+    match plant {
+        PlantedLayout::None => codes.to_vec(),
+        PlantedLayout::TransposedB => (0..n * k).map(|i| codes[(i % k) * n + i / k]).collect(),
+        PlantedLayout::SwappedNibbles => codes.iter().map(|&c| swap(c)).collect(),
+    }
+}
+
+/// One weight's designs: per M tile, one design per N chunk.
+struct Resident {
+    name: String,
+    n: usize,
+    k: usize,
+    chunk_n: usize,
+    tiles: Vec<(usize, Vec<GemmDesign>)>,
+}
+
+pub struct DeviceGemm {
+    // Field order is drop order: designs before the session (device, lease) they live on.
+    weights: Vec<Option<Resident>>,
+    designs: Designs,
+    session: NpuSession,
+    config: DeviceConfig,
+    a_codes: Vec<i8>,
+    a_scales: Vec<f32>,
+    stats: GemmStats,
+}
+
+fn device_err(msg: impl std::fmt::Display) -> BackendError {
+    BackendError::Device(msg.to_string())
+}
+
+impl DeviceGemm {
+    /// Opens the runtime (taking the device-hold ticket on real hardware) and the designs manifest.
+    pub fn open(config: &DeviceConfig) -> Result<DeviceGemm, BackendError> {
+        let designs = Designs::load(&config.designs).map_err(device_err)?;
+        let program = if config.program.is_empty() {
+            "xdna-vl"
+        } else {
+            &config.program
+        };
+        let session = NpuSession::open(config.runtime.as_deref(), program, "GEMM backend")
+            .map_err(device_err)?;
+        Ok(DeviceGemm {
+            weights: Vec::new(),
+            designs,
+            session,
+            config: config.clone(),
+            a_codes: Vec::new(),
+            a_scales: Vec::new(),
+            stats: GemmStats::default(),
+        })
+    }
+
+    fn upload(&self, w: &WeightRef<'_>) -> Result<Resident, BackendError> {
+        let l = &w.linear;
+        let unsupported = |why: String| BackendError::Unsupported {
+            backend: "device",
+            weight: l.name.to_string(),
+            why,
+        };
+        let kind = kind_of(&l.data).ok_or_else(|| {
+            unsupported(
+                "it is stored unquantized; device designs exist for i8 and q4 packs only (build the pack with --quant i8 or q4, or use --gemm host)".into(),
+            )
+        })?;
+        let plant = self.config.plant;
+        let planted_data;
+        let data = match (&l.data, plant) {
+            (_, PlantedLayout::None) => &l.data,
+            (LinearData::I8 { codes, scales }, _) => {
+                planted_data = (planted(plant, codes, l.n, l.k, |c| c), Vec::new());
+                &LinearData::I8 {
+                    codes: &planted_data.0,
+                    scales,
+                }
+            }
+            (LinearData::Q4 { codes, scales }, _) => {
+                let swapped = planted(plant, codes, l.n, l.k / 2, |b: u8| b.rotate_left(4));
+                planted_data = (Vec::new(), swapped);
+                &LinearData::Q4 {
+                    codes: &planted_data.1,
+                    scales,
+                }
+            }
+            (other, _) => other,
+        };
+        let chunk_n = design_n(l.n);
+        let mut tiles = Vec::new();
+        for m_tile in M_TILES {
+            let entry = self
+                .designs
+                .find(kind, l.k, chunk_n, m_tile)
+                .map_err(|e| unsupported(e.to_string()))?;
+            let mut chunks = Vec::new();
+            for c in 0..n_chunks(l.n, chunk_n) {
+                let n0 = c * chunk_n;
+                let n_live = chunk_n.min(l.n - n0);
+                let design = match (data, kind) {
+                    (LinearData::I8 { codes, scales }, DesignKind::I8) => GemmDesign::new_i8(
+                        self.session.device(),
+                        entry,
+                        &codes[n0 * l.k..(n0 + n_live) * l.k],
+                        &scales[n0..n0 + n_live],
+                        n_live,
+                    ),
+                    (LinearData::Q4 { codes, scales }, DesignKind::Q4) => {
+                        let g = l.k / quant::Q4_GROUP;
+                        GemmDesign::new_q4(
+                            self.session.device(),
+                            entry,
+                            &codes[n0 * l.k / 2..(n0 + n_live) * l.k / 2],
+                            &scales[n0 * g..(n0 + n_live) * g],
+                            n_live,
+                        )
+                    }
+                    _ => return Err(unsupported("storage and design kind disagree".into())),
+                }
+                .map_err(|e| device_err(format!("{}: {e}", l.name)))?;
+                let mut design = design;
+                if let Some(t) = self.config.run_timeout {
+                    design.set_timeout(t);
+                }
+                chunks.push(design);
+            }
+            tiles.push((m_tile, chunks));
+        }
+        Ok(Resident {
+            name: l.name.to_string(),
+            n: l.n,
+            k: l.k,
+            chunk_n,
+            tiles,
+        })
+    }
+}
+
+impl GemmBackend for DeviceGemm {
+    fn name(&self) -> &'static str {
+        "device"
+    }
+
+    fn prepare(&mut self, weights: &[WeightRef<'_>]) -> Result<(), BackendError> {
+        let mut resident: Vec<Option<Resident>> = Vec::new();
+        for w in weights {
+            if resident.len() <= w.id {
+                resident.resize_with(w.id + 1, || None);
+            }
+            resident[w.id] = Some(self.upload(w)?);
+        }
+        self.weights = resident;
+        Ok(())
+    }
+
+    fn gemm(
+        &mut self,
+        w: &WeightRef<'_>,
+        x: &[f32],
+        rows: usize,
+        y: &mut [f32],
+    ) -> Result<(), BackendError> {
+        let t0 = Instant::now();
+        let r = self
+            .weights
+            .get_mut(w.id)
+            .and_then(|r| r.as_mut())
+            .ok_or_else(|| {
+                device_err(format!(
+                    "{} was not uploaded (prepare not called)",
+                    w.linear.name
+                ))
+            })?;
+        let (n, k) = (r.n, r.k);
+        // The one activation rule (packs::quant), row by row.
+        self.a_codes.resize(rows * k, 0);
+        self.a_scales.resize(rows, 0.0);
+        for ((xr, cr), s) in x
+            .chunks_exact(k)
+            .zip(self.a_codes.chunks_exact_mut(k))
+            .zip(self.a_scales.iter_mut())
+        {
+            *s = quant::quantize_activation_row(xr, cr);
+        }
+        let tile_sizes: Vec<usize> = r.tiles.iter().map(|(t, _)| *t).collect();
+        let mut row0 = 0;
+        let mut quantize_launch = t0.elapsed();
+        let mut wait = std::time::Duration::ZERO;
+        while row0 < rows {
+            let m_tile = m_tile_for(rows - row0, &tile_sizes).expect("at least one tile");
+            let take = m_tile.min(rows - row0);
+            let designs = &mut r
+                .tiles
+                .iter_mut()
+                .find(|(t, _)| *t == m_tile)
+                .expect("tile from the list")
+                .1;
+            let a = &self.a_codes[row0 * k..(row0 + take) * k];
+            let scales = &self.a_scales[row0..row0 + take];
+            let t_launch = Instant::now();
+            // Launch every N chunk, then collect: the runs overlap each other.
+            let mut pending = Vec::with_capacity(designs.len());
+            for d in designs.iter_mut() {
+                pending.push(
+                    d.submit(a, take)
+                        .map_err(|e| device_err(format!("{}: {e}", r.name)))?,
+                );
+            }
+            self.stats.launches += pending.len() as u64;
+            quantize_launch += t_launch.elapsed();
+            let t_wait = Instant::now();
+            for (c, p) in pending.into_iter().enumerate() {
+                let out = &mut y[row0 * n + c * r.chunk_n..];
+                p.wait_scaled(scales, out, n)
+                    .map_err(|e| device_err(format!("{}: {e}", r.name)))?;
+            }
+            wait += t_wait.elapsed();
+            row0 += take;
+        }
+        self.stats.gemms += 1;
+        self.stats.rows += rows as u64;
+        self.stats.quantize_launch += quantize_launch;
+        self.stats.wait += wait;
+        Ok(())
+    }
+
+    fn take_stats(&mut self) -> GemmStats {
+        std::mem::take(&mut self.stats)
+    }
+}
+
+/// Host and device side by side: every GEMM runs on both, the host's result is used, and the
+/// differences are counted.
+pub struct AbGemm {
+    host: HostGemm,
+    device: DeviceGemm,
+    scratch: Vec<f32>,
+    report: AbReport,
+}
+
+/// What `--gemm ab` found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AbReport {
+    pub gemms: u64,
+    /// GEMMs with at least one differing value.
+    pub differing_gemms: u64,
+    /// Values that differ at all (bitwise).
+    pub differing_values: u64,
+    pub max_abs_diff: f32,
+    /// The first weight that differed.
+    pub first_differing: Option<String>,
+}
+
+impl AbGemm {
+    pub fn new(host: HostGemm, device: DeviceGemm) -> AbGemm {
+        AbGemm {
+            host,
+            device,
+            scratch: Vec::new(),
+            report: AbReport::default(),
+        }
+    }
+}
+
+impl GemmBackend for AbGemm {
+    fn name(&self) -> &'static str {
+        "ab"
+    }
+
+    fn prepare(&mut self, weights: &[WeightRef<'_>]) -> Result<(), BackendError> {
+        self.host.prepare(weights)?;
+        self.device.prepare(weights)
+    }
+
+    fn gemm(
+        &mut self,
+        w: &WeightRef<'_>,
+        x: &[f32],
+        rows: usize,
+        y: &mut [f32],
+    ) -> Result<(), BackendError> {
+        self.host.gemm(w, x, rows, y)?;
+        self.scratch.resize(y.len(), 0.0);
+        self.device.gemm(w, x, rows, &mut self.scratch)?;
+        let mut differing = 0u64;
+        for (a, b) in y.iter().zip(&self.scratch) {
+            if a.to_bits() != b.to_bits() {
+                differing += 1;
+                self.report.max_abs_diff = self.report.max_abs_diff.max((a - b).abs());
+            }
+        }
+        self.report.gemms += 1;
+        if differing > 0 {
+            self.report.differing_gemms += 1;
+            self.report.differing_values += differing;
+            self.report
+                .first_differing
+                .get_or_insert_with(|| w.linear.name.to_string());
+        }
+        Ok(())
+    }
+
+    fn take_stats(&mut self) -> GemmStats {
+        let h = self.host.take_stats();
+        let mut d = self.device.take_stats();
+        d.host += h.host;
+        d
+    }
+
+    fn ab_report(&self) -> Option<AbReport> {
+        Some(self.report.clone())
+    }
+}

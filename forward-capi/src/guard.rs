@@ -29,3 +29,67 @@ pub fn guard(function: &str, body: impl FnOnce() -> Result<(), CallError>) -> Xv
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handle::XvlForward;
+    use crate::status::{XVL_ERR_PANIC, XVL_ERR_SLOT};
+    use forward::{BackendChoice, Forward, ForwardOptions};
+    use packs::random::{write_random, RandomShape};
+    use packs::{Pack, QuantKind};
+    use std::sync::Arc;
+
+    #[test]
+    fn a_panic_becomes_a_status_and_poisons_the_handle() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.pack");
+        write_random(&RandomShape::tiny(), QuantKind::F32, 3, &path).unwrap();
+        let pack = Arc::new(Pack::open(&path).unwrap());
+        let options = ForwardOptions {
+            capacity: 4,
+            threads: 1,
+            ..ForwardOptions::default()
+        };
+        let forward = Forward::new(&pack, BackendChoice::Host, options).unwrap();
+        let handle = Box::into_raw(Box::new(XvlForward::new(forward)));
+        let mut logits = vec![0.0f32; 256];
+        let step = |slot: usize, logits: &mut [f32]| {
+            // SAFETY: `handle` is live until closed below; `logits` holds 256 floats.
+            unsafe { crate::xvl_step(handle, 3, 0, slot, logits.as_mut_ptr(), logits.len()) }
+        };
+        // Control: a refusal before the panic is an ordinary status.
+        assert_eq!(step(1, &mut logits), XVL_ERR_SLOT);
+
+        // SAFETY: live handle.
+        let h = unsafe { &*handle };
+        let status = guard("planted", || {
+            let _held = h.lock("planted")?;
+            panic!("a planted panic");
+        });
+        assert_eq!(status, XVL_ERR_PANIC);
+        let message = crate::last_error::get();
+        assert!(
+            message.contains("planted: internal panic (a planted panic)"),
+            "{message}"
+        );
+        assert_eq!(step(0, &mut logits), XVL_ERR_PANIC);
+        let message = crate::last_error::get();
+        assert!(
+            message.contains("xvl_step: the handle is unusable"),
+            "{message}"
+        );
+        // SAFETY: from Box::into_raw above, closed once.
+        unsafe { crate::xvl_close(handle) };
+    }
+
+    #[test]
+    fn a_panic_without_a_handle_is_a_status_too() {
+        let status = guard("planted", || panic!("{}", String::from("owned payload")));
+        assert_eq!(status, XVL_ERR_PANIC);
+        assert!(crate::last_error::get().contains("owned payload"));
+        // Control: a clean body is XVL_OK and leaves the message alone.
+        assert_eq!(guard("clean", || Ok(())), crate::status::XVL_OK);
+        assert!(crate::last_error::get().contains("owned payload"));
+    }
+}

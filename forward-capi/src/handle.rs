@@ -8,6 +8,8 @@ use std::sync::{Mutex, MutexGuard};
 /// Tags a live handle; cleared on close so a stale or foreign pointer is (usually) refused.
 const MAGIC: u64 = u64::from_le_bytes(*b"xdnavl:1");
 
+/// `repr(C)` so `magic` is the first 8 bytes: the tag is read before the pointer is trusted as a handle.
+#[repr(C)]
 pub struct XvlForward {
     magic: u64,
     forward: Mutex<Forward>,
@@ -66,9 +68,10 @@ pub unsafe fn from_ptr<'a>(
             format!("{function}: `f` is not a handle (misaligned)"),
         ));
     }
-    // SAFETY: non-NULL and aligned; the caller guarantees it came from xvl_open and is still open.
-    let h = unsafe { &*ptr };
-    if h.magic != MAGIC {
+    // SAFETY: non-NULL and aligned; reads only the first 8 bytes, which any handle-sized pointer the
+    // caller may pass holds (the caller guarantees it came from xvl_open).
+    let magic = unsafe { std::ptr::addr_of!((*ptr).magic).read() };
+    if magic != MAGIC {
         return Err(CallError::new(
             XVL_ERR_ARGUMENT,
             format!(
@@ -76,5 +79,6 @@ pub unsafe fn from_ptr<'a>(
             ),
         ));
     }
-    Ok(h)
+    // SAFETY: tagged as a live handle from xvl_open; not closed by the caller's contract.
+    Ok(unsafe { &*ptr })
 }

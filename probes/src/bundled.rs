@@ -9,7 +9,10 @@ pub const DEFAULT_CASE: &str = "hd128";
 
 /// tests/fixtures of this checkout.
 pub fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .join("tests/fixtures")
 }
 
 pub struct Bundled {
@@ -37,7 +40,10 @@ pub fn bundled(case: &str, kind: QuantKind) -> Result<Bundled, String> {
             checkpoint.display()
         ));
     }
-    let out_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bundled");
+    let out_dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .join("target/bundled");
     std::fs::create_dir_all(&out_dir)
         .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
     let pack = out_dir.join(format!("{case}-{kind}.pack"));

@@ -79,12 +79,13 @@ pub fn check_reference(
 }
 
 /// Runs the prompt, `reference.greedy_ids.len() - 1` teacher-forced steps, and the text control.
-/// `on_step(step, own_argmax, logits)` sees every greedy step as it is produced.
+/// `on_step(step, own_argmax, logits, forward)` sees every greedy step as it is produced (step 0 is
+/// the prompt).
 pub fn replay(
     forward: &mut Forward,
     inputs: &PromptInputs,
     reference: &Reference,
-    mut on_step: impl FnMut(usize, u32, &[f32]),
+    mut on_step: impl FnMut(usize, u32, &[f32], &mut Forward),
 ) -> Result<Replay, String> {
     check_reference(forward, inputs, reference)?;
     let vocab = reference.vocab;
@@ -98,9 +99,8 @@ pub fn replay(
     let prompt = RowsCompared::new(logits, &reference.prefill_logits, vocab);
     let mut all_ours = logits.to_vec();
     let mut all_ref = reference.prefill_logits.clone();
-    let last = &logits[(rows - 1) * vocab..];
-    let mut greedy_ids = vec![argmax(last)];
-    on_step(0, greedy_ids[0], last);
+    let mut greedy_ids = vec![argmax(&all_ours[(rows - 1) * vocab..])];
+    on_step(0, greedy_ids[0], &all_ours[(rows - 1) * vocab..], forward);
     let mut decode = RowsCompared::default();
     let next_pos = inputs.next_rotary_pos();
     for (i, &fed) in reference.greedy_ids[..reference.greedy_ids.len() - 1]
@@ -116,7 +116,7 @@ pub fn replay(
         all_ref.extend_from_slice(expected);
         let id = argmax(logits);
         greedy_ids.push(id);
-        on_step(i + 1, id, logits);
+        on_step(i + 1, id, &all_ours[all_ours.len() - vocab..], forward);
     }
     let cosine_all = cosine(&all_ours, &all_ref);
 

@@ -15,7 +15,7 @@ fn assert_exact(case: &Case, kind: QuantKind, tol: f32) {
     let inputs = case.inputs();
     let reference = case.reference(kind);
     let mut fwd = forward(&pack, options());
-    let r = replay(&mut fwd, &inputs, &reference, |_, _, _| {}).unwrap();
+    let r = replay(&mut fwd, &inputs, &reference, |_, _, _, _| {}).unwrap();
     println!(
         "{} {kind}: prompt max |Δ| {:.2e}, decode {:.2e}, text {:.2e}, greedy {:?}",
         case.name,
@@ -71,7 +71,7 @@ fn bf16_packs_from_bf16_checkpoints_match_and_from_f32_are_reported() {
             let (_dir, pack) = case.pack(QuantKind::Bf16);
             let mut fwd = forward(&pack, options());
             let reference = case.reference(QuantKind::F32);
-            let r = replay(&mut fwd, &case.inputs(), &reference, |_, _, _| {}).unwrap();
+            let r = replay(&mut fwd, &case.inputs(), &reference, |_, _, _, _| {}).unwrap();
             println!(
                 "{name} bf16 pack from an f32 checkpoint: max |Δ| {:.3e}, top-1 {:.3}, cosine {:.6}",
                 r.max_abs_logit_diff(),
@@ -92,11 +92,11 @@ fn quantized_packs_match_their_quantization_aware_references() {
             let (_dir, pack) = case.pack(kind);
             let mut fwd = forward(&pack, options());
             let reference = case.reference(kind);
-            let r = replay(&mut fwd, &inputs, &reference, |_, _, _| {}).unwrap();
+            let r = replay(&mut fwd, &inputs, &reference, |_, _, _, _| {}).unwrap();
             let text_top1 = r.text.agreeing() as f64 / r.text.rows as f64;
             // The quantization cost against the f32 reference: reported, not gated.
             let exact = case.reference(QuantKind::F32);
-            let cost = replay(&mut fwd, &inputs, &exact, |_, _, _| {}).unwrap();
+            let cost = replay(&mut fwd, &inputs, &exact, |_, _, _, _| {}).unwrap();
             println!(
                 "{name} {kind}: vs its reference max |Δ| {:.3e}, top-1 {:.4}, text top-1 {text_top1:.4}; vs f32 reference top-1 {:.4}, cosine {:.6}",
                 r.max_abs_logit_diff(),
@@ -183,7 +183,7 @@ fn ablated(case: &Case, ablation: Ablation) -> f32 {
         &mut fwd,
         &case.inputs(),
         &case.reference(QuantKind::F32),
-        |_, _, _| {},
+        |_, _, _, _| {},
     )
     .unwrap();
     r.max_abs_logit_diff()

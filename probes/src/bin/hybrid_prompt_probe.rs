@@ -46,6 +46,9 @@ struct Args {
     context: Option<usize>,
     #[command(flatten)]
     gemm: GemmArgs,
+    /// With --gemm ab: the largest host/device difference that passes (0: byte-identical).
+    #[arg(long, default_value_t = 0.0)]
+    ab_tolerance: f32,
     /// Print where each step's time went (rows, launches, quantize+launch, wait, readback, host).
     #[arg(long)]
     profile: bool,
@@ -183,15 +186,16 @@ fn generate(
         profile_line(args, fwd, &format!("step {}", i + 1), 1, t);
         print_top_k(args, &format!("after step {}", i + 1), &logits);
     }
+    let pass = ab_pass(args, fwd);
     if args.json {
-        println!(
-            "{}",
-            json!({"pack": pack.display().to_string(), "greedy_ids": ids})
-        );
+        let mut v = json!({"pack": pack.display().to_string(), "greedy_ids": ids, "pass": pass});
+        merge(&mut v, probes::device::ab_json(fwd));
+        println!("{v}");
     } else {
         println!();
+        print_ab(fwd);
     }
-    std::process::exit(EXIT_PASS);
+    std::process::exit(if pass { EXIT_PASS } else { EXIT_FAIL });
 }
 
 fn compare(
@@ -213,21 +217,31 @@ fn compare(
             reference.path.display()
         );
     }
-    let t = Instant::now();
-    let r = probes::replay(fwd, inputs, reference, |step, _id, logits| {
-        print_top_k(args, &format!("after step {step}"), logits);
+    let mut t = Instant::now();
+    let rows = inputs.rows();
+    let r = probes::replay(fwd, inputs, reference, |step, _id, logits, fwd| {
+        let (label, step_rows) = match step {
+            0 => ("prefill".to_string(), rows),
+            s => (format!("step {s}"), 1),
+        };
+        profile_line(args, fwd, &label, step_rows, t);
+        print_top_k(args, &format!("after {label}"), logits);
+        t = Instant::now();
     })
     .unwrap_or_else(|e| cli::refuse(e));
-    profile_line(args, fwd, "whole replay", inputs.rows(), t);
     let max = r.max_abs_logit_diff();
     let top1 = r.top1_agreement();
     let first = r.first_divergence(reference);
     let text_max = r.text.max_abs_diff();
     let text_top1 = r.text.agreeing() as f64 / r.text.rows.max(1) as f64;
     let text_first = r.text.first_divergence();
-    let pass = max <= max_diff && top1 >= min_top1 && text_max <= max_diff && text_top1 >= min_top1;
+    let pass = max <= max_diff
+        && top1 >= min_top1
+        && text_max <= max_diff
+        && text_top1 >= min_top1
+        && ab_pass(args, fwd);
     if args.json {
-        let v = json!({
+        let mut v = json!({
             "pack": pack.display().to_string(),
             "inputs": inputs.path.display().to_string(),
             "reference": reference.path.display().to_string(),
@@ -252,8 +266,10 @@ fn compare(
             "thresholds": {"max_abs_logit_diff": max_diff, "top1_agreement": min_top1},
             "pass": pass,
         });
+        merge(&mut v, probes::device::ab_json(fwd));
         println!("{}", serde_json::to_string_pretty(&v).expect("json"));
     } else {
+        print_ab(fwd);
         println!(
             "  prompt rows: {:>4}  max |Δlogit| {:.3e}  top-1 {}/{}",
             r.prompt.rows,
@@ -288,4 +304,35 @@ fn compare(
         );
     }
     std::process::exit(if pass { EXIT_PASS } else { EXIT_FAIL });
+}
+
+fn merge(v: &mut serde_json::Value, extra: serde_json::Value) {
+    if let (Some(o), serde_json::Value::Object(e)) = (v.as_object_mut(), extra) {
+        o.extend(e);
+    }
+}
+
+fn print_ab(fwd: &Forward) {
+    if let Some(r) = fwd.backend().ab_report() {
+        println!(
+            "  gemm ab: {} GEMMs, {} differ ({} values), max |Δ| {:.3e}{}",
+            r.gemms,
+            r.differing_gemms,
+            r.differing_values,
+            r.max_abs_diff,
+            r.first_differing
+                .map_or(String::new(), |w| format!(", first: {w}"))
+        );
+    }
+}
+
+/// With --gemm ab: every host/device difference within --ab-tolerance (0: none at all).
+fn ab_pass(args: &Args, fwd: &Forward) -> bool {
+    fwd.backend().ab_report().is_none_or(|r| {
+        if args.ab_tolerance == 0.0 {
+            r.differing_values == 0
+        } else {
+            r.max_abs_diff <= args.ab_tolerance
+        }
+    })
 }

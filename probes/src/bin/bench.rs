@@ -1,0 +1,526 @@
+//! bench: host decoder speed against the memory-bandwidth roofline, on a random-weight pack of a named
+//! shape (made once and cached), with a streaming-read bandwidth probe in the same run.
+//!
+//! `bench --shape qwen3-vl-2b --threads 2 --json` prints one object: `read_gb_s`, and per kind under
+//! `kinds.<kind>`: `decode_tok_s`, `decode_tok_s_ctx512`, `prefill_tok_s` (keyed by rows),
+//! `roofline_pct`, `peak_rss_mb`, and the figures behind them. `bench gemm` times each GEMM of the
+//! shape alone (GEMV and 128-row GEMM) on every instruction set the CPU runs.
+
+use clap::{Parser, Subcommand};
+use forward::host::HostGemm;
+use forward::kernels::{Isa, Kernels};
+use forward::{BackendChoice, Forward, ForwardOptions, GemmBackend, KvDtype, Logits, WeightRef};
+use packs::random::{write_random, RandomShape};
+use packs::{Pack, QuantKind, TensorKind};
+use serde_json::{json, Map, Value};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Host decoder and GEMM speed against the bandwidth roofline"
+)]
+struct Args {
+    #[command(subcommand)]
+    mode: Option<Mode>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(clap::Args, Clone)]
+struct Common {
+    /// A named random shape (tiny, qwen3-vl-2b).
+    #[arg(long, default_value = "qwen3-vl-2b", global = true)]
+    shape: String,
+    /// Threads of the forward's pool (and of the bandwidth probe).
+    #[arg(long, default_value_t = 2, global = true)]
+    threads: usize,
+    /// Quant kinds to measure, comma separated (f32, bf16, i8, q4).
+    #[arg(long, default_value = "q4,i8", value_delimiter = ',', global = true)]
+    kinds: Vec<String>,
+    /// Where the random packs are made once and kept.
+    #[arg(long, default_value = "target/bench", global = true)]
+    pack_dir: PathBuf,
+    /// Seed of the random weights.
+    #[arg(long, default_value_t = 1, global = true)]
+    seed: u64,
+    /// Print one JSON object instead of the table.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand, Clone)]
+enum Mode {
+    /// Each GEMM of the shape alone: GEMV (1 row) and GEMM (128 rows), GB/s and GMAC/s, per
+    /// instruction set.
+    Gemm {
+        /// Rows of the batched case.
+        #[arg(long, default_value_t = 128)]
+        rows: usize,
+    },
+}
+
+fn refuse(msg: impl std::fmt::Display) -> ! {
+    eprintln!("error: {msg}");
+    std::process::exit(2)
+}
+
+fn main() {
+    let args = Args::parse();
+    let c = &args.common;
+    if c.threads == 0 {
+        refuse("--threads must be at least 1");
+    }
+    let Some(shape) = RandomShape::named(&c.shape) else {
+        refuse(format!(
+            "unknown shape {:?} (expected one of {})",
+            c.shape,
+            RandomShape::NAMES.join(", ")
+        ))
+    };
+    let kinds: Vec<QuantKind> = c
+        .kinds
+        .iter()
+        .map(|k| {
+            k.parse()
+                .unwrap_or_else(|e| refuse(format!("--kinds: {e}")))
+        })
+        .collect();
+    if kinds.is_empty() {
+        refuse("--kinds names no kind");
+    }
+    if let Err(e) = std::fs::create_dir_all(&c.pack_dir) {
+        refuse(format!("cannot create {}: {e}", c.pack_dir.display()));
+    }
+    let report = match args.mode {
+        None => decoder_bench(c, &shape, &kinds),
+        Some(Mode::Gemm { rows }) => gemm_bench(c, &shape, &kinds, rows),
+    };
+    if c.json {
+        println!("{}", serde_json::to_string_pretty(&report).expect("json"));
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Packs, bandwidth, memory.
+
+/// Opens the cached random pack of `kind`, making it first if absent.
+fn pack_for(c: &Common, shape: &RandomShape, kind: QuantKind) -> Arc<Pack> {
+    let path = c
+        .pack_dir
+        .join(format!("{}-{}-seed{}.pack", shape.name, kind, c.seed));
+    if !path.exists() {
+        eprintln!("making {} (once; kept for later runs)", path.display());
+        let t = Instant::now();
+        if let Err(e) = write_random(shape, kind, c.seed, &path) {
+            refuse(format!("cannot write {}: {e}", path.display()));
+        }
+        eprintln!("  made in {:.1} s", t.elapsed().as_secs_f64());
+    }
+    match Pack::open(&path) {
+        Ok(p) => Arc::new(p),
+        Err(e) => refuse(format!("{e} (delete {} to remake it)", path.display())),
+    }
+}
+
+/// Bytes a decode step reads from the pack: every linear weight (values or codes, and scales) and
+/// norm. The embedding contributes one row, which is negligible.
+fn pack_bytes_per_token(pack: &Pack) -> u64 {
+    pack.tensors()
+        .iter()
+        .filter(|t| {
+            matches!(
+                t.kind,
+                TensorKind::Linear | TensorKind::Scales | TensorKind::Norm
+            )
+        })
+        .map(|t| t.len)
+        .sum()
+}
+
+/// Streaming read bandwidth with `threads` threads over 512 MiB (far beyond any cache); best of 5.
+fn read_bandwidth(threads: usize) -> f64 {
+    let words = (512usize << 20) / 8;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let per = words.div_ceil(threads);
+    let mut best = 0f64;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let total: u64 = std::thread::scope(|s| {
+            let handles: Vec<_> = buf
+                .chunks(per)
+                .map(|part| s.spawn(move || sum_words(part)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0, u64::wrapping_add)
+        });
+        std::hint::black_box(total);
+        best = best.max((words * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
+fn sum_words(part: &[u64]) -> u64 {
+    let mut acc = [0u64; 8];
+    for c in part.chunks_exact(8) {
+        for i in 0..8 {
+            acc[i] = acc[i].wrapping_add(c[i]);
+        }
+    }
+    acc.iter().fold(0, |a, &b| a.wrapping_add(b))
+}
+
+/// This process's peak resident set (VmHWM) in MiB.
+fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+/// Restart the VmHWM count (Linux: write 5 to clear_refs); false when the kernel refuses.
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+// ------------------------------------------------------------------------------------------------
+// The decoder benchmark.
+
+const DECODE_STEPS: usize = 12;
+const LONG_CONTEXT: usize = 512;
+const PREFILL_ROWS: [usize; 3] = [16, 128, 512];
+
+/// Prompt tokens: spread over the vocabulary, reproducible.
+fn tokens(n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
+}
+
+fn forward_for(pack: &Arc<Pack>, threads: usize, kv: KvDtype) -> Forward {
+    let options = ForwardOptions {
+        capacity: LONG_CONTEXT + DECODE_STEPS + 8,
+        threads,
+        kv_dtype: kv,
+        ..ForwardOptions::default()
+    };
+    Forward::new(pack, BackendChoice::Host, options).unwrap_or_else(|e| refuse(e))
+}
+
+/// Decode steps from the current cache position: (median step seconds, median share of the step
+/// spent outside the GEMMs, the logits of every step).
+fn decode_steps(f: &mut Forward, steps: usize) -> (f64, f64, Vec<Vec<f32>>) {
+    let vocab = f.semantics().vocab_size;
+    let mut times = Vec::new();
+    let mut non_gemm = Vec::new();
+    let mut logits = Vec::new();
+    let mut token = 11u32;
+    f.backend_mut().take_stats();
+    for _ in 0..steps {
+        let slot = f.next_slot();
+        let t = Instant::now();
+        let out = f
+            .step(token, slot as i64, slot)
+            .unwrap_or_else(|e| refuse(e));
+        let dt = secs(t.elapsed());
+        token = forward::sampling::argmax(out) % vocab as u32;
+        logits.push(out.to_vec());
+        let gemm = secs(f.backend_mut().take_stats().host);
+        times.push(dt);
+        non_gemm.push(((dt - gemm) / dt).max(0.0));
+    }
+    (median(times), median(non_gemm), logits)
+}
+
+fn prefill(f: &mut Forward, rows: usize) -> f64 {
+    f.reset();
+    let toks = tokens(rows, f.semantics().vocab_size);
+    let t = Instant::now();
+    f.step_batch(&toks, 0, 0, Logits::LastRow)
+        .unwrap_or_else(|e| refuse(e));
+    secs(t.elapsed())
+}
+
+fn decoder_bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value {
+    let packs: Vec<(QuantKind, Arc<Pack>)> =
+        kinds.iter().map(|&k| (k, pack_for(c, shape, k))).collect();
+    let isa = Isa::best();
+    let read_gb_s = read_bandwidth(c.threads);
+    if !c.json {
+        println!(
+            "shape {}  threads {}  kernels {}  streaming read {:.1} GB/s",
+            shape.name, c.threads, isa, read_gb_s
+        );
+    }
+    let mut kinds_json = Map::new();
+    for (kind, pack) in packs {
+        let rss_reset = reset_peak_rss();
+        let bytes = pack_bytes_per_token(&pack);
+        let mut f = forward_for(&pack, c.threads, KvDtype::F32);
+        let kv_per_token = f.kv().bytes_per_token() as u64;
+        // Warm-up: fault the mapping in and grow every buffer.
+        prefill(&mut f, 16);
+        decode_steps(&mut f, 2);
+
+        f.reset();
+        let (t0, non_gemm0, _) = decode_steps(&mut f, DECODE_STEPS);
+        let mut prefill_json = Map::new();
+        let mut prefill_rate = Vec::new();
+        for rows in PREFILL_ROWS {
+            let reps = if rows >= 512 { 1 } else { 2 };
+            let t = median((0..reps).map(|_| prefill(&mut f, rows)).collect());
+            prefill_json.insert(rows.to_string(), json!(round2(rows as f64 / t)));
+            prefill_rate.push((rows, rows as f64 / t));
+        }
+        // The last prefill left LONG_CONTEXT slots filled: decode at that context.
+        let (t512, non_gemm512, logits_f32) = decode_steps(&mut f, DECODE_STEPS);
+        let peak = peak_rss_mb();
+        let kv_alloc = f.kv_bytes() as f64;
+        drop(f);
+
+        // The bf16 KV cache: speed at the same context and its distance from the f32 cache.
+        let mut fb = forward_for(&pack, c.threads, KvDtype::Bf16);
+        prefill(&mut fb, LONG_CONTEXT);
+        let (t512_bf16, non_gemm512_bf16, logits_bf16) = decode_steps(&mut fb, DECODE_STEPS);
+        let kv_bf16_per_token = fb.kv().bytes_per_token() as u64;
+        drop(fb);
+        let (max_diff, top1) = compare_logits(&logits_f32, &logits_bf16);
+
+        let roofline_tok_s = read_gb_s * 1e9 / bytes as f64;
+        let decode_tok_s = 1.0 / t0;
+        let moved_gb_s = bytes as f64 / t0 / 1e9;
+        let moved512 = (bytes + kv_per_token * LONG_CONTEXT as u64) as f64 / t512 / 1e9;
+        let pack_mb = pack.file_len() as f64 / (1 << 20) as f64;
+        let budget_mb = pack_mb + kv_alloc / (1 << 20) as f64 + 300.0;
+        if !c.json {
+            println!(
+                "\n{kind}: pack {:.0} MB, {:.0} MB read per token",
+                pack_mb,
+                bytes as f64 / 1e6
+            );
+            println!(
+                "  decode ctx 0   {:7.2} tok/s  {:5.1} GB/s  {:5.1}% of roofline ({:.2} tok/s)  non-GEMM {:4.1}%",
+                decode_tok_s,
+                moved_gb_s,
+                100.0 * decode_tok_s / roofline_tok_s,
+                roofline_tok_s,
+                100.0 * non_gemm0
+            );
+            println!(
+                "  decode ctx 512 {:7.2} tok/s  {:5.1} GB/s (pack + f32 KV)  non-GEMM {:4.1}%",
+                1.0 / t512,
+                moved512,
+                100.0 * non_gemm512
+            );
+            println!(
+                "  decode ctx 512 {:7.2} tok/s  bf16 KV, non-GEMM {:4.1}%",
+                1.0 / t512_bf16,
+                100.0 * non_gemm512_bf16
+            );
+            for (rows, rate) in &prefill_rate {
+                println!("  prefill {rows:4} rows {rate:8.2} tok/s");
+            }
+            println!(
+                "  KV per token: f32 {} B, bf16 {} B; bf16 vs f32 KV over {} decode steps at ctx 512: max |dlogit| {:.2e}, top-1 agree {:.0}%",
+                kv_per_token,
+                kv_bf16_per_token,
+                DECODE_STEPS,
+                max_diff,
+                100.0 * top1
+            );
+            match peak {
+                Some(p) if rss_reset => {
+                    println!("  peak RSS {p:.0} MB (budget pack + KV + 300 MB = {budget_mb:.0} MB)")
+                }
+                Some(p) => {
+                    println!("  peak RSS {p:.0} MB (process-wide: VmHWM could not be reset)")
+                }
+                None => println!("  peak RSS unavailable (no /proc/self/status)"),
+            }
+        }
+        kinds_json.insert(
+            kind.to_string(),
+            json!({
+                "decode_tok_s": round2(decode_tok_s),
+                "decode_tok_s_ctx512": round2(1.0 / t512),
+                "decode_tok_s_ctx512_kv_bf16": round2(1.0 / t512_bf16),
+                "prefill_tok_s": prefill_json,
+                "roofline_pct": round2(100.0 * decode_tok_s / roofline_tok_s),
+                "roofline_tok_s": round2(roofline_tok_s),
+                "gb_s_moved": round2(moved_gb_s),
+                "gb_s_moved_ctx512": round2(moved512),
+                "pack_bytes_per_token": bytes,
+                "non_gemm_pct_ctx0": round2(100.0 * non_gemm0),
+                "non_gemm_pct_ctx512": round2(100.0 * non_gemm512),
+                "non_gemm_pct_ctx512_kv_bf16": round2(100.0 * non_gemm512_bf16),
+                "kv_bytes_per_token": kv_per_token,
+                "kv_bf16_bytes_per_token": kv_bf16_per_token,
+                "kv_bf16_max_abs_logit_diff": max_diff,
+                "kv_bf16_top1_agree": top1,
+                "peak_rss_mb": peak.map(round2),
+                "peak_rss_reset": rss_reset,
+                "rss_budget_mb": round2(budget_mb),
+                "pack_mb": round2(pack_mb),
+            }),
+        );
+    }
+    json!({
+        "shape": shape.name,
+        "threads": c.threads,
+        "kernels": isa.name(),
+        "read_gb_s": round2(read_gb_s),
+        "kinds": kinds_json,
+    })
+}
+
+fn compare_logits(a: &[Vec<f32>], b: &[Vec<f32>]) -> (f64, f64) {
+    let mut max = 0f64;
+    let mut agree = 0;
+    for (x, y) in a.iter().zip(b) {
+        for (p, q) in x.iter().zip(y) {
+            max = max.max((p - q).abs() as f64);
+        }
+        agree += usize::from(forward::sampling::argmax(x) == forward::sampling::argmax(y));
+    }
+    (max, agree as f64 / a.len().max(1) as f64)
+}
+
+fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+// ------------------------------------------------------------------------------------------------
+// The per-GEMM benchmark.
+
+/// The distinct GEMM shapes of a decoder layer plus the head: (label, weight name of layer l).
+fn gemm_shapes(layers: usize) -> Vec<(&'static str, Vec<String>)> {
+    use packs::names::{proj, Proj};
+    let per_layer = |p: Proj| (0..layers).map(|l| proj(l, p)).collect::<Vec<_>>();
+    vec![
+        ("q/o  2048x2048", per_layer(Proj::Q)),
+        ("k/v  1024x2048", per_layer(Proj::K)),
+        ("gate/up 6144x2048", per_layer(Proj::Gate)),
+        ("down 2048x6144", per_layer(Proj::Down)),
+    ]
+}
+
+fn gemm_bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind], rows: usize) -> Value {
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(c.threads)
+            .build()
+            .unwrap_or_else(|e| refuse(format!("cannot start the thread pool: {e}"))),
+    );
+    let mut out = Map::new();
+    for &kind in kinds {
+        let pack = pack_for(c, shape, kind);
+        let layers = pack.semantics().num_layers;
+        let mut kind_json = Vec::new();
+        if !c.json {
+            println!("\n{kind} ({} threads)", c.threads);
+        }
+        let mut shapes: Vec<(String, Vec<WeightRef<'_>>)> = gemm_shapes(layers)
+            .into_iter()
+            .map(|(label, names)| {
+                let refs = names
+                    .iter()
+                    .enumerate()
+                    .map(|(id, n)| WeightRef {
+                        id,
+                        linear: pack.linear(n).unwrap_or_else(|e| refuse(e)),
+                    })
+                    .collect();
+                (label.to_string(), refs)
+            })
+            .collect();
+        let head = pack.head();
+        shapes.push((
+            format!("head {}x{}", head.n, head.k),
+            vec![WeightRef {
+                id: 0,
+                linear: head,
+            }],
+        ));
+        for isa in Isa::available() {
+            let kernels = Kernels::new(isa).expect("available");
+            let mut host = HostGemm::with_kernels(pool.clone(), kernels);
+            for (label, weights) in &shapes {
+                for batch in [1, rows] {
+                    if isa == Isa::Scalar && batch > 1 {
+                        continue; // minutes per shape; the GEMV ratio tells the story
+                    }
+                    let r = time_gemm(&mut host, weights, batch);
+                    if !c.json {
+                        println!(
+                            "  {:10} {:18} rows {:4}  {:8.3} ms  {:6.1} GB/s  {:7.1} GMAC/s",
+                            isa.name(),
+                            label,
+                            batch,
+                            r.0 * 1e3,
+                            r.1,
+                            r.2
+                        );
+                    }
+                    kind_json.push(json!({
+                        "isa": isa.name(), "gemm": label, "rows": batch,
+                        "ms": r.0 * 1e3, "gb_s": round2(r.1), "gmac_s": round2(r.2),
+                    }));
+                }
+            }
+        }
+        out.insert(kind.to_string(), Value::Array(kind_json));
+    }
+    json!({ "shape": shape.name, "threads": c.threads, "gemm": out })
+}
+
+/// Cycles through `weights` (one per layer, so the working set is far beyond the caches) with a
+/// fresh input each call: (seconds per GEMM, weight GB/s, GMAC/s).
+fn time_gemm(host: &mut HostGemm, weights: &[WeightRef<'_>], rows: usize) -> (f64, f64, f64) {
+    let (n, k) = (weights[0].linear.n, weights[0].linear.k);
+    let mut x: Vec<f32> = (0..rows * k)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let mut y = vec![0f32; rows * n];
+    let bytes: u64 = weight_bytes(&weights[0]);
+    // Warm-up pass over every weight.
+    for w in weights {
+        host.gemm(w, &x, rows, &mut y).unwrap_or_else(|e| refuse(e));
+    }
+    let budget = Duration::from_millis(if rows == 1 { 400 } else { 1500 });
+    let t = Instant::now();
+    let mut calls = 0usize;
+    while t.elapsed() < budget || calls < weights.len().min(4) {
+        let i = calls % x.len();
+        x[i] += 1e-3; // a new input: quantization is part of every call
+        host.gemm(&weights[calls % weights.len()], &x, rows, &mut y)
+            .unwrap_or_else(|e| refuse(e));
+        calls += 1;
+    }
+    let per = secs(t.elapsed()) / calls as f64;
+    (
+        per,
+        bytes as f64 / per / 1e9,
+        (n * k * rows) as f64 / per / 1e9,
+    )
+}
+
+fn weight_bytes(w: &WeightRef<'_>) -> u64 {
+    use packs::LinearData;
+    (match w.linear.data {
+        LinearData::F32(v) => std::mem::size_of_val(v),
+        LinearData::Bf16(v) => std::mem::size_of_val(v),
+        LinearData::I8 { codes, scales } => codes.len() + std::mem::size_of_val(scales),
+        LinearData::Q4 { codes, scales } => codes.len() + std::mem::size_of_val(scales),
+    }) as u64
+}

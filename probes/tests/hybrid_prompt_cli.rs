@@ -1,0 +1,278 @@
+//! hybrid_prompt_probe run as a process on the committed fixtures: good runs (host, device, ab on
+//! the software NPU) and bad input (exit 2, naming the file and the reason).
+
+use safetensors::{serialize_to_file, Dtype, View};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+fn probe(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_hybrid_prompt_probe"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn build(dir: &Path, case: &str, quant: &str) -> String {
+    let out = dir.join(format!("{case}-{quant}.pack"));
+    let opts = packs::build::BuildOptions {
+        quant: quant.parse().unwrap(),
+        mrope_section: None,
+        progress: false,
+    };
+    packs::build::build_from_hf(&fixtures().join(case).join("checkpoint"), &out, &opts).unwrap();
+    out.to_string_lossy().into_owned()
+}
+
+fn fixture(case: &str, file: &str) -> String {
+    fixtures()
+        .join(case)
+        .join(file)
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn a_q4_pack_matches_its_reference_in_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = build(dir.path(), "odd", "q4");
+    let (code, out, err) = probe(&[
+        &pack,
+        &fixture("odd", "inputs.safetensors"),
+        "--reference",
+        &fixture("odd", "reference-q4.safetensors"),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["pass"], true);
+    assert_eq!(v["first_divergence"], serde_json::Value::Null);
+    assert_eq!(v["greedy_ids"], v["reference_greedy_ids"]);
+    assert!(v["top1_agreement"].as_f64().unwrap() >= 0.97);
+    assert!(v["text"]["max_abs_logit_diff"].as_f64().unwrap() <= 0.1);
+    // Control: the same q4 pack against the f32 reference fails.
+    let (code, out, _) = probe(&[
+        &pack,
+        &fixture("odd", "inputs.safetensors"),
+        "--reference",
+        &fixture("odd", "reference.safetensors"),
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(v["pass"], false);
+}
+
+/// `libnpu_emu.so`, built next to the test binaries by the npu-emu dev-dependency.
+fn emu_library() -> String {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [
+        deps.join("libnpu_emu.so"),
+        deps.parent().unwrap().join("libnpu_emu.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .expect("libnpu_emu.so next to the test binary")
+    .to_string_lossy()
+    .into_owned()
+}
+
+#[test]
+fn gemm_ab_on_the_software_npu_is_byte_identical_and_device_matches_the_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    for quant in ["i8", "q4"] {
+        let pack = build(dir.path(), "hd128", quant);
+        let designs = dir.path().join(format!("designs-{quant}"));
+        let p = packs::Pack::open(&pack).unwrap();
+        let plan = npu_sys::plan::plan_pack(&p).unwrap();
+        npu_sys::designs::write_emu_designs(&designs, &plan.geometries()).unwrap();
+        let reference = fixture("hd128", &format!("reference-{quant}.safetensors"));
+        for gemm in ["ab", "device"] {
+            let (code, out, err) = probe(&[
+                &pack,
+                &fixture("hd128", "inputs.safetensors"),
+                "--reference",
+                &reference,
+                "--gemm",
+                gemm,
+                "--runtime",
+                &emu_library(),
+                "--designs",
+                designs.to_str().unwrap(),
+                "--json",
+            ]);
+            assert_eq!(code, 0, "{quant} {gemm}: {out}{err}");
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            if gemm == "ab" {
+                assert!(v["ab_gemms"].as_u64().unwrap() > 0);
+                assert_eq!(v["ab_differing"], 0, "{quant}");
+                assert_eq!(v["ab_max_abs_diff"], 0.0);
+            }
+        }
+        // Device without designs: refused by name.
+        let (code, _, err) = probe(&[
+            &pack,
+            &fixture("hd128", "inputs.safetensors"),
+            "--gemm",
+            "device",
+        ]);
+        assert_eq!(code, 2);
+        assert!(err.contains("--designs"), "{err}");
+    }
+}
+
+fn write_st(path: &Path, tensors: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)>, meta: &[(&str, &str)]) {
+    struct T(Dtype, Vec<usize>, Vec<u8>);
+    impl View for &T {
+        fn dtype(&self) -> Dtype {
+            self.0
+        }
+        fn shape(&self) -> &[usize] {
+            &self.1
+        }
+        fn data(&self) -> Cow<'_, [u8]> {
+            Cow::Borrowed(&self.2)
+        }
+        fn data_len(&self) -> usize {
+            self.2.len()
+        }
+    }
+    let owned: Vec<(String, T)> = tensors
+        .into_iter()
+        .map(|(n, d, s, b)| (n.to_string(), T(d, s, b)))
+        .collect();
+    let meta: HashMap<String, String> = meta
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    serialize_to_file(owned.iter().map(|(n, t)| (n.clone(), t)), Some(meta), path).unwrap();
+}
+
+#[test]
+fn bad_input_exits_2_naming_the_file_and_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = build(dir.path(), "hd128", "f32");
+    let inputs = fixture("hd128", "inputs.safetensors");
+    let refuse = |args: &[&str], needles: &[&str]| {
+        let (code, out, err) = probe(args);
+        assert_eq!(code, 2, "{args:?}: {out}{err}");
+        assert!(err.starts_with("error: "), "{err}");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: {err:?} lacks {n:?}");
+        }
+        assert!(!err.contains("panicked"), "{err}");
+    };
+    // Missing files.
+    refuse(
+        &[&pack, "/nonexistent/inputs.safetensors"],
+        &["/nonexistent/inputs.safetensors"],
+    );
+    refuse(
+        &["/nonexistent/model.pack", &inputs],
+        &["/nonexistent/model.pack"],
+    );
+    // A reference from another model (vocabulary mismatch).
+    refuse(
+        &[
+            &pack,
+            &inputs,
+            "--reference",
+            &fixture("odd", "reference.safetensors"),
+        ],
+        &["reference.safetensors", "another model"],
+    );
+    // More rows than the context holds.
+    refuse(
+        &[&pack, &inputs, "--context", "10"],
+        &["inputs.safetensors", "--context"],
+    );
+    // Wrong dtype: input_ids as F32.
+    let bad = dir.path().join("f32-ids.safetensors");
+    write_st(
+        &bad,
+        vec![("input_ids", Dtype::F32, vec![2], vec![0; 8])],
+        &[
+            ("format", "hybrid-inputs/1"),
+            ("image_token_id", "1"),
+            ("rope_delta", "0"),
+        ],
+    );
+    refuse(
+        &[&pack, bad.to_str().unwrap()],
+        &["f32-ids.safetensors", "input_ids", "expected I64"],
+    );
+    // Wrong shape: position_ids with two planes.
+    let ids: Vec<u8> = [1i64, 2].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let pos: Vec<u8> = [0i64, 1, 0, 1]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let bad = dir.path().join("two-planes.safetensors");
+    write_st(
+        &bad,
+        vec![
+            ("input_ids", Dtype::I64, vec![2], ids.clone()),
+            ("position_ids", Dtype::I64, vec![2, 2], pos),
+        ],
+        &[
+            ("format", "hybrid-inputs/1"),
+            ("image_token_id", "1000"),
+            ("rope_delta", "0"),
+        ],
+    );
+    refuse(
+        &[&pack, bad.to_str().unwrap()],
+        &["two-planes.safetensors", "position_ids", "[3, 2]"],
+    );
+    // Ids outside the vocabulary.
+    let big: Vec<u8> = [1i64, 99_999]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let pos: Vec<u8> = [0i64, 1, 0, 1, 0, 1]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let bad = dir.path().join("big-id.safetensors");
+    write_st(
+        &bad,
+        vec![
+            ("input_ids", Dtype::I64, vec![2], big),
+            ("position_ids", Dtype::I64, vec![3, 2], pos),
+            ("image_embeds", Dtype::F32, vec![0, 128], vec![]),
+            ("deepstack", Dtype::F32, vec![3, 0, 128], vec![]),
+        ],
+        &[
+            ("format", "hybrid-inputs/1"),
+            ("image_token_id", "1021"),
+            ("rope_delta", "0"),
+        ],
+    );
+    refuse(
+        &[&pack, bad.to_str().unwrap()],
+        &["big-id.safetensors", "99999", "outside the vocabulary"],
+    );
+    // Not a safetensors file at all.
+    let bad = dir.path().join("garbage.safetensors");
+    std::fs::write(&bad, b"\xff\xff\xff\xff\xff\xff\xff\xffgarbage").unwrap();
+    refuse(&[&pack, bad.to_str().unwrap()], &["garbage.safetensors"]);
+    // Control: the good inputs pass.
+    let (code, out, err) = probe(&[
+        &pack,
+        &inputs,
+        "--reference",
+        &fixture("hd128", "reference.safetensors"),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+}

@@ -57,15 +57,14 @@ typedef int32_t xvl_status;
 #define XVL_ERR_CAPACITY 6    /* the rows do not fit in the KV cache */
 #define XVL_ERR_TOKEN 7       /* a token id is outside the vocabulary */
 #define XVL_ERR_INPUTS 8      /* row embeddings, planes, image rows or DeepStack sets refused */
-#define XVL_ERR_BACKEND 9     /* the GEMM backend failed */
-#define XVL_ERR_UNAVAILABLE 10 /* not part of this build (the device GEMM backend, for now) */
-#define XVL_ERR_PANIC 11      /* a panic was caught inside; the handle is unusable */
+#define XVL_ERR_BACKEND 9     /* the GEMM backend failed (device: runtime, designs, launch) */
+#define XVL_ERR_PANIC 10      /* a panic was caught inside; the handle is unusable */
 
 /* ---- option values --------------------------------------------------------------------------- */
 
 #define XVL_GEMM_HOST 0   /* GEMMs on the CPU */
-#define XVL_GEMM_DEVICE 1 /* GEMMs on the XDNA NPU (XVL_ERR_UNAVAILABLE in this build) */
-#define XVL_GEMM_AB 2     /* device, checked against the host (XVL_ERR_UNAVAILABLE in this build) */
+#define XVL_GEMM_DEVICE 1 /* GEMMs on the NPU runtime (i8 and q4 packs; needs designs_dir) */
+#define XVL_GEMM_AB 2     /* host and device GEMM by GEMM, the host's result used (xvl_ab_report) */
 
 #define XVL_KV_F32 0  /* KV cache in f32 */
 #define XVL_KV_BF16 1 /* KV cache in bf16: half the bytes */
@@ -85,8 +84,9 @@ typedef struct xvl_open_options {
     size_t capacity;          /* KV cache slots (longest prompt + generation); default 2048 */
     uint32_t threads;         /* worker threads; 0 (default) = one per available core */
     uint32_t kv_dtype;        /* XVL_KV_*; default XVL_KV_F32 */
-    const char *runtime_path; /* device GEMM: the XDNA runtime library; NULL = its default search */
-    const char *designs_dir;  /* device GEMM: directory of compiled GEMM designs; NULL = default */
+    const char *runtime_path; /* device/ab: the NPU runtime library; NULL = $XDNA_VL_RUNTIME, */
+                              /*   then the installed XRT shim (libxdna_vl_xrt.so) */
+    const char *designs_dir;  /* device/ab: designs directory with its manifest.json; required */
 } xvl_open_options;
 
 /* What xvl_step_batch_embeds needs beside the row embeddings. */
@@ -100,6 +100,14 @@ typedef struct xvl_hybrid {
     size_t deepstack_len;
     size_t deepstack_sets;    /* the pack's count (xvl_deepstack_sets) when there are image rows */
 } xvl_hybrid;
+
+/* How host and device compared so far on a handle opened with XVL_GEMM_AB. */
+typedef struct xvl_ab_stats {
+    uint64_t gemms;            /* GEMMs compared */
+    uint64_t differing_gemms;  /* GEMMs with at least one differing value */
+    uint64_t differing_values; /* values that differ at all (bitwise) */
+    float max_abs_diff;
+} xvl_ab_stats;
 
 /* ---- library --------------------------------------------------------------------------------- */
 
@@ -119,8 +127,8 @@ const char *xvl_last_error(void);
 xvl_status xvl_open_options_init(xvl_open_options *options);
 
 /* Opens the pack file at pack_path and builds a forward over it. On success *out is the new handle;
- * on failure *out is NULL. XVL_ERR_UNAVAILABLE for XVL_GEMM_DEVICE and XVL_GEMM_AB until the device
- * backend is part of the build. */
+ * on failure *out is NULL. With XVL_GEMM_DEVICE or XVL_GEMM_AB the runtime is opened and every weight
+ * uploaded here: a missing runtime or design, or an unquantized pack, is XVL_ERR_BACKEND. */
 xvl_status xvl_open(const char *pack_path, const xvl_open_options *options, xvl_forward **out);
 
 /* Frees a handle and its KV cache. NULL is ignored. */
@@ -134,6 +142,9 @@ xvl_status xvl_deepstack_sets(const xvl_forward *f, size_t *out); /* DeepStack s
 xvl_status xvl_capacity(const xvl_forward *f, size_t *out);       /* KV cache slots */
 xvl_status xvl_kv_bytes(const xvl_forward *f, size_t *out);       /* bytes the KV cache holds */
 xvl_status xvl_next_slot(const xvl_forward *f, size_t *out);      /* filled slots = next start */
+
+/* The host/device comparison so far; XVL_ERR_ARGUMENT unless the handle was opened with XVL_GEMM_AB. */
+xvl_status xvl_ab_report(const xvl_forward *f, xvl_ab_stats *out);
 
 /* ---- cache ----------------------------------------------------------------------------------- */
 

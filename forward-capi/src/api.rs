@@ -32,6 +32,18 @@ pub struct XvlHybrid {
     pub deepstack_sets: usize,
 }
 
+/// The C struct `xvl_ab_stats`: how the host and device GEMMs compared so far (XVL_GEMM_AB).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct XvlAbStats {
+    pub gemms: u64,
+    /// GEMMs with at least one differing value.
+    pub differing_gemms: u64,
+    /// Values that differ at all (bitwise).
+    pub differing_values: u64,
+    pub max_abs_diff: f32,
+}
+
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
 
 fn logits_kind(function: &str, which: u32) -> Result<Logits, CallError> {
@@ -237,6 +249,38 @@ pub unsafe extern "C" fn xvl_next_slot(f: *const XvlForward, out: *mut usize) ->
             Ok(h.lock("xvl_next_slot")?.next_slot())
         })
     }
+}
+
+/// How host and device compared so far, for a handle opened with `XVL_GEMM_AB`.
+///
+/// # Safety
+/// `f` NULL or an open handle; `out` NULL or valid for one write.
+#[no_mangle]
+pub unsafe extern "C" fn xvl_ab_report(f: *const XvlForward, out: *mut XvlAbStats) -> XvlStatus {
+    const F: &str = "xvl_ab_report";
+    guard(F, || {
+        // SAFETY: forwarded contract.
+        let h = unsafe { handle::from_ptr(F, f) }?;
+        let forward = h.lock(F)?;
+        let backend = forward.backend();
+        let r = backend.ab_report().ok_or_else(|| {
+            CallError::argument(
+                F,
+                format!(
+                    "the handle's GEMM backend is `{}`; only XVL_GEMM_AB compares host and device",
+                    backend.name()
+                ),
+            )
+        })?;
+        let report = XvlAbStats {
+            gemms: r.gemms,
+            differing_gemms: r.differing_gemms,
+            differing_values: r.differing_values,
+            max_abs_diff: r.max_abs_diff,
+        };
+        // SAFETY: forwarded contract.
+        unsafe { ffi_args::write_out(F, "out", out, report) }
+    })
 }
 
 /// Forgets every cache slot (the next step starts at slot 0).

@@ -3,7 +3,7 @@
 
 use crate::ffi_args;
 use crate::status::*;
-use forward::{BackendChoice, ForwardOptions, KvDtype};
+use forward::{BackendChoice, DeviceConfig, ForwardOptions, KvDtype};
 use std::ffi::c_char;
 use std::path::PathBuf;
 
@@ -22,9 +22,9 @@ pub struct XvlOpenOptions {
     pub threads: u32,
     /// `XVL_KV_F32` or `XVL_KV_BF16`.
     pub kv_dtype: u32,
-    /// Device backends: the XDNA runtime library; NULL = the runtime's default search.
+    /// Device backends: the NPU runtime library; NULL = `XDNA_VL_RUNTIME`, then the installed shim.
     pub runtime_path: *const c_char,
-    /// Device backends: the directory of compiled GEMM designs; NULL = the default.
+    /// Device backends: the designs directory (with its manifest.json); required by them.
     pub designs_dir: *const c_char,
 }
 
@@ -142,28 +142,43 @@ pub unsafe fn read(options: *const XvlOpenOptions) -> Result<OpenRequest, CallEr
     })
 }
 
-/// The forward's backend for a request. The device backends are refused until `forward` exposes
-/// one; the refusal names what was asked for so the caller can fall back to the host.
+/// Who holds the device, as other processes waiting for the device-hold ticket see it.
+const DEVICE_PROGRAM: &str = "libxdna_vl";
+
+/// The forward's backend for a request. The device backends need a designs directory; the runtime
+/// defaults to `XDNA_VL_RUNTIME`, then the installed XRT shim.
 pub fn backend_choice(gemm: GemmRequest) -> Result<BackendChoice, CallError> {
-    let (name, runtime_path, designs_dir) = match gemm {
+    type Choice = fn(DeviceConfig) -> BackendChoice;
+    let (name, choice, runtime_path, designs_dir): (_, Choice, _, _) = match gemm {
         GemmRequest::Host => return Ok(BackendChoice::Host),
         GemmRequest::Device {
             runtime_path,
             designs_dir,
-        } => ("device", runtime_path, designs_dir),
+        } => (
+            "XVL_GEMM_DEVICE",
+            BackendChoice::Device,
+            runtime_path,
+            designs_dir,
+        ),
         GemmRequest::Ab {
             runtime_path,
             designs_dir,
-        } => ("ab", runtime_path, designs_dir),
+        } => ("XVL_GEMM_AB", BackendChoice::Ab, runtime_path, designs_dir),
     };
-    let shown = |p: Option<PathBuf>| p.map_or("default".to_string(), |p| p.display().to_string());
-    Err(CallError::new(
-        XVL_ERR_UNAVAILABLE,
-        format!(
-            "xvl_open: GEMM backend `{name}` is not available in this build: the forward has no device \
-             backend yet (runtime_path = {}, designs_dir = {}); open with XVL_GEMM_HOST",
-            shown(runtime_path),
-            shown(designs_dir)
-        ),
-    ))
+    let Some(designs) = designs_dir else {
+        return Err(CallError::new(
+            XVL_ERR_NULL,
+            format!(
+                "xvl_open: `options.designs_dir` is NULL; {name} needs a designs directory with its \
+                 manifest.json (`npu-designs emu PACK -o DIR` writes one for the software NPU)"
+            ),
+        ));
+    };
+    let config = DeviceConfig {
+        runtime: runtime_path,
+        designs,
+        program: DEVICE_PROGRAM.into(),
+        ..DeviceConfig::default()
+    };
+    Ok(choice(config))
 }

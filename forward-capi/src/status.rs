@@ -24,10 +24,8 @@ pub const XVL_ERR_TOKEN: XvlStatus = 7;
 pub const XVL_ERR_INPUTS: XvlStatus = 8;
 /// The GEMM backend failed.
 pub const XVL_ERR_BACKEND: XvlStatus = 9;
-/// The feature is not part of this build (the device GEMM backend, for now).
-pub const XVL_ERR_UNAVAILABLE: XvlStatus = 10;
 /// A panic was caught inside the library; the handle is unusable (close it).
-pub const XVL_ERR_PANIC: XvlStatus = 11;
+pub const XVL_ERR_PANIC: XvlStatus = 10;
 
 /// `XVL_GEMM_*`: which GEMM backend `xvl_open` builds.
 pub const XVL_GEMM_HOST: u32 = 0;
@@ -54,7 +52,6 @@ pub const HEADER_DEFINES: &[(&str, i64)] = &[
     ("XVL_ERR_TOKEN", XVL_ERR_TOKEN as i64),
     ("XVL_ERR_INPUTS", XVL_ERR_INPUTS as i64),
     ("XVL_ERR_BACKEND", XVL_ERR_BACKEND as i64),
-    ("XVL_ERR_UNAVAILABLE", XVL_ERR_UNAVAILABLE as i64),
     ("XVL_ERR_PANIC", XVL_ERR_PANIC as i64),
     ("XVL_GEMM_HOST", XVL_GEMM_HOST as i64),
     ("XVL_GEMM_DEVICE", XVL_GEMM_DEVICE as i64),
@@ -78,7 +75,6 @@ pub fn status_name(status: XvlStatus) -> &'static str {
         XVL_ERR_TOKEN => "XVL_ERR_TOKEN\0",
         XVL_ERR_INPUTS => "XVL_ERR_INPUTS\0",
         XVL_ERR_BACKEND => "XVL_ERR_BACKEND\0",
-        XVL_ERR_UNAVAILABLE => "XVL_ERR_UNAVAILABLE\0",
         XVL_ERR_PANIC => "XVL_ERR_PANIC\0",
         _ => "XVL_UNKNOWN_STATUS\0",
     }

@@ -6,10 +6,13 @@ mod common;
 
 use common::Link;
 use forward::sampling::argmax;
-use forward::{BackendChoice, Forward, ForwardOptions, KvDtype, Logits, PromptInputs};
+use forward::stfile::StFile;
+use forward::{
+    BackendChoice, DeviceConfig, Forward, ForwardOptions, KvDtype, Logits, PromptInputs,
+};
 use packs::random::{write_random, RandomShape};
 use packs::{BuildOptions, Pack, QuantKind};
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,26 +31,65 @@ fn bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
+/// The GEMM backend of a run; the device ones on the software NPU.
+#[derive(Clone)]
+enum Gemm {
+    Host,
+    Device(DeviceConfig),
+    Ab(DeviceConfig),
+}
+
 /// One run's settings, shared by the C program and the Rust reference.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Run {
     greedy_steps: usize,
     capacity: usize,
     threads: usize,
     kv: KvDtype,
+    gemm: Gemm,
 }
 
 impl Run {
-    fn kv_arg(&self) -> &'static str {
-        match self.kv {
+    fn host(greedy_steps: usize, capacity: usize) -> Run {
+        Run {
+            greedy_steps,
+            capacity,
+            threads: 2,
+            kv: KvDtype::F32,
+            gemm: Gemm::Host,
+        }
+    }
+
+    /// prompt_run.c's arguments after LOGITS_OUT.
+    fn c_args(&self) -> Vec<OsString> {
+        let kv = match self.kv {
             KvDtype::F32 => "f32",
             KvDtype::Bf16 => "bf16",
+        };
+        let mut args: Vec<OsString> = vec![self.threads.to_string().into(), kv.into()];
+        let device = |name: &str, c: &DeviceConfig| -> Vec<OsString> {
+            let runtime = c.runtime.clone().expect("the software NPU's path");
+            vec![name.into(), runtime.into(), c.designs.clone().into()]
+        };
+        match &self.gemm {
+            Gemm::Host => args.push("host".into()),
+            Gemm::Device(c) => args.extend(device("device", c)),
+            Gemm::Ab(c) => args.extend(device("ab", c)),
+        }
+        args
+    }
+
+    fn backend(&self) -> BackendChoice {
+        match &self.gemm {
+            Gemm::Host => BackendChoice::Host,
+            Gemm::Device(c) => BackendChoice::Device(c.clone()),
+            Gemm::Ab(c) => BackendChoice::Ab(c.clone()),
         }
     }
 }
 
 /// The prompt file prompt_run.c reads (its layout is documented at the top of the C file).
-fn write_prompt_bin(p: &PromptInputs, run: Run, path: &Path) {
+fn write_prompt_bin(p: &PromptInputs, run: &Run, path: &Path) {
     let rows = p.rows();
     let n_img = p.image_rows().len();
     let mut out = b"XVLPRMT1".to_vec();
@@ -66,7 +108,7 @@ fn write_prompt_bin(p: &PromptInputs, run: Run, path: &Path) {
 }
 
 /// What prompt_run.c does, through the Rust API: its stdout and its logits file, to the byte.
-fn rust_run(pack: &Path, p: &PromptInputs, run: Run) -> (String, Vec<u8>) {
+fn rust_run(pack: &Path, p: &PromptInputs, run: &Run) -> (String, Vec<u8>) {
     let pack = Arc::new(Pack::open(pack).unwrap());
     let options = ForwardOptions {
         capacity: run.capacity,
@@ -74,7 +116,7 @@ fn rust_run(pack: &Path, p: &PromptInputs, run: Run) -> (String, Vec<u8>) {
         kv_dtype: run.kv,
         ..ForwardOptions::default()
     };
-    let mut f = Forward::new(&pack, BackendChoice::Host, options).unwrap();
+    let mut f = Forward::new(&pack, run.backend(), options).unwrap();
     let (hidden, vocab, sets) = {
         let s = f.semantics();
         (s.hidden_size, s.vocab_size, s.deepstack_sets)
@@ -127,6 +169,18 @@ fn rust_run(pack: &Path, p: &PromptInputs, run: Run) -> (String, Vec<u8>) {
     )
     .unwrap();
     all.extend(b);
+    if let Gemm::Ab(_) = run.gemm {
+        let r = f.backend().ab_report().expect("an ab backend reports");
+        writeln!(
+            text,
+            "ab gemms={} differing_gemms={} differing_values={} max_abs_diff_bits={:08x}",
+            r.gemms,
+            r.differing_gemms,
+            r.differing_values,
+            r.max_abs_diff.to_bits()
+        )
+        .unwrap();
+    }
     writeln!(text, "all fnv1a64={:016x}", fnv1a(FNV_START, &all)).unwrap();
     (text, all)
 }
@@ -164,21 +218,14 @@ fn tiny_prompt(shape: &RandomShape) -> PromptInputs {
 }
 
 /// Compiles prompt_run.c, runs it, and returns its stdout and logits file.
-fn c_run(exe: &Path, dir: &Path, pack: &Path, p: &PromptInputs, run: Run) -> (String, Vec<u8>) {
+fn c_run(exe: &Path, dir: &Path, pack: &Path, p: &PromptInputs, run: &Run) -> (String, Vec<u8>) {
     let prompt = dir.join("prompt.bin");
     let logits = dir.join("logits.f32");
     write_prompt_bin(p, run, &prompt);
-    let threads = run.threads.to_string();
-    let out = common::run(
-        exe,
-        &[
-            pack.as_os_str(),
-            prompt.as_os_str(),
-            logits.as_os_str(),
-            OsStr::new(&threads),
-            OsStr::new(run.kv_arg()),
-        ],
-    );
+    let mut args: Vec<OsString> = vec![pack.into(), prompt.into(), logits.clone().into()];
+    args.extend(run.c_args());
+    let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+    let out = common::run(exe, &args);
     (
         String::from_utf8(out.stdout).unwrap(),
         std::fs::read(&logits).unwrap(),
@@ -206,14 +253,9 @@ fn the_c_program_equals_the_rust_api_byte_for_byte_on_a_tiny_random_pack() {
     let dynamic = common::compile("prompt_run.c", dir.path(), Link::Dynamic);
     let stat = common::compile("prompt_run.c", dir.path(), Link::Static);
 
-    let run = Run {
-        greedy_steps: 6,
-        capacity: 32,
-        threads: 2,
-        kv: KvDtype::F32,
-    };
-    let rust = rust_run(&pack, &prompt, run);
-    let c = c_run(&dynamic, dir.path(), &pack, &prompt, run);
+    let run = Run::host(6, 32);
+    let rust = rust_run(&pack, &prompt, &run);
+    let c = c_run(&dynamic, dir.path(), &pack, &prompt, &run);
     println!("{}", c.0);
     assert_same("dynamic, f32 KV", &c, &rust);
 
@@ -224,17 +266,14 @@ fn the_c_program_equals_the_rust_api_byte_for_byte_on_a_tiny_random_pack() {
     let mut text_planes = prompt.clone();
     let rows = prompt.rows() as i64;
     text_planes.position_ids = (0..3).flat_map(|_| 0..rows).collect();
+    let bf16 = Run {
+        kv: KvDtype::Bf16,
+        ..run.clone()
+    };
     for (what, p, r) in [
-        ("DeepStack zeroed", &no_deepstack, run),
-        ("text planes", &text_planes, run),
-        (
-            "bf16 KV",
-            &prompt,
-            Run {
-                kv: KvDtype::Bf16,
-                ..run
-            },
-        ),
+        ("DeepStack zeroed", &no_deepstack, &run),
+        ("text planes", &text_planes, &run),
+        ("bf16 KV", &prompt, &bf16),
     ] {
         let planted = rust_run(&pack, p, r);
         let prefill_or_all = |s: &str| s.lines().last().unwrap_or("").to_string();
@@ -246,22 +285,21 @@ fn the_c_program_equals_the_rust_api_byte_for_byte_on_a_tiny_random_pack() {
     }
 
     // The static library, with a bf16 KV cache and one thread.
-    let run = Run {
-        kv: KvDtype::Bf16,
-        threads: 1,
-        ..run
-    };
-    let rust = rust_run(&pack, &prompt, run);
-    let c = c_run(&stat, dir.path(), &pack, &prompt, run);
+    let run = Run { threads: 1, ..bf16 };
+    let rust = rust_run(&pack, &prompt, &run);
+    let c = c_run(&stat, dir.path(), &pack, &prompt, &run);
     assert_same("static, bf16 KV", &c, &rust);
 }
 
-/// The bundled transformers fixture (a Qwen3-VL with head_dim 128), built to a pack here.
-#[ignore = "tests/fixtures/hd128 has not landed yet"]
+/// The bundled transformers fixture (a Qwen3-VL with head_dim 128, one image of 12 rows, 3 DeepStack
+/// sets) built to an f32 pack here: the C run equals the Rust API's, and its greedy ids are
+/// transformers' (the reference's 8 ids: the prompt's argmax and 7 steps).
 #[test]
 fn the_c_program_equals_the_rust_api_on_the_bundled_fixture() {
     let case = common::crate_dir().join("../tests/fixtures/hd128");
     let inputs = PromptInputs::open(case.join("inputs.safetensors")).expect("fixture inputs");
+    let reference = StFile::open(case.join("reference.safetensors")).expect("fixture reference");
+    let (reference_ids, _) = reference.i64("greedy_ids", 1).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let pack = dir.path().join("hd128.pack");
     packs::build_from_hf(
@@ -270,15 +308,60 @@ fn the_c_program_equals_the_rust_api_on_the_bundled_fixture() {
         &BuildOptions::new(QuantKind::F32),
     )
     .expect("fixture pack");
-    let run = Run {
-        greedy_steps: 8,
-        capacity: inputs.rows() + 16,
-        threads: 2,
-        kv: KvDtype::F32,
-    };
+    let run = Run::host(reference_ids.len() - 1, inputs.rows() + 16);
     let exe = common::compile("prompt_run.c", dir.path(), Link::Dynamic);
-    let rust = rust_run(&pack, &inputs, run);
-    let c = c_run(&exe, dir.path(), &pack, &inputs, run);
+    let rust = rust_run(&pack, &inputs, &run);
+    let c = c_run(&exe, dir.path(), &pack, &inputs, &run);
     println!("{}", c.0);
     assert_same("hd128 fixture", &c, &rust);
+    let ids: Vec<String> = reference_ids.iter().map(|i| i.to_string()).collect();
+    let expected = format!("ids {}", ids.join(" "));
+    assert!(
+        c.0.lines().any(|l| l == expected),
+        "C greedy ids differ from transformers' ({expected})"
+    );
+}
+
+/// XVL_GEMM_DEVICE and XVL_GEMM_AB on the software NPU: an i8 pack, the C run equal to the Rust
+/// API's with the same backend, and the C side's ab report showing the device ran every GEMM.
+#[test]
+fn the_c_program_equals_the_rust_api_on_the_device_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let shape = RandomShape::tiny();
+    let pack_path = dir.path().join("tiny-i8.pack");
+    write_random(&shape, QuantKind::I8, 11, &pack_path).unwrap();
+    let pack = Pack::open(&pack_path).unwrap();
+    let designs = dir.path().join("designs");
+    let plan = npu_sys::plan::plan_pack(&pack).unwrap();
+    npu_sys::designs::write_emu_designs(&designs, &plan.geometries()).unwrap();
+    let config = DeviceConfig {
+        runtime: Some(common::lib_dir().join("libnpu_emu.so")),
+        designs,
+        program: "forward-capi-tests".into(),
+        ..DeviceConfig::default()
+    };
+    let prompt = tiny_prompt(&shape);
+    let exe = common::compile("prompt_run.c", dir.path(), Link::Dynamic);
+    for gemm in [Gemm::Device(config.clone()), Gemm::Ab(config.clone())] {
+        let run = Run {
+            gemm,
+            ..Run::host(4, 32)
+        };
+        let rust = rust_run(&pack_path, &prompt, &run);
+        let c = c_run(&exe, dir.path(), &pack_path, &prompt, &run);
+        println!("{}", c.0);
+        assert_same("software NPU", &c, &rust);
+        if let Gemm::Ab(_) = run.gemm {
+            // 2 layers x 7 projections + the head, per prefill, step and text batch.
+            let line = c.0.lines().find(|l| l.starts_with("ab ")).unwrap();
+            let gemms: u64 = line["ab gemms=".len()..]
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert_eq!(gemms, 15 * (1 + 4 + 1), "{line}");
+            assert!(line.contains("differing_values=0"), "{line}");
+        }
+    }
 }

@@ -8,7 +8,7 @@ mod common;
 use common::Link;
 use std::collections::BTreeMap;
 use std::process::Command;
-use xdna_vl::{XvlHybrid, XvlOpenOptions, HEADER_DEFINES};
+use xdna_vl::{XvlAbStats, XvlHybrid, XvlOpenOptions, HEADER_DEFINES};
 
 /// name -> (return type, parameter types), types normalized (`const char*`, `size_t`, ...).
 type Signatures = BTreeMap<String, (String, Vec<String>)>;
@@ -114,6 +114,7 @@ fn rust_type_to_c(t: &str) -> String {
         "XvlForward" => "xvl_forward",
         "XvlOpenOptions" => "xvl_open_options",
         "XvlHybrid" => "xvl_hybrid",
+        "XvlAbStats" => "xvl_ab_stats",
         other => panic!("src/api.rs uses {other:?} at the C boundary; teach this test its C name"),
     }
     .to_string()
@@ -197,7 +198,7 @@ fn exported_symbols() -> Vec<String> {
 fn header_prototypes_equal_the_rust_definitions_and_the_exported_symbols() {
     let header = header_signatures(&header_text());
     let rust = rust_signatures(&api_text());
-    assert_eq!(header.len(), 18, "prototypes parsed: {:?}", header.keys());
+    assert_eq!(header.len(), 19, "prototypes parsed: {:?}", header.keys());
     let diffs = compare("xdna_vl.h", &header, "src/api.rs", &rust);
     assert!(diffs.is_empty(), "header vs Rust:\n{}", diffs.join("\n"));
 
@@ -334,7 +335,12 @@ fn struct_layouts_and_linked_functions_agree_with_the_c_compiler() {
             deepstack_sets
         ]
     );
-    assert_eq!(checked, 15);
+    layout!(
+        XvlAbStats,
+        "xvl_ab_stats",
+        [gemms, differing_gemms, differing_values, max_abs_diff]
+    );
+    assert_eq!(checked, 19);
     // Every field C printed was compared (a field added to the header but not here is caught).
     let printed_fields = c.keys().filter(|k| k.contains('.')).count();
     assert_eq!(

@@ -88,13 +88,14 @@ int main(int argc, char **argv) {
     EXPECT(xvl_open(pack, &bad, &f), XVL_ERR_ARGUMENT, "capacity must be at least 1");
     bad = opts;
     bad.gemm = XVL_GEMM_DEVICE;
-    EXPECT(xvl_open(pack, &bad, &f), XVL_ERR_UNAVAILABLE, "GEMM backend `device` is not available");
+    EXPECT(xvl_open(pack, &bad, &f), XVL_ERR_NULL, "`options.designs_dir` is NULL; XVL_GEMM_DEVICE needs");
     EXPECT_TRUE(f == NULL);
     bad.gemm = XVL_GEMM_AB;
-    bad.runtime_path = "/opt/xilinx/xrt/lib/libxrt_coreutil.so";
+    EXPECT(xvl_open(pack, &bad, &f), XVL_ERR_NULL, "XVL_GEMM_AB needs a designs directory");
+    bad.runtime_path = "/nonexistent/libruntime.so";
     bad.designs_dir = "/nowhere/designs";
-    EXPECT(xvl_open(pack, &bad, &f), XVL_ERR_UNAVAILABLE, "runtime_path = /opt/xilinx/xrt/lib/libxrt_coreutil.so");
-    EXPECT(xvl_open(pack, &bad, &f), XVL_ERR_UNAVAILABLE, "designs_dir = /nowhere/designs");
+    EXPECT(xvl_open(pack, &bad, &f), XVL_ERR_BACKEND, "/nowhere/designs");
+    EXPECT_TRUE(f == NULL);
     EXPECT(xvl_open("/nonexistent/x.pack", &opts, &f), XVL_ERR_PACK, "/nonexistent/x.pack");
     EXPECT(xvl_open(not_a_pack, &opts, &f), XVL_ERR_PACK, not_a_pack);
     EXPECT_TRUE(f == NULL);
@@ -115,6 +116,10 @@ int main(int argc, char **argv) {
     EXPECT(xvl_next_slot(NULL, &slot), XVL_ERR_NULL, "`f` is NULL");
     EXPECT(xvl_reset(NULL), XVL_ERR_NULL, "xvl_reset: `f` is NULL");
     EXPECT(xvl_truncate(NULL, 0), XVL_ERR_NULL, "xvl_truncate: `f` is NULL");
+    xvl_ab_stats report;
+    EXPECT(xvl_ab_report(f, &report), XVL_ERR_ARGUMENT, "GEMM backend is `host`; only XVL_GEMM_AB");
+    EXPECT(xvl_ab_report(f, NULL), XVL_ERR_ARGUMENT, "only XVL_GEMM_AB");
+    EXPECT(xvl_ab_report(NULL, &report), XVL_ERR_NULL, "xvl_ab_report: `f` is NULL");
 
     /* A handle-shaped pointer that is not a handle. */
     static uint64_t not_a_handle[16];

@@ -28,6 +28,11 @@ int main(void) {
     FIELD(xvl_hybrid, deepstack);
     FIELD(xvl_hybrid, deepstack_len);
     FIELD(xvl_hybrid, deepstack_sets);
+    printf("xvl_ab_stats %zu %zu\n", sizeof(xvl_ab_stats), _Alignof(xvl_ab_stats));
+    FIELD(xvl_ab_stats, gemms);
+    FIELD(xvl_ab_stats, differing_gemms);
+    FIELD(xvl_ab_stats, differing_values);
+    FIELD(xvl_ab_stats, max_abs_diff);
 
     /* Every declared function, linked. */
     any_fn fns[] = {
@@ -35,6 +40,7 @@ int main(void) {
         (any_fn)xvl_open_options_init, (any_fn)xvl_open,         (any_fn)xvl_close,
         (any_fn)xvl_hidden_size,    (any_fn)xvl_vocab_size,      (any_fn)xvl_deepstack_sets,
         (any_fn)xvl_capacity,       (any_fn)xvl_kv_bytes,        (any_fn)xvl_next_slot,
+        (any_fn)xvl_ab_report,
         (any_fn)xvl_reset,          (any_fn)xvl_truncate,        (any_fn)xvl_embed_row,
         (any_fn)xvl_step,           (any_fn)xvl_step_batch,      (any_fn)xvl_step_batch_embeds,
     };

@@ -5,7 +5,7 @@
  * cache slot rows + i and rotary position max(planes) + 1 + i; then the greedy ids again as a text
  * batch.
  *
- * usage: prompt_run PACK PROMPT_BIN LOGITS_OUT THREADS KV(f32|bf16)
+ * usage: prompt_run PACK PROMPT_BIN LOGITS_OUT THREADS KV(f32|bf16) GEMM(host|device|ab) [RUNTIME DESIGNS]
  *
  * PROMPT_BIN (little-endian, written by the Rust test):
  *   char magic[8] = "XVLPRMT1"
@@ -15,7 +15,8 @@
  *
  * LOGITS_OUT gets every logit the run produced, as raw f32: the prefill's rows x vocab, then each
  * greedy step's vocab, then the text batch's rows x vocab. stdout gets FNV-1a 64 checksums of those
- * bytes, the greedy ids and the cache facts; the Rust test compares both with the Rust API's run.
+ * bytes, the greedy ids, the cache facts and (ab) the host/device comparison; the Rust test compares
+ * both with the Rust API's run.
  */
 #include "xdna_vl.h"
 
@@ -80,7 +81,8 @@ static uint64_t emit(const float *logits, size_t n) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) die("usage: prompt_run PACK PROMPT_BIN LOGITS_OUT THREADS KV(f32|bf16)");
+    if (argc != 7 && argc != 9)
+        die("usage: prompt_run PACK PROMPT_BIN LOGITS_OUT THREADS KV(f32|bf16) GEMM(host|device|ab) [RUNTIME DESIGNS]");
     const uint16_t one = 1;
     if (*(const unsigned char *)&one != 1) die("the prompt file is little-endian; this host is not");
 
@@ -102,6 +104,12 @@ int main(int argc, char **argv) {
     opts.capacity = capacity;
     opts.threads = (uint32_t)atoi(argv[4]);
     opts.kv_dtype = strcmp(argv[5], "bf16") == 0 ? XVL_KV_BF16 : XVL_KV_F32;
+    const int ab = strcmp(argv[6], "ab") == 0;
+    opts.gemm = ab ? XVL_GEMM_AB : strcmp(argv[6], "device") == 0 ? XVL_GEMM_DEVICE : XVL_GEMM_HOST;
+    if (argc == 9) {
+        opts.runtime_path = argv[7];
+        opts.designs_dir = argv[8];
+    }
     xvl_forward *f = NULL;
     CHECK(xvl_open(argv[1], &opts, &f));
 
@@ -180,6 +188,15 @@ int main(int argc, char **argv) {
                          (greedy_steps + 1) * vocab));
     printf("text rows=%zu fnv1a64=%016" PRIx64 "\n", greedy_steps + 1,
            emit(logits, (greedy_steps + 1) * vocab));
+    if (ab) {
+        xvl_ab_stats report;
+        CHECK(xvl_ab_report(f, &report));
+        uint32_t bits;
+        memcpy(&bits, &report.max_abs_diff, sizeof bits);
+        printf("ab gemms=%" PRIu64 " differing_gemms=%" PRIu64 " differing_values=%" PRIu64
+               " max_abs_diff_bits=%08" PRIx32 "\n",
+               report.gemms, report.differing_gemms, report.differing_values, bits);
+    }
     printf("all fnv1a64=%016" PRIx64 "\n", all_sum);
 
     xvl_close(f);

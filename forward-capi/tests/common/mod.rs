@@ -127,10 +127,15 @@ pub fn pkg_config() -> PkgConfig {
 /// Compiles one C program from tests/c with warnings as errors, linked the given way through the
 /// flags of the rendered pkg-config file.
 pub fn compile(source: &str, out_dir: &Path, link: Link) -> PathBuf {
+    compile_path(&c_source(source), out_dir, link)
+}
+
+/// As `compile`, for a C file anywhere.
+pub fn compile_path(source: &Path, out_dir: &Path, link: Link) -> PathBuf {
     let pc = pkg_config();
+    let stem = source.file_stem().expect("a C file name").to_string_lossy();
     let exe = out_dir.join(format!(
-        "{}-{}",
-        source.trim_end_matches(".c"),
+        "{stem}-{}",
         match link {
             Link::Dynamic => "dynamic",
             Link::Static => "static",
@@ -140,13 +145,14 @@ pub fn compile(source: &str, out_dir: &Path, link: Link) -> PathBuf {
     cmd.args([
         "-std=c11",
         "-O1",
+        "-pthread",
         "-Wall",
         "-Wextra",
         "-Werror",
         "-pedantic",
     ])
     .args(&pc.cflags)
-    .arg(c_source(source))
+    .arg(source)
     .arg("-o")
     .arg(&exe);
     match link {
@@ -163,7 +169,8 @@ pub fn compile(source: &str, out_dir: &Path, link: Link) -> PathBuf {
         .unwrap_or_else(|e| panic!("cannot run the C compiler {:?}: {e}", c_compiler()));
     assert!(
         output.status.success(),
-        "compiling {source} ({link:?}) failed: {cmd:?}\n{}",
+        "compiling {} ({link:?}) failed: {cmd:?}\n{}",
+        source.display(),
         String::from_utf8_lossy(&output.stderr)
     );
     exe

@@ -20,6 +20,12 @@ pub struct XvlForward {
     pub kv_bytes: usize,
 }
 
+// The header promises a handle may be used from any thread: the compiler must agree.
+const _: () = {
+    const fn shareable<T: Send + Sync>() {}
+    shareable::<XvlForward>();
+};
+
 impl XvlForward {
     pub fn new(forward: Forward) -> XvlForward {
         let sem = forward.semantics();

@@ -457,24 +457,25 @@ pub unsafe extern "C" fn xvl_step_batch_embeds(
         let needed = logits_needed(F, h, rows, which)?;
         ffi_args::check_output(F, "logits", logits, logits_len, needed)?;
         // The forward owns its hybrid inputs; copying them is small next to the step itself.
-        // SAFETY (the three inputs below): NULL only with length 0, else readable for the length, by
-        // the caller's contract.
+        // Each array: NULL only with length 0, else readable for its length (the caller's contract).
         let planes = if hy.planes.is_null() && hy.planes_len == 0 {
             None
         } else {
-            Some(unsafe { ffi_args::input(F, "hybrid.planes", hy.planes, hy.planes_len) }?.to_vec())
+            // SAFETY: `hybrid.planes` readable for `planes_len` i64 by the caller's contract.
+            let p = unsafe { ffi_args::input(F, "hybrid.planes", hy.planes, hy.planes_len) }?;
+            Some(p.to_vec())
         };
+        // SAFETY: `hybrid.image_rows` readable for `image_rows_len` size_t by the caller's contract.
         let image_rows =
-            unsafe { ffi_args::input(F, "hybrid.image_rows", hy.image_rows, hy.image_rows_len) }?
-                .to_vec();
+            unsafe { ffi_args::input(F, "hybrid.image_rows", hy.image_rows, hy.image_rows_len) }?;
+        // SAFETY: `hybrid.deepstack` readable for `deepstack_len` floats by the caller's contract.
         let deepstack =
-            unsafe { ffi_args::input(F, "hybrid.deepstack", hy.deepstack, hy.deepstack_len) }?
-                .to_vec();
+            unsafe { ffi_args::input(F, "hybrid.deepstack", hy.deepstack, hy.deepstack_len) }?;
         let inputs = HybridInputs {
             planes,
             start_pos: hy.start_pos,
-            image_rows,
-            deepstack,
+            image_rows: image_rows.to_vec(),
+            deepstack: deepstack.to_vec(),
             deepstack_sets: hy.deepstack_sets,
         };
         let mut forward = h.lock(F)?;

@@ -450,8 +450,22 @@ impl Forward {
         Ok(())
     }
 
-    /// The decoder over `rows` rows already embedded in `x`. The KV cache advances only on success.
+    /// Runs the step on a thread of the persistent pool: each GEMM and attention inside then forks
+    /// from a pool thread (a few microseconds) instead of entering the pool from outside (tens).
     fn run(
+        &mut self,
+        x: &mut [f32],
+        rows: usize,
+        hybrid: &HybridInputs,
+        start_slot: usize,
+        which: Logits,
+    ) -> Result<(), ForwardError> {
+        let pool = Arc::clone(&self.pool);
+        pool.install(|| self.run_on_pool(x, rows, hybrid, start_slot, which))
+    }
+
+    /// The decoder over `rows` rows already embedded in `x`. The KV cache advances only on success.
+    fn run_on_pool(
         &mut self,
         x: &mut [f32],
         rows: usize,

@@ -308,44 +308,56 @@ fn panel_rows<const C: usize>(j0: usize, nb: usize) -> [usize; C] {
 }
 
 // ---------------------------------------------------------------------------------------------
-// i8: register tiles of R activation rows x C weight rows (R * C = 8), over the whole K.
+// i8: register tiles of R activation rows x C weight rows over the whole K. Few rows: one weight row
+// at a time (each thread streams its rows front to back); many rows: 4 x 2 tiles.
 
-/// The exact i8 dots of R rows by C weight rows; element `r * C + c`. `a` and `w` rows hold `k` codes.
+/// Sum of the 8 lanes.
+#[inline(always)]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// The exact i8 dots of R rows by C weight rows; element `r * C + c`. `a` and `w` rows hold `k` codes;
+/// `offsets[r]` is row r's code sum over the SIMD part of K.
 #[inline(always)]
 unsafe fn i8_tile<D: Dot, const R: usize, const C: usize>(
     a: [&[i8]; R],
     w: [&[i8]; C],
     k: usize,
     offsets: [i32; R],
-) -> [i32; 8] {
-    debug_assert_eq!(R * C, 8);
+) -> [[i32; C]; R] {
     let steps = k / SIMD_BYTES;
     let mut acc = [[_mm256_setzero_si256(); C]; R];
     for s in 0..steps {
         let off = s * SIMD_BYTES;
-        let wv: [__m256i; C] =
-            std::array::from_fn(|c| _mm256_loadu_si256(w[c].as_ptr().add(off) as *const __m256i));
-        let wu: [__m256i; C] = std::array::from_fn(|c| D::i8_weight(wv[c]));
-        for r in 0..R {
-            let av = _mm256_loadu_si256(a[r].as_ptr().add(off) as *const __m256i);
-            for c in 0..C {
-                acc[r][c] = D::i8_dot(acc[r][c], wu[c], wv[c], av);
+        for c in 0..C {
+            let wv = _mm256_loadu_si256(w[c].as_ptr().add(off) as *const __m256i);
+            let wu = D::i8_weight(wv);
+            for r in 0..R {
+                let av = _mm256_loadu_si256(a[r].as_ptr().add(off) as *const __m256i);
+                acc[r][c] = D::i8_dot(acc[r][c], wu, wv, av);
             }
         }
     }
-    let flat: [__m256i; 8] = std::array::from_fn(|p| acc[p / C][p % C]);
-    let mut sums = [0i32; 8];
-    _mm256_storeu_si256(sums.as_mut_ptr() as *mut __m256i, reduce8(flat));
     let tail = steps * SIMD_BYTES;
-    for (p, s) in sums.iter_mut().enumerate() {
-        let (r, c) = (p / C, p % C);
-        *s -= D::I8_OFFSET * offsets[r];
-        for j in tail..k {
-            *s += a[r][j] as i32 * w[c][j] as i32;
+    let mut sums = [[0i32; C]; R];
+    for r in 0..R {
+        for c in 0..C {
+            let mut v = hsum_epi32(acc[r][c]) - D::I8_OFFSET * offsets[r];
+            for j in tail..k {
+                v += a[r][j] as i32 * w[c][j] as i32;
+            }
+            sums[r][c] = v;
         }
     }
     sums
 }
+
+/// Rows at which i8 switches from one weight row at a time to 4 x 2 tiles.
+const I8_TILE_ROWS: usize = 4;
 
 #[inline(always)]
 unsafe fn i8_block<D: Dot>(
@@ -358,35 +370,35 @@ unsafe fn i8_block<D: Dot>(
     let (rows, nb) = (out.len(), out[0].len());
     let wrow = |j: usize| &codes[j * k..(j + 1) * k];
     let offset = |r: usize| acts.sums(r)[0];
-    for j0 in (0..nb).step_by(PANEL) {
-        let js = panel_rows::<PANEL>(j0, nb);
-        let mut r = 0;
-        // Pairs of rows: two 2x4 tiles cover the panel.
-        while r + 2 <= rows {
-            for half in 0..2 {
-                let jh: [usize; 4] = std::array::from_fn(|c| js[4 * half + c]);
-                let acc = i8_tile::<D, 2, 4>(
-                    [acts.codes(r), acts.codes(r + 1)],
-                    jh.map(wrow),
-                    k,
-                    [offset(r), offset(r + 1)],
-                );
-                for (p, &v) in acc.iter().enumerate() {
-                    let (rr, j) = (r + p / 4, j0 + 4 * half + p % 4);
-                    if j < nb {
-                        out[rr][j] = quant::finish_i8(v, acts.scale(rr), scales[j]);
-                    }
-                }
+    if rows < I8_TILE_ROWS {
+        for j in 0..nb {
+            for (r, o) in out.iter_mut().enumerate() {
+                let [[acc]] = i8_tile::<D, 1, 1>([acts.codes(r)], [wrow(j)], k, [offset(r)]);
+                o[j] = quant::finish_i8(acc, acts.scale(r), scales[j]);
             }
-            r += 2;
         }
-        if r < rows {
-            let acc = i8_tile::<D, 1, 8>([acts.codes(r)], js.map(wrow), k, [offset(r)]);
-            for (c, &v) in acc.iter().enumerate() {
-                if j0 + c < nb {
-                    out[r][j0 + c] = quant::finish_i8(v, acts.scale(r), scales[j0 + c]);
+        return;
+    }
+    for j0 in (0..nb).step_by(2) {
+        let js = panel_rows::<2>(j0, nb);
+        let live = (nb - j0).min(2);
+        let mut r = 0;
+        while r < rows {
+            // A short last tile repeats its last row.
+            let rs: [usize; I8_TILE_ROWS] = std::array::from_fn(|i| (r + i).min(rows - 1));
+            let acc = i8_tile::<D, I8_TILE_ROWS, 2>(
+                rs.map(|rr| acts.codes(rr)),
+                js.map(wrow),
+                k,
+                rs.map(offset),
+            );
+            for (i, accs) in acc.iter().enumerate().take(rows - r) {
+                for c in 0..live {
+                    let j = j0 + c;
+                    out[r + i][j] = quant::finish_i8(accs[c], acts.scale(r + i), scales[j]);
                 }
             }
+            r += I8_TILE_ROWS;
         }
     }
 }
@@ -394,7 +406,12 @@ unsafe fn i8_block<D: Dot>(
 // ---------------------------------------------------------------------------------------------
 // q4, few rows: each row against a panel of 8 weight rows, 8 groups at a time.
 
-/// The scaled group sums (before `finish_q4`) of one activation row against 8 weight rows.
+/// Blocks of 8 groups whose products one pass buffers (K up to 32 * 256 = 8192 per pass).
+const Q4_SEGMENT: usize = 32;
+
+/// The scaled group sums (before `finish_q4`) of one activation row against 8 weight rows. Each
+/// weight row is read front to back; its products (lanes = 8 groups) are buffered, then transposed
+/// so that lanes are weight rows and added group by group in ascending order.
 #[inline(always)]
 unsafe fn q4_row_panel<D: Dot>(
     a: &[i8],
@@ -405,26 +422,30 @@ unsafe fn q4_row_panel<D: Dot>(
 ) -> [f32; PANEL] {
     let mut sum = _mm256_setzero_ps();
     let blocks = groups / 8;
-    for b in 0..blocks {
-        let g0 = 8 * b;
-        let corr_v = _mm256_loadu_si256(corr.as_ptr().add(g0) as *const __m256i);
-        let mut prod = [_mm256_setzero_ps(); PANEL];
+    let mut prod = [[_mm256_setzero_ps(); PANEL]; Q4_SEGMENT];
+    for seg in (0..blocks).step_by(Q4_SEGMENT) {
+        let seg_blocks = (blocks - seg).min(Q4_SEGMENT);
         for c in 0..PANEL {
-            // Lane g: the exact dot of group g0 + g.
-            let v: [__m256i; 8] = std::array::from_fn(|g| {
-                let u = expand_q4(w[c].as_ptr().add((g0 + g) * Q4_GROUP / 2));
-                let av = _mm256_loadu_si256(a.as_ptr().add((g0 + g) * Q4_GROUP) as *const __m256i);
-                D::u4_dot(_mm256_setzero_si256(), u, av)
-            });
-            let dots = _mm256_sub_epi32(reduce8(v), corr_v);
-            prod[c] = _mm256_mul_ps(
-                _mm256_cvtepi32_ps(dots),
-                bf16x8_to_ps(s[c].as_ptr().add(g0)),
-            );
+            for b in 0..seg_blocks {
+                let g0 = 8 * (seg + b);
+                let mut v = [_mm256_setzero_si256(); 8];
+                for g in 0..8 {
+                    let u = expand_q4(w[c].as_ptr().add((g0 + g) * Q4_GROUP / 2));
+                    let ap = a.as_ptr().add((g0 + g) * Q4_GROUP) as *const __m256i;
+                    v[g] = D::u4_dot(_mm256_setzero_si256(), u, _mm256_loadu_si256(ap));
+                }
+                // Lane g: the exact dot of group g0 + g.
+                let corr_v = _mm256_loadu_si256(corr.as_ptr().add(g0) as *const __m256i);
+                let dots = _mm256_sub_epi32(reduce8(v), corr_v);
+                let scale = bf16x8_to_ps(s[c].as_ptr().add(g0));
+                prod[b][c] = _mm256_mul_ps(_mm256_cvtepi32_ps(dots), scale);
+            }
         }
-        // Lanes become weight rows; add the 8 groups in ascending order.
-        for t in transpose8(prod) {
-            sum = _mm256_add_ps(sum, t);
+        // Lanes become weight rows; add the groups in ascending order.
+        for p in prod.iter().take(seg_blocks) {
+            for t in transpose8(*p) {
+                sum = _mm256_add_ps(sum, t);
+            }
         }
     }
     let mut sums = [0f32; PANEL];
@@ -503,11 +524,11 @@ unsafe fn q4_pack_panel(
 ) {
     let groups = k / Q4_GROUP;
     for g in 0..groups {
-        let e: [__m256; PANEL] = std::array::from_fn(|c| {
-            _mm256_castsi256_ps(expand_q4(
-                codes.as_ptr().add(js[c] * k / 2 + g * Q4_GROUP / 2),
-            ))
-        });
+        let mut e = [_mm256_setzero_ps(); PANEL];
+        for c in 0..PANEL {
+            let p = codes.as_ptr().add(js[c] * k / 2 + g * Q4_GROUP / 2);
+            e[c] = _mm256_castsi256_ps(expand_q4(p));
+        }
         // Chunk j (4 codes) of every row side by side.
         for (j, t) in transpose8(e).into_iter().enumerate() {
             _mm256_storeu_ps(wp.as_mut_ptr().add(g * 256 + 32 * j) as *mut f32, t);
@@ -559,20 +580,22 @@ unsafe fn q4_block_packed<D: Dot>(
     if groups == 0 {
         return q4_block_rows::<D>(codes, scales, k, acts, out);
     }
-    Q4_PANEL.with(|cell| {
-        let (wp, sp) = &mut *cell.borrow_mut();
+    // The buffers leave the thread-local while the kernel runs: no SIMD code inside a closure
+    // (closures do not inherit the entry point's target features).
+    let (mut wp, mut sp) = Q4_PANEL.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    {
         wp.resize(groups * 256, 0);
         sp.resize(groups * PANEL, 0.0);
         for j0 in (0..nb).step_by(PANEL) {
             let js = panel_rows::<PANEL>(j0, nb);
-            q4_pack_panel(codes, scales, k, js, wp, sp);
+            q4_pack_panel(codes, scales, k, js, &mut wp, &mut sp);
             let live = (nb - j0).min(PANEL);
             let mut r = 0;
             while r + Q4_TILE_ROWS <= rows {
                 let a: [&[i8]; Q4_TILE_ROWS] = std::array::from_fn(|i| acts.codes(r + i));
                 let corr: [&[i32]; Q4_TILE_ROWS] = std::array::from_fn(|i| acts.sums(r + i));
                 let s: [f32; Q4_TILE_ROWS] = std::array::from_fn(|i| acts.scale(r + i));
-                let done = q4_packed_tile::<D, Q4_TILE_ROWS>(wp, sp, a, corr, s, groups);
+                let done = q4_packed_tile::<D, Q4_TILE_ROWS>(&wp, &sp, a, corr, s, groups);
                 for (i, d) in done.iter().enumerate() {
                     out[r + i][j0..j0 + live].copy_from_slice(&d[..live]);
                 }
@@ -580,8 +603,8 @@ unsafe fn q4_block_packed<D: Dot>(
             }
             while r < rows {
                 let [d] = q4_packed_tile::<D, 1>(
-                    wp,
-                    sp,
+                    &wp,
+                    &sp,
                     [acts.codes(r)],
                     [acts.sums(r)],
                     [acts.scale(r)],
@@ -591,7 +614,8 @@ unsafe fn q4_block_packed<D: Dot>(
                 r += 1;
             }
         }
-    });
+    }
+    Q4_PANEL.with(|cell| *cell.borrow_mut() = (wp, sp));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -305,6 +305,11 @@ impl Forward {
     ) -> Result<&[f32], ForwardError> {
         let hidden = self.sem.hidden_size;
         let rows = tokens.len();
+        if rows == 0 {
+            return Err(ForwardError::Options(
+                "step_batch needs at least one token".into(),
+            ));
+        }
         for (row, &token) in tokens.iter().enumerate() {
             if token as usize >= self.sem.vocab_size {
                 return Err(ForwardError::TokenOutOfVocab {

@@ -205,3 +205,20 @@ fn bf16_kv_cache_halves_memory_at_a_small_cost() {
     assert!(worst > 0.0, "bf16 rounding must show");
     assert!(worst < 0.05, "bf16 KV cost too large: {worst}");
 }
+
+#[test]
+fn an_empty_batch_is_refused() {
+    let (_d, pack) = tiny_pack(QuantKind::F32, true);
+    let mut f = fwd(&pack, 8);
+    let e = f
+        .step_batch(&[], 0, 0, Logits::AllRows)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("at least one token"), "{e}");
+    let e = f
+        .step_batch_embeds(&[], &HybridInputs::text(0), 0, Logits::AllRows)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a positive multiple"), "{e}");
+    assert_eq!(f.next_slot(), 0);
+}

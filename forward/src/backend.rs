@@ -53,6 +53,21 @@ pub trait GemmBackend: Send {
         y: &mut [f32],
     ) -> Result<(), BackendError>;
 
+    /// Several weights applied to the same input (q/k/v, gate/up): `ys[i] = x · ws[i]ᵀ`. A device
+    /// backend quantizes the input once and keeps every run in flight before it waits.
+    fn gemm_group(
+        &mut self,
+        ws: &[WeightRef<'_>],
+        x: &[f32],
+        rows: usize,
+        ys: &mut [&mut [f32]],
+    ) -> Result<(), BackendError> {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            self.gemm(w, x, rows, y)?;
+        }
+        Ok(())
+    }
+
     /// With `--gemm ab`: how host and device compared so far.
     fn ab_report(&self) -> Option<crate::device::AbReport> {
         None

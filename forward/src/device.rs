@@ -29,6 +29,8 @@ pub struct DeviceConfig {
     pub run_timeout: Option<std::time::Duration>,
     /// A deliberate layout mistake in the uploaded weights, for controls.
     pub plant: PlantedLayout,
+    /// Launch one weight at a time and wait for it (no overlap), to measure what overlap buys.
+    pub serial: bool,
 }
 
 /// Deliberate weight-layout mistakes: tests show the host/device comparison catches each one.
@@ -210,18 +212,45 @@ impl GemmBackend for DeviceGemm {
         rows: usize,
         y: &mut [f32],
     ) -> Result<(), BackendError> {
+        self.gemm_group(std::slice::from_ref(w), x, rows, &mut [y])
+    }
+
+    /// The input is quantized once; every design of every weight is launched before the first
+    /// wait, so the runs overlap each other (and the host's bookkeeping).
+    fn gemm_group(
+        &mut self,
+        ws: &[WeightRef<'_>],
+        x: &[f32],
+        rows: usize,
+        ys: &mut [&mut [f32]],
+    ) -> Result<(), BackendError> {
+        if self.config.serial && ws.len() > 1 {
+            for (w, y) in ws.iter().zip(ys.iter_mut()) {
+                self.gemm_group(std::slice::from_ref(w), x, rows, &mut [y])?;
+            }
+            return Ok(());
+        }
         let t0 = Instant::now();
-        let r = self
-            .weights
-            .get_mut(w.id)
-            .and_then(|r| r.as_mut())
-            .ok_or_else(|| {
-                device_err(format!(
-                    "{} was not uploaded (prepare not called)",
-                    w.linear.name
-                ))
-            })?;
-        let (n, k) = (r.n, r.k);
+        // Disjoint &mut to each weight's designs, in the order of `ws`.
+        let mut group: Vec<(usize, &mut Resident)> = Vec::with_capacity(ws.len());
+        for (slot, r) in self.weights.iter_mut().enumerate() {
+            if let Some(pos) = ws.iter().position(|w| w.id == slot) {
+                if let Some(r) = r.as_mut() {
+                    group.push((pos, r));
+                }
+            }
+        }
+        if group.len() != ws.len() {
+            let missing = ws
+                .iter()
+                .find(|w| !group.iter().any(|(p, _)| ws[*p].id == w.id))
+                .map_or("a weight", |w| w.linear.name);
+            return Err(device_err(format!(
+                "{missing} was not uploaded (prepare not called)"
+            )));
+        }
+        group.sort_by_key(|(p, _)| *p);
+        let k = group[0].1.k;
         // The one activation rule (packs::quant), row by row.
         self.a_codes.resize(rows * k, 0);
         self.a_scales.resize(rows, 0.0);
@@ -232,43 +261,45 @@ impl GemmBackend for DeviceGemm {
         {
             *s = quant::quantize_activation_row(xr, cr);
         }
-        let tile_sizes: Vec<usize> = r.tiles.iter().map(|(t, _)| *t).collect();
+        let tile_sizes: Vec<usize> = group[0].1.tiles.iter().map(|(t, _)| *t).collect();
         let mut row0 = 0;
         let mut quantize_launch = t0.elapsed();
         let mut wait = std::time::Duration::ZERO;
         while row0 < rows {
             let m_tile = m_tile_for(rows - row0, &tile_sizes).expect("at least one tile");
             let take = m_tile.min(rows - row0);
-            let designs = &mut r
-                .tiles
-                .iter_mut()
-                .find(|(t, _)| *t == m_tile)
-                .expect("tile from the list")
-                .1;
             let a = &self.a_codes[row0 * k..(row0 + take) * k];
             let scales = &self.a_scales[row0..row0 + take];
             let t_launch = Instant::now();
-            // Launch every N chunk, then collect: the runs overlap each other.
-            let mut pending = Vec::with_capacity(designs.len());
-            for d in designs.iter_mut() {
-                pending.push(
-                    d.submit(a, take)
-                        .map_err(|e| device_err(format!("{}: {e}", r.name)))?,
-                );
+            let mut pending = Vec::new();
+            for (pos, r) in group.iter_mut() {
+                let (name, chunk_n, r_n) = (r.name.as_str(), r.chunk_n, r.n);
+                let designs = &mut r
+                    .tiles
+                    .iter_mut()
+                    .find(|(t, _)| *t == m_tile)
+                    .expect("every weight has every tile")
+                    .1;
+                for (c, d) in designs.iter_mut().enumerate() {
+                    let run = d
+                        .submit(a, take)
+                        .map_err(|e| device_err(format!("{name}: {e}")))?;
+                    pending.push((*pos, r_n, c * chunk_n, name, run));
+                }
             }
             self.stats.launches += pending.len() as u64;
             quantize_launch += t_launch.elapsed();
             let t_wait = Instant::now();
-            for (c, p) in pending.into_iter().enumerate() {
-                let out = &mut y[row0 * n + c * r.chunk_n..];
-                p.wait_scaled(scales, out, n)
-                    .map_err(|e| device_err(format!("{}: {e}", r.name)))?;
+            for (pos, n, col0, name, run) in pending {
+                let out = &mut ys[pos][row0 * n + col0..];
+                run.wait_scaled(scales, out, n)
+                    .map_err(|e| device_err(format!("{name}: {e}")))?;
             }
             wait += t_wait.elapsed();
             row0 += take;
         }
-        self.stats.gemms += 1;
-        self.stats.rows += rows as u64;
+        self.stats.gemms += ws.len() as u64;
+        self.stats.rows += (rows * ws.len()) as u64;
         self.stats.quantize_launch += quantize_launch;
         self.stats.wait += wait;
         Ok(())

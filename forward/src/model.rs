@@ -455,6 +455,25 @@ impl Forward {
         Ok(())
     }
 
+    /// Weights `ids` applied to the same input: `ys[i] = x · W[ids[i]]ᵀ` (one device launch batch).
+    fn gemm_group<const N: usize>(
+        &mut self,
+        ids: [usize; N],
+        x: &[f32],
+        rows: usize,
+        mut ys: [&mut [f32]; N],
+    ) -> Result<(), ForwardError> {
+        let mut refs = Vec::with_capacity(N);
+        for id in ids {
+            refs.push(WeightRef {
+                id,
+                linear: self.pack.linear(&self.weights[id])?,
+            });
+        }
+        self.backend.gemm_group(&refs, x, rows, &mut ys)?;
+        Ok(())
+    }
+
     /// Runs the step on a thread of the persistent pool: each GEMM and attention inside then forks
     /// from a pool thread (a few microseconds) instead of entering the pool from outside (tens).
     fn run(
@@ -535,9 +554,16 @@ impl Forward {
                 }
                 let id = layer * 7;
                 let xn = &s.xn[..rows * hidden];
-                self.gemm(id, xn, rows, grow(&mut s.q, rows * q_dim))?;
-                self.gemm(id + 1, xn, rows, grow(&mut s.k, rows * kv_dim))?;
-                self.gemm(id + 2, xn, rows, grow(&mut s.v, rows * kv_dim))?;
+                self.gemm_group(
+                    [id, id + 1, id + 2],
+                    xn,
+                    rows,
+                    [
+                        grow(&mut s.q, rows * q_dim),
+                        grow(&mut s.k, rows * kv_dim),
+                        grow(&mut s.v, rows * kv_dim),
+                    ],
+                )?;
                 for r in 0..rows {
                     let (cos, sin) = (
                         &s.cos[r * half..(r + 1) * half],
@@ -578,8 +604,15 @@ impl Forward {
                     rmsnorm(xr, w_post, eps, nr);
                 }
                 let xn = &s.xn[..rows * hidden];
-                self.gemm(id + 4, xn, rows, grow(&mut s.gate, rows * inter))?;
-                self.gemm(id + 5, xn, rows, grow(&mut s.up, rows * inter))?;
+                self.gemm_group(
+                    [id + 4, id + 5],
+                    xn,
+                    rows,
+                    [
+                        grow(&mut s.gate, rows * inter),
+                        grow(&mut s.up, rows * inter),
+                    ],
+                )?;
                 for (g, u) in s.gate[..rows * inter].iter_mut().zip(&s.up[..rows * inter]) {
                     *g = silu(*g) * u;
                 }

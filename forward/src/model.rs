@@ -1,6 +1,6 @@
 //! `Forward`: the Qwen3-VL text decoder, one clear pass per step.
 
-use crate::attention::{attend_group, AttnShape};
+use crate::attention::{attend_heads, AttnShape};
 use crate::backend::{BackendError, GemmBackend, WeightRef};
 use crate::device::{AbGemm, DeviceConfig, DeviceGemm};
 use crate::host::HostGemm;
@@ -695,7 +695,7 @@ fn add_deepstack(x: &mut [f32], h: &HybridInputs, layer: usize, hidden: usize, e
     }
 }
 
-/// Writes the rows' K/V at their slots, then attends every (row, KV head) pair in parallel.
+/// Writes the rows' K/V at their slots, then attends every row in parallel.
 #[allow(clippy::too_many_arguments)]
 fn attend_rows<T: KvElem>(
     pool: &rayon::ThreadPool,
@@ -719,17 +719,17 @@ fn attend_rows<T: KvElem>(
             &v[r * kv_dim..(r + 1) * kv_dim],
         );
     }
-    let span = shape.group() * shape.head_dim;
     let (k_cache, v_cache) = (&store.k[layer][..], &store.v[layer][..]);
     let q_dim = shape.q_dim();
+    // One task per row over all KV heads: each slot is then one contiguous read of the cache row
+    // (`bench attention` measures the splits).
     pool.install(|| {
         attn[..rows * q_dim]
-            .par_chunks_mut(span)
+            .par_chunks_mut(q_dim)
             .enumerate()
-            .for_each(|(t, out)| {
-                let (r, g) = (t / shape.kv_heads, t % shape.kv_heads);
-                let qs = &q[r * q_dim + g * span..r * q_dim + (g + 1) * span];
-                attend_group(shape, g, start_slot + r + 1, qs, k_cache, v_cache, out);
+            .for_each(|(r, out)| {
+                let qs = &q[r * q_dim..(r + 1) * q_dim];
+                attend_heads(shape, 0, start_slot + r + 1, qs, k_cache, v_cache, out);
             })
     });
 }

@@ -1,6 +1,8 @@
 //! Causal grouped-query attention over the KV cache, softmax in f32.
 
 use crate::kv::KvElem;
+#[cfg(target_arch = "x86_64")]
+use half::bf16;
 use std::cell::RefCell;
 
 /// Geometry of one attention layer.
@@ -33,12 +35,28 @@ thread_local! {
 ///
 /// `q` holds the row's `group` query heads for this KV head (`group * head_dim`), `out` the same span of
 /// the output. KV head g serves query heads g*r .. g*r + r - 1, so the caller passes contiguous spans.
-/// Each cached K and V row is read once for all the group's heads. Per head the arithmetic is fixed:
-/// 8-lane dots, a sequential max and sum, `exp` from libm, the output accumulated slot by slot — the
-/// AVX2 build compiles the same loops, so both give the same bits.
 pub fn attend_group<T: KvElem>(
     shape: AttnShape,
     g: usize,
+    slots: usize,
+    q: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
+    out: &mut [f32],
+) {
+    attend_heads(shape, g, slots, q, k_cache, v_cache, out)
+}
+
+/// Attention for the query heads of the adjacent KV heads `g0 ..`, for one query row that reads slots
+/// `0..slots`: `q` and `out` span those KV heads' query heads (`n * group * head_dim` for n KV heads).
+///
+/// Each slot's K and V values of all n heads are one contiguous run of the cache row, read once for
+/// all their query heads. Per head the arithmetic is fixed — 8-lane dots, a sequential max and sum,
+/// `exp` from libm, the output accumulated slot by slot — whatever n, and the AVX2 build does the same
+/// operations in the same order, so every split and build gives the same bits.
+pub fn attend_heads<T: KvElem>(
+    shape: AttnShape,
+    g0: usize,
     slots: usize,
     q: &[f32],
     k_cache: &[T],
@@ -55,14 +73,16 @@ pub fn attend_group<T: KvElem>(
         #[cfg(target_arch = "x86_64")]
         if crate::kernels::Isa::Avx2.is_available() {
             // SAFETY: the CPU reported AVX2 and FMA.
-            unsafe { attend_avx2(shape, g, slots, q, k_cache, v_cache, out, scores) };
+            unsafe { attend_avx2(shape, g0, slots, q, k_cache, v_cache, out, scores) };
             return;
         }
-        attend(shape, g, slots, q, k_cache, v_cache, out, scores);
+        attend(shape, g0, slots, q, k_cache, v_cache, out, scores);
     });
 }
 
-/// [`attend`] compiled for AVX2.
+/// [`attend`] with explicit 8-lane AVX2 loops for f32 and bf16 caches (the same lanes, multiplies,
+/// adds and orders as the portable loops) and software prefetch: a KV head's rows sit one cache row
+/// (`kv_dim` values) apart, a new page every slot, where the hardware prefetchers stop.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
@@ -71,7 +91,7 @@ pub fn attend_group<T: KvElem>(
 #[allow(clippy::too_many_arguments)]
 unsafe fn attend_avx2<T: KvElem>(
     shape: AttnShape,
-    g: usize,
+    g0: usize,
     slots: usize,
     q: &[f32],
     k_cache: &[T],
@@ -79,32 +99,151 @@ unsafe fn attend_avx2<T: KvElem>(
     out: &mut [f32],
     scores: &mut [f32],
 ) {
-    attend(shape, g, slots, q, k_cache, v_cache, out, scores)
+    use simd::{cast, Bf16Lanes, F32Lanes};
+    if let (Some(k), Some(v)) = (cast::<T, f32>(k_cache), cast::<T, f32>(v_cache)) {
+        simd::attend::<F32Lanes>(shape, g0, slots, q, k, v, out, scores)
+    } else if let (Some(k), Some(v)) = (cast::<T, bf16>(k_cache), cast::<T, bf16>(v_cache)) {
+        simd::attend::<Bf16Lanes>(shape, g0, slots, q, k, v, out, scores)
+    } else {
+        attend(shape, g0, slots, q, k_cache, v_cache, out, scores)
+    }
 }
 
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn attend<T: KvElem>(
-    shape: AttnShape,
-    g: usize,
-    slots: usize,
-    q: &[f32],
-    k_cache: &[T],
-    v_cache: &[T],
-    out: &mut [f32],
-    scores: &mut [f32],
-) {
-    let d = shape.head_dim;
-    let kv_dim = shape.kv_dim();
-    let scale = 1.0 / (d as f32).sqrt();
-    // Scores of every head, one pass over K.
-    for s in 0..slots {
-        let k = &k_cache[s * kv_dim + g * d..s * kv_dim + (g + 1) * d];
-        for (h, qh) in q.chunks_exact(d).enumerate() {
-            scores[h * slots + s] = dot(qh, k) * scale;
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::AttnShape;
+    use half::bf16;
+    use std::any::TypeId;
+    use std::arch::x86_64::*;
+
+    /// Slots ahead whose K and V rows are prefetched.
+    const PREFETCH_SLOTS: usize = 16;
+
+    /// `s` as a slice of `U` when `T` is `U`.
+    pub fn cast<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
+        (TypeId::of::<T>() == TypeId::of::<U>()).then(|| {
+            // SAFETY: T and U are the same type, so the layout and length carry over.
+            unsafe { std::slice::from_raw_parts(s.as_ptr() as *const U, s.len()) }
+        })
+    }
+
+    /// A cache element type read 8 at a time as f32.
+    pub trait Lanes {
+        type Elem: Copy;
+        unsafe fn load8(p: *const Self::Elem) -> __m256;
+        fn widen(x: Self::Elem) -> f32;
+    }
+
+    pub struct F32Lanes;
+    impl Lanes for F32Lanes {
+        type Elem = f32;
+        #[inline(always)]
+        unsafe fn load8(p: *const f32) -> __m256 {
+            _mm256_loadu_ps(p)
+        }
+        #[inline(always)]
+        fn widen(x: f32) -> f32 {
+            x
         }
     }
-    // Softmax per head, in f32; each score becomes its weight `exp(score - max) * (1 / sum)`.
+
+    /// bf16 widens by a 16-bit shift (exact; a NaN keeps its payload, where `half` would also set
+    /// the quiet bit — a cache holding NaN gives NaN either way).
+    pub struct Bf16Lanes;
+    impl Lanes for Bf16Lanes {
+        type Elem = bf16;
+        #[inline(always)]
+        unsafe fn load8(p: *const bf16) -> __m256 {
+            let h = _mm_loadu_si128(p as *const __m128i);
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+        }
+        #[inline(always)]
+        fn widen(x: bf16) -> f32 {
+            x.to_f32()
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn prefetch_run<E>(row: *const E, bytes: usize) {
+        for line in (0..bytes).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>((row as *const i8).wrapping_add(line));
+        }
+    }
+
+    /// `super::dot`: lane i accumulates elements i, i+8, ..., the lanes summed in order, then the tail.
+    #[inline(always)]
+    unsafe fn dot<L: Lanes>(q: &[f32], k: &[L::Elem]) -> f32 {
+        let blocks = q.len() / 8;
+        let mut acc = _mm256_setzero_ps();
+        for b in 0..blocks {
+            let qv = _mm256_loadu_ps(q.as_ptr().add(8 * b));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(qv, L::load8(k.as_ptr().add(8 * b))));
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        let mut sum: f32 = lanes.iter().sum();
+        for j in 8 * blocks..q.len() {
+            sum += q[j] * L::widen(k[j]);
+        }
+        sum
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn attend<L: Lanes>(
+        shape: AttnShape,
+        g0: usize,
+        slots: usize,
+        q: &[f32],
+        k_cache: &[L::Elem],
+        v_cache: &[L::Elem],
+        out: &mut [f32],
+        scores: &mut [f32],
+    ) {
+        let d = shape.head_dim;
+        let kv_dim = shape.kv_dim();
+        let r = shape.group();
+        // The KV heads' values of one slot: a contiguous run of the cache row.
+        let run = q.len() / r;
+        let run_bytes = run * std::mem::size_of::<L::Elem>();
+        let scale = 1.0 / (d as f32).sqrt();
+        for s in 0..slots {
+            if s + PREFETCH_SLOTS < slots {
+                let ahead = (s + PREFETCH_SLOTS) * kv_dim + g0 * d;
+                prefetch_run(k_cache.as_ptr().add(ahead), run_bytes);
+                prefetch_run(v_cache.as_ptr().add(ahead), run_bytes);
+            }
+            let k_run = &k_cache[s * kv_dim + g0 * d..s * kv_dim + g0 * d + run];
+            for (h, qh) in q.chunks_exact(d).enumerate() {
+                let k = &k_run[(h / r) * d..(h / r + 1) * d];
+                scores[h * slots + s] = dot::<L>(qh, k) * scale;
+            }
+        }
+        super::softmax_rows(scores, slots);
+        out.fill(0.0);
+        let blocks = d / 8;
+        for s in 0..slots {
+            let v_run = &v_cache[s * kv_dim + g0 * d..s * kv_dim + g0 * d + run];
+            for (h, oh) in out.chunks_exact_mut(d).enumerate() {
+                let v = &v_run[(h / r) * d..(h / r + 1) * d];
+                let w = scores[h * slots + s];
+                let wv = _mm256_set1_ps(w);
+                for b in 0..blocks {
+                    let o = oh.as_mut_ptr().add(8 * b);
+                    let x = L::load8(v.as_ptr().add(8 * b));
+                    _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_mul_ps(wv, x)));
+                }
+                for j in 8 * blocks..d {
+                    oh[j] += w * L::widen(v[j]);
+                }
+            }
+        }
+    }
+}
+
+/// Softmax of each head's `slots` scores in place, in f32: each score becomes
+/// `exp(score - max) * (1 / sum)`, the max and the sum taken in slot order.
+fn softmax_rows(scores: &mut [f32], slots: usize) {
     for head in scores.chunks_exact_mut(slots.max(1)) {
         let mut max = f32::NEG_INFINITY;
         for &v in head.iter() {
@@ -121,13 +260,40 @@ fn attend<T: KvElem>(
             *p *= inv;
         }
     }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend<T: KvElem>(
+    shape: AttnShape,
+    g0: usize,
+    slots: usize,
+    q: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
+    out: &mut [f32],
+    scores: &mut [f32],
+) {
+    let d = shape.head_dim;
+    let kv_dim = shape.kv_dim();
+    let r = shape.group();
+    let run = q.len() / r;
+    let scale = 1.0 / (d as f32).sqrt();
+    // Scores of every head, one pass over K.
+    for s in 0..slots {
+        let k_run = &k_cache[s * kv_dim + g0 * d..s * kv_dim + g0 * d + run];
+        for (h, qh) in q.chunks_exact(d).enumerate() {
+            scores[h * slots + s] = dot(qh, &k_run[(h / r) * d..(h / r + 1) * d]) * scale;
+        }
+    }
+    softmax_rows(scores, slots);
     // Weighted values of every head, one pass over V.
     out.fill(0.0);
     for s in 0..slots {
-        let v = &v_cache[s * kv_dim + g * d..s * kv_dim + (g + 1) * d];
+        let v_run = &v_cache[s * kv_dim + g0 * d..s * kv_dim + g0 * d + run];
         for (h, oh) in out.chunks_exact_mut(d).enumerate() {
             let w = scores[h * slots + s];
-            for (o, &x) in oh.iter_mut().zip(v) {
+            for (o, &x) in oh.iter_mut().zip(&v_run[(h / r) * d..(h / r + 1) * d]) {
                 *o += w * x.to_f32();
             }
         }
@@ -196,8 +362,8 @@ mod tests {
 
     fn check<T: KvElem>(convert: fn(f32) -> T) {
         let shape = AttnShape {
-            heads: 4,
-            kv_heads: 2,
+            heads: 8,
+            kv_heads: 4,
             head_dim: 20,
         };
         let slots = 37;
@@ -213,20 +379,51 @@ mod tests {
             .map(|_| convert(rnd()))
             .collect();
         let span = shape.group() * shape.head_dim;
-        let q: Vec<f32> = (0..span).map(|_| 2.0 * rnd()).collect();
-        for g in 0..shape.kv_heads {
-            for used in [1, 2, slots] {
-                let mut want = vec![0f32; span];
-                attend_one_head_at_a_time(shape, g, used, &q, &k, &v, &mut want);
-                let mut got = vec![f32::NAN; span];
-                attend_group(shape, g, used, &q, &k, &v, &mut got);
-                let mut portable = vec![f32::NAN; span];
-                let mut scores = vec![0f32; shape.group() * used];
-                attend(shape, g, used, &q, &k, &v, &mut portable, &mut scores);
-                let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "g {g} slots {used}");
-                assert_eq!(bits(&portable), bits(&want), "portable g {g} slots {used}");
+        let q: Vec<f32> = (0..shape.q_dim()).map(|_| 2.0 * rnd()).collect();
+        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for used in [1, 2, slots] {
+            let mut want = vec![0f32; shape.q_dim()];
+            for (g, (qs, o)) in q
+                .chunks_exact(span)
+                .zip(want.chunks_exact_mut(span))
+                .enumerate()
+            {
+                attend_one_head_at_a_time(shape, g, used, qs, &k, &v, o);
             }
+            // Every split of the KV heads into runs, dispatched and portable.
+            for per_task in [1, 2, 4] {
+                let mut got = vec![f32::NAN; shape.q_dim()];
+                let mut portable = vec![f32::NAN; shape.q_dim()];
+                for (t, (qs, (o, p))) in q
+                    .chunks_exact(span * per_task)
+                    .zip(
+                        got.chunks_exact_mut(span * per_task)
+                            .zip(portable.chunks_exact_mut(span * per_task)),
+                    )
+                    .enumerate()
+                {
+                    attend_heads(shape, t * per_task, used, qs, &k, &v, o);
+                    let mut scores = vec![0f32; shape.group() * per_task * used];
+                    attend(shape, t * per_task, used, qs, &k, &v, p, &mut scores);
+                }
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{per_task} heads per task, slots {used}"
+                );
+                assert_eq!(
+                    bits(&portable),
+                    bits(&want),
+                    "portable, {per_task} per task, slots {used}"
+                );
+            }
+            let mut one = vec![f32::NAN; span];
+            attend_group(shape, 3, used, &q[3 * span..], &k, &v, &mut one);
+            assert_eq!(
+                bits(&one),
+                bits(&want[3 * span..]),
+                "attend_group, slots {used}"
+            );
         }
     }
 

@@ -56,6 +56,74 @@ pub fn chunk_rows(n: usize, threads: usize) -> usize {
     per_task.div_ceil(PANEL).clamp(1, MAX_CHUNK / PANEL) * PANEL
 }
 
+impl HostGemm {
+    /// `ys[i] = x · ws[i]ᵀ` for weights of one kind, as one parallel region: the input is prepared
+    /// once, and every weight's row chunks are tasks of the same fork-join.
+    fn run(
+        &mut self,
+        ws: &[WeightRef<'_>],
+        x: &[f32],
+        rows: usize,
+        ys: &mut [&mut [f32]],
+    ) -> Result<(), BackendError> {
+        let t0 = Instant::now();
+        let k = ws.first().map_or(0, |w| w.linear.k);
+        for (w, y) in ws.iter().zip(ys.iter()) {
+            let name = w.linear.name;
+            assert_eq!(
+                w.linear.k, k,
+                "host gemm group: {name} has K {} not {k}",
+                w.linear.k
+            );
+            assert_eq!(x.len(), rows * k, "host gemm {name}: x is not rows x k");
+            assert_eq!(
+                y.len(),
+                rows * w.linear.n,
+                "host gemm {name}: y is not rows x n"
+            );
+        }
+        let layout = ws.first().and_then(|w| layout_of(&w.linear.data));
+        let kernels = self.kernels;
+        let threads = self.pool.current_num_threads();
+        let acts = &mut self.acts;
+        self.pool.install(|| {
+            if let Some(layout) = layout {
+                acts.prepare(kernels, layout, x, rows, k);
+            }
+            let acts = &*acts;
+            // Task t computes weight rows n0.. of one weight and writes that column span of every
+            // output row: `spans[t * rows + r]`.
+            let mut tasks = Vec::new();
+            let mut spans: Vec<&mut [f32]> = Vec::new();
+            for (wi, (w, y)) in ws.iter().zip(ys.iter_mut()).enumerate() {
+                let n = w.linear.n;
+                if n == 0 || rows == 0 {
+                    continue;
+                }
+                let chunk = chunk_rows(n, threads);
+                let mut row_spans: Vec<_> =
+                    y.chunks_mut(n).map(|row| row.chunks_mut(chunk)).collect();
+                for c in 0..n.div_ceil(chunk) {
+                    tasks.push((wi, c * chunk));
+                    for row in row_spans.iter_mut() {
+                        spans.push(row.next().expect("every row splits into the same spans"));
+                    }
+                }
+            }
+            tasks
+                .par_iter()
+                .zip(spans.par_chunks_mut(rows.max(1)))
+                .for_each(|(&(wi, n0), out)| {
+                    kernels.gemm_block(&ws[wi].linear.data, k, n0, x, acts, out)
+                });
+        });
+        self.stats.gemms += ws.len() as u64;
+        self.stats.rows += (rows * ws.len()) as u64;
+        self.stats.host += t0.elapsed();
+        Ok(())
+    }
+}
+
 impl GemmBackend for HostGemm {
     fn name(&self) -> &'static str {
         "host"
@@ -68,50 +136,27 @@ impl GemmBackend for HostGemm {
         rows: usize,
         y: &mut [f32],
     ) -> Result<(), BackendError> {
-        let t0 = Instant::now();
-        let (n, k) = (w.linear.n, w.linear.k);
-        assert_eq!(
-            x.len(),
-            rows * k,
-            "host gemm {}: x is not rows x k",
-            w.linear.name
-        );
-        assert_eq!(
-            y.len(),
-            rows * n,
-            "host gemm {}: y is not rows x n",
-            w.linear.name
-        );
-        if rows == 0 || n == 0 {
+        self.run(std::slice::from_ref(w), x, rows, &mut [y])
+    }
+
+    fn gemm_group(
+        &mut self,
+        ws: &[WeightRef<'_>],
+        x: &[f32],
+        rows: usize,
+        ys: &mut [&mut [f32]],
+    ) -> Result<(), BackendError> {
+        let same_kind = ws.iter().all(|w| {
+            std::mem::discriminant(&w.linear.data) == std::mem::discriminant(&ws[0].linear.data)
+        });
+        if ws.len() != ys.len() || !same_kind {
+            // Mixed kinds (or a caller mismatch) run one by one.
+            for (w, y) in ws.iter().zip(ys.iter_mut()) {
+                self.gemm(w, x, rows, y)?;
+            }
             return Ok(());
         }
-        let data = &w.linear.data;
-        let kernels = self.kernels;
-        let chunk = chunk_rows(n, self.pool.current_num_threads());
-        let acts = &mut self.acts;
-        self.pool.install(|| {
-            if let Some(layout) = layout_of(data) {
-                acts.prepare(kernels, layout, x, rows, k);
-            }
-            let acts = &*acts;
-            // Each task owns weight rows c*chunk.. and writes that column span of every output row.
-            let mut row_spans: Vec<_> = y.chunks_mut(n).map(|row| row.chunks_mut(chunk)).collect();
-            let tasks = n.div_ceil(chunk);
-            let mut spans: Vec<&mut [f32]> = Vec::with_capacity(tasks * rows);
-            for _ in 0..tasks {
-                for row in row_spans.iter_mut() {
-                    spans.push(row.next().expect("every row splits into the same spans"));
-                }
-            }
-            spans
-                .par_chunks_mut(rows)
-                .enumerate()
-                .for_each(|(c, out)| kernels.gemm_block(data, k, c * chunk, x, acts, out));
-        });
-        self.stats.gemms += 1;
-        self.stats.rows += rows as u64;
-        self.stats.host += t0.elapsed();
-        Ok(())
+        self.run(ws, x, rows, ys)
     }
 
     fn take_stats(&mut self) -> GemmStats {
@@ -122,6 +167,134 @@ impl GemmBackend for HostGemm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::bf16;
+    use packs::quant::{self, Q4_GROUP};
+    use packs::Linear;
+
+    fn weight<'a>(name: &'a str, n: usize, k: usize, data: LinearData<'a>) -> WeightRef<'a> {
+        WeightRef {
+            id: 0,
+            linear: Linear { name, n, k, data },
+        }
+    }
+
+    /// Split over many tasks (n up to 300 rows, two threads), grouped or alone, the host backend
+    /// writes every output where the packs oracle does.
+    #[test]
+    fn grouped_and_single_gemms_match_the_oracle() {
+        let pool = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(2)
+                .build()
+                .unwrap(),
+        );
+        let mut host = HostGemm::new(pool);
+        let k = 96;
+        let ns = [5usize, 300, 24];
+        let mut seed = 7u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            seed >> 8
+        };
+        let i8_codes: Vec<Vec<i8>> = ns
+            .iter()
+            .map(|&n| (0..n * k).map(|_| next() as i8).collect())
+            .collect();
+        let i8_scales: Vec<Vec<f32>> = ns
+            .iter()
+            .map(|&n| (0..n).map(|j| 0.01 + j as f32 * 1e-4).collect())
+            .collect();
+        let q4_codes: Vec<Vec<u8>> = ns
+            .iter()
+            .map(|&n| (0..n * k / 2).map(|_| next() as u8).collect())
+            .collect();
+        let q4_scales: Vec<Vec<bf16>> = ns
+            .iter()
+            .map(|&n| {
+                (0..n * k / Q4_GROUP)
+                    .map(|g| bf16::from_f32(0.02 + (g % 5) as f32 * 1e-3))
+                    .collect()
+            })
+            .collect();
+        for rows in [1, 3, 16] {
+            let x: Vec<f32> = (0..rows * k)
+                .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+                .collect();
+            let mut a = vec![0i8; rows * k];
+            let mut a_s = vec![0f32; rows];
+            for r in 0..rows {
+                a_s[r] = quant::quantize_activation_row(
+                    &x[r * k..(r + 1) * k],
+                    &mut a[r * k..(r + 1) * k],
+                );
+            }
+            for q4 in [false, true] {
+                let ws: Vec<WeightRef<'_>> = (0..ns.len())
+                    .map(|i| {
+                        let data = if q4 {
+                            LinearData::Q4 {
+                                codes: &q4_codes[i],
+                                scales: &q4_scales[i],
+                            }
+                        } else {
+                            LinearData::I8 {
+                                codes: &i8_codes[i],
+                                scales: &i8_scales[i],
+                            }
+                        };
+                        weight("w", ns[i], k, data)
+                    })
+                    .collect();
+                let mut want: Vec<Vec<f32>> = ns.iter().map(|&n| vec![0f32; rows * n]).collect();
+                for (i, &n) in ns.iter().enumerate() {
+                    if q4 {
+                        quant::gemm_q4_ref(
+                            &a,
+                            &a_s,
+                            rows,
+                            k,
+                            &q4_codes[i],
+                            &q4_scales[i],
+                            n,
+                            &mut want[i],
+                        );
+                    } else {
+                        quant::gemm_i8_ref(
+                            &a,
+                            &a_s,
+                            rows,
+                            k,
+                            &i8_codes[i],
+                            &i8_scales[i],
+                            n,
+                            &mut want[i],
+                        );
+                    }
+                }
+                let mut grouped: Vec<Vec<f32>> =
+                    ns.iter().map(|&n| vec![f32::NAN; rows * n]).collect();
+                let mut ys: Vec<&mut [f32]> =
+                    grouped.iter_mut().map(|y| y.as_mut_slice()).collect();
+                host.gemm_group(&ws, &x, rows, &mut ys).unwrap();
+                for (i, w) in ws.iter().enumerate() {
+                    let mut alone = vec![f32::NAN; rows * ns[i]];
+                    host.gemm(w, &x, rows, &mut alone).unwrap();
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&alone),
+                        bits(&want[i]),
+                        "alone q4={q4} rows {rows} weight {i}"
+                    );
+                    assert_eq!(
+                        bits(&grouped[i]),
+                        bits(&want[i]),
+                        "grouped q4={q4} rows {rows} weight {i}"
+                    );
+                }
+            }
+        }
+        assert_eq!(host.take_stats().gemms, 3 * 2 * 6);
+    }
 
     #[test]
     fn chunks_are_whole_panels_and_bounded() {

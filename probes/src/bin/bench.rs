@@ -601,7 +601,7 @@ fn attention_bench(c: &Common, shape: &RandomShape, context: usize) -> Value {
     // The decoder attends whole rows (all KV heads per task).
     let chosen = geometry.kv_heads;
     let mut splits: Vec<usize> = (1..=geometry.kv_heads)
-        .filter(|n| geometry.kv_heads % n == 0)
+        .filter(|n| geometry.kv_heads.is_multiple_of(*n))
         .collect();
     splits.retain(|&n| n != chosen);
     splits.insert(0, chosen);

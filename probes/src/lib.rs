@@ -7,6 +7,7 @@ pub mod compare;
 pub mod device;
 pub mod reference;
 pub mod replay;
+pub mod text;
 
 pub use reference::Reference;
 pub use replay::{replay, Replay};

@@ -6,6 +6,7 @@ use forward::sampling::{argmax, top_k};
 use forward::{Forward, Logits, PromptInputs};
 use packs::QuantKind;
 use probes::cli::{self, GemmArgs, EXIT_FAIL, EXIT_PASS};
+use probes::text::{AnswerTokenizer, TextStream};
 use probes::Reference;
 use serde_json::json;
 use std::io::Write;
@@ -19,6 +20,9 @@ use std::time::Instant;
 /// With --reference, decode steps are fed the reference's greedy ids (teacher forcing) and every
 /// prompt row and step is compared; exit status 0 only when the comparison passes (1: it failed,
 /// 2: bad input). With no arguments it runs the bundled tiny model, prompt and reference.
+///
+/// With --tokenizer (the checkpoint's tokenizer.json) the answer is printed as text as it is
+/// produced, and generation stops at the end-of-turn token <|im_end|> unless --decode is given.
 #[derive(Parser)]
 #[command(version)]
 struct Args {
@@ -26,9 +30,13 @@ struct Args {
     pack: Option<PathBuf>,
     /// The prompt, a hybrid-inputs/1 file (default: the bundled prompt).
     inputs: Option<PathBuf>,
-    /// Greedy tokens to generate (with --reference: at most the reference's count).
-    #[arg(long, default_value_t = 8)]
-    decode: usize,
+    /// Greedy tokens to generate, exactly (default: 8; with --tokenizer: until <|im_end|>, at most
+    /// 512 or what --context leaves; with --reference: at most the reference's count).
+    #[arg(long, value_name = "N")]
+    decode: Option<usize>,
+    /// The checkpoint's tokenizer.json: print the answer as text and stop at <|im_end|>.
+    #[arg(long, value_name = "FILE")]
+    tokenizer: Option<PathBuf>,
     /// Print the K largest logits after the prompt and after each step.
     #[arg(long, value_name = "K")]
     top_k: Option<usize>,
@@ -57,6 +65,11 @@ struct Args {
     json: bool,
 }
 
+/// Greedy tokens when --decode is not given and nothing stops the answer.
+const DEFAULT_DECODE: usize = 8;
+/// The most tokens an answer that stops at <|im_end|> may take (without --context).
+const MAX_ANSWER: usize = 512;
+
 fn main() {
     let args = Args::parse();
     let (pack_path, inputs_path, reference_path) = match (&args.pack, &args.inputs) {
@@ -81,10 +94,33 @@ fn main() {
     let reference = reference_path
         .as_ref()
         .map(|p| Reference::open(p).unwrap_or_else(|e| cli::refuse(e)));
+    let tokenizer = args.tokenizer.as_ref().map(|p| {
+        let t = AnswerTokenizer::open(p).unwrap_or_else(|e| cli::refuse(e));
+        t.check_vocabulary(sem.vocab_size)
+            .unwrap_or_else(|e| cli::refuse(e));
+        t
+    });
+    // The answer stops at <|im_end|> when there is a tokenizer to name it and no explicit count.
+    let stop_at = match (&tokenizer, args.decode) {
+        (Some(t), None) => Some(t.end_of_turn()),
+        _ => None,
+    };
     let rows = inputs.rows();
-    let steps = match &reference {
-        Some(r) => r.greedy_ids.len().min(args.decode.max(1)),
-        None => args.decode,
+    let steps = match (&reference, stop_at) {
+        (Some(r), Some(end)) => r
+            .greedy_ids
+            .iter()
+            .position(|&t| t == i64::from(end))
+            .map_or(r.greedy_ids.len(), |k| k + 1),
+        (Some(r), None) => r
+            .greedy_ids
+            .len()
+            .min(args.decode.unwrap_or(DEFAULT_DECODE).max(1)),
+        (None, Some(_)) => args
+            .context
+            .map_or(MAX_ANSWER, |c| c.saturating_sub(rows))
+            .max(1),
+        (None, None) => args.decode.unwrap_or(DEFAULT_DECODE),
     };
     let text_rows = reference.as_ref().map_or(0, |r| r.text_ids.len());
     let needed = (rows + steps).max(text_rows);
@@ -100,6 +136,11 @@ fn main() {
     let max_diff = args.max_diff.unwrap_or(if exact { 1e-3 } else { 0.1 });
     let min_top1 = args.min_top1.unwrap_or(if exact { 1.0 } else { 0.97 });
 
+    let answer = Answer {
+        tokenizer: tokenizer.as_ref(),
+        stop_at,
+        live: !args.json && !args.profile && args.top_k.is_none(),
+    };
     if let Some(reference) = reference {
         let mut reference = reference;
         reference.greedy_ids.truncate(steps);
@@ -107,10 +148,66 @@ fn main() {
             .decode_logits
             .truncate((steps - 1) * reference.vocab);
         compare(
-            &args, &mut fwd, &inputs, &reference, max_diff, min_top1, &pack_path,
+            &args,
+            &mut fwd,
+            &inputs,
+            &reference,
+            (max_diff, min_top1),
+            &pack_path,
+            &answer,
         );
     } else {
-        generate(&args, &mut fwd, &inputs, steps, &pack_path);
+        generate(&args, &mut fwd, &inputs, steps, &pack_path, &answer);
+    }
+}
+
+/// The answer's text side: the tokenizer (if any), the stop id, and whether text is printed as the
+/// tokens come (not with --json, and not when --profile or --top-k lines interleave).
+struct Answer<'t> {
+    tokenizer: Option<&'t AnswerTokenizer>,
+    stop_at: Option<u32>,
+    live: bool,
+}
+
+impl<'t> Answer<'t> {
+    fn stream(&self) -> Option<TextStream<'t>> {
+        self.tokenizer.map(|t| t.stream())
+    }
+
+    /// Feeds one produced id; prints its text at once when live.
+    fn push(&self, stream: &mut Option<TextStream<'t>>, id: u32) {
+        if let Some(s) = stream {
+            let piece = s.push(id).unwrap_or_else(|e| cli::refuse(e));
+            if self.live {
+                print!("{piece}");
+                let _ = std::io::stdout().flush();
+            }
+        }
+    }
+
+    /// Ends the stream: the rest is printed when live; the full text is returned.
+    fn finish(&self, stream: &mut Option<TextStream<'t>>) -> Option<String> {
+        let s = stream.as_mut()?;
+        let rest = s.finish().unwrap_or_else(|e| cli::refuse(e));
+        if self.live {
+            println!("{rest}");
+        }
+        let t = self.tokenizer.expect("a stream has a tokenizer");
+        Some(t.decode(s.ids()).unwrap_or_else(|e| cli::refuse(e)))
+    }
+
+    fn decode(&self, ids: &[i64]) -> Option<String> {
+        let ids: Vec<u32> = ids.iter().map(|&t| t as u32).collect();
+        self.tokenizer
+            .map(|t| t.decode(&ids).unwrap_or_else(|e| cli::refuse(e)))
+    }
+
+    /// Why the answer ended: at <|im_end|>, or after the steps it was given.
+    fn stop_reason(&self, last: Option<u32>) -> &'static str {
+        match (self.stop_at, last) {
+            (Some(end), Some(id)) if end == id => "im_end",
+            _ => "steps",
+        }
     }
 }
 
@@ -147,6 +244,7 @@ fn generate(
     inputs: &PromptInputs,
     steps: usize,
     pack: &std::path::Path,
+    answer: &Answer,
 ) {
     let rows = inputs.rows();
     let embeds = inputs.embeds(fwd);
@@ -166,12 +264,21 @@ fn generate(
     profile_line(args, fwd, "prefill", rows, t);
     print_top_k(args, "after the prompt", &logits);
     let mut ids = vec![argmax(&logits)];
-    if !args.json {
+    let mut stream = answer.stream();
+    if answer.tokenizer.is_some() {
+        if answer.live {
+            print!("answer: ");
+        }
+        answer.push(&mut stream, ids[0]);
+    } else if !args.json {
         print!("generated: {}", ids[0]);
         let _ = std::io::stdout().flush();
     }
     let next_pos = inputs.next_rotary_pos();
     for i in 0..steps.saturating_sub(1) {
+        if answer.stop_at == ids.last().copied() {
+            break;
+        }
         let t = Instant::now();
         let logits = fwd
             .step(ids[i], next_pos + i as i64, rows + i)
@@ -179,7 +286,9 @@ fn generate(
             .to_vec();
         let id = argmax(&logits);
         ids.push(id);
-        if !args.json {
+        if answer.tokenizer.is_some() {
+            answer.push(&mut stream, id);
+        } else if !args.json {
             print!(" {id}");
             let _ = std::io::stdout().flush();
         }
@@ -187,12 +296,25 @@ fn generate(
         print_top_k(args, &format!("after step {}", i + 1), &logits);
     }
     let pass = ab_pass(args, fwd);
+    let text = answer.finish(&mut stream);
+    let stop = answer.stop_reason(ids.last().copied());
     if args.json {
         let mut v = json!({"pack": pack.display().to_string(), "greedy_ids": ids, "pass": pass});
+        if let Some(text) = &text {
+            // Under "answer" as with --reference, where "text" is the text-only control.
+            merge(&mut v, json!({"answer": {"text": text, "stop": stop}}));
+        }
         merge(&mut v, probes::device::ab_json(fwd));
         println!("{v}");
     } else {
-        println!();
+        if let Some(text) = &text {
+            if !answer.live {
+                println!("answer: {text}");
+            }
+            println!("greedy ids: {ids:?}  ({} tokens, stop: {stop})", ids.len());
+        } else {
+            println!();
+        }
         print_ab(fwd);
     }
     std::process::exit(if pass { EXIT_PASS } else { EXIT_FAIL });
@@ -203,9 +325,9 @@ fn compare(
     fwd: &mut Forward,
     inputs: &PromptInputs,
     reference: &Reference,
-    max_diff: f32,
-    min_top1: f64,
+    (max_diff, min_top1): (f32, f64),
     pack: &std::path::Path,
+    answer: &Answer,
 ) {
     if !args.json {
         println!(
@@ -219,16 +341,24 @@ fn compare(
     }
     let mut t = Instant::now();
     let rows = inputs.rows();
-    let r = probes::replay(fwd, inputs, reference, |step, _id, logits, fwd| {
+    let mut stream = answer.stream();
+    if answer.live && answer.tokenizer.is_some() {
+        print!("  answer (ours, teacher-forced): ");
+    }
+    let r = probes::replay(fwd, inputs, reference, |step, id, logits, fwd| {
         let (label, step_rows) = match step {
             0 => ("prefill".to_string(), rows),
             s => (format!("step {s}"), 1),
         };
         profile_line(args, fwd, &label, step_rows, t);
         print_top_k(args, &format!("after {label}"), logits);
+        answer.push(&mut stream, id);
         t = Instant::now();
     })
     .unwrap_or_else(|e| cli::refuse(e));
+    let text = answer.finish(&mut stream);
+    let reference_text = answer.decode(&reference.greedy_ids);
+    let stop = answer.stop_reason(reference.greedy_ids.last().map(|&t| t as u32));
     let max = r.max_abs_logit_diff();
     let top1 = r.top1_agreement();
     let first = r.first_divergence(reference);
@@ -266,6 +396,12 @@ fn compare(
             "thresholds": {"max_abs_logit_diff": max_diff, "top1_agreement": min_top1},
             "pass": pass,
         });
+        if let (Some(text), Some(reference_text)) = (&text, &reference_text) {
+            merge(
+                &mut v,
+                json!({"answer": {"text": text, "reference_text": reference_text, "stop": stop}}),
+            );
+        }
         merge(&mut v, probes::device::ab_json(fwd));
         println!("{}", serde_json::to_string_pretty(&v).expect("json"));
     } else {
@@ -293,6 +429,12 @@ fn compare(
         );
         println!("  greedy ids (ours):      {:?}", r.greedy_ids);
         println!("  greedy ids (reference): {:?}", reference.greedy_ids);
+        if let (Some(text), Some(reference_text)) = (&text, &reference_text) {
+            if !answer.live {
+                println!("  answer (ours):      {text:?}");
+            }
+            println!("  answer (reference): {reference_text:?}  (stop: {stop})");
+        }
         println!(
             "  first divergence: {}   cosine {:.6}",
             first.map_or("none".to_string(), |s| format!("step {s}")),

@@ -11,8 +11,10 @@ use rayon::prelude::*;
 pub enum ActivationLayout {
     /// Element j at j (i8 weights).
     Natural,
-    /// Per group of 32: the 16 even elements, then the 16 odd ones, which is where a q4 byte's low and
-    /// high nibbles land once split (q4 weights; K must be a multiple of 32).
+    /// Groups of 32 taken in pairs (64 codes): the 16 even elements of the first group, the 16 even
+    /// of the second, the 16 odd of the first, the 16 odd of the second — where the low and high
+    /// nibbles of two groups' 32 weight bytes land once split. A last unpaired group: its 16 even
+    /// elements, then its 16 odd. See [`q4_halves`]. (q4 weights; K must be a multiple of 32.)
     Q4Groups,
 }
 
@@ -31,6 +33,18 @@ pub struct Activations {
     sums: Vec<i32>,
     /// The bits of the f32 rows these were made from.
     source: Vec<u32>,
+}
+
+/// Where group g's 16 even and 16 odd elements start in a `Q4Groups` row of `groups` groups.
+#[inline]
+pub fn q4_halves(g: usize, groups: usize) -> (usize, usize) {
+    let base = (g / 2) * 2 * Q4_GROUP;
+    if g.is_multiple_of(2) && g + 1 == groups {
+        (base, base + Q4_GROUP / 2)
+    } else {
+        let second = (g % 2) * Q4_GROUP / 2;
+        (base + second, base + Q4_GROUP + second)
+    }
 }
 
 /// One row's input, codes, scale and sums.
@@ -87,12 +101,24 @@ impl Activations {
                     sums[0] = cr[..covered].iter().map(|&c| c as i32).sum();
                 }
                 ActivationLayout::Q4Groups => {
-                    for (group, sum) in cr.chunks_exact_mut(Q4_GROUP).zip(sums.iter_mut()) {
+                    let groups = k / Q4_GROUP;
+                    for (g, sum) in sums.iter_mut().enumerate() {
+                        let group = &cr[g * Q4_GROUP..(g + 1) * Q4_GROUP];
                         *sum = 8 * group.iter().map(|&c| c as i32).sum::<i32>();
-                        let natural: [i8; Q4_GROUP] = (&*group).try_into().expect("group of 32");
-                        for i in 0..Q4_GROUP / 2 {
-                            group[i] = natural[2 * i];
-                            group[Q4_GROUP / 2 + i] = natural[2 * i + 1];
+                    }
+                    // A pair's codes stay inside the pair's 64 bytes: permute them through a copy.
+                    for g0 in (0..groups).step_by(2) {
+                        let n = (groups - g0).min(2);
+                        let mut natural = [0i8; 2 * Q4_GROUP];
+                        natural[..n * Q4_GROUP]
+                            .copy_from_slice(&cr[g0 * Q4_GROUP..(g0 + n) * Q4_GROUP]);
+                        for (gi, src) in natural[..n * Q4_GROUP].chunks_exact(Q4_GROUP).enumerate()
+                        {
+                            let (even, odd) = q4_halves(g0 + gi, groups);
+                            for i in 0..Q4_GROUP / 2 {
+                                cr[even + i] = src[2 * i];
+                                cr[odd + i] = src[2 * i + 1];
+                            }
                         }
                     }
                 }

@@ -24,7 +24,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::OnceLock;
 
-pub use activations::{ActivationLayout, Activations};
+pub use activations::{q4_halves, ActivationLayout, Activations};
 
 /// Weight rows per panel: the SIMD tiles work on this many weight rows at once (a short last panel
 /// repeats its last row and drops the extra lanes).

@@ -1,7 +1,7 @@
 //! The portable path: plain loops with `packs::quant`'s arithmetic, for any CPU. The SIMD paths are
 //! tested against this one and against the packs oracles.
 
-use super::{Activations, WeightBlock};
+use super::{q4_halves, Activations, WeightBlock};
 use packs::quant::{self, Q4_GROUP};
 
 pub(crate) fn gemm_block(
@@ -53,21 +53,22 @@ pub(crate) fn gemm_block(
     }
 }
 
-/// `quant::q4_row_scaled_sum` for activation codes in the `Q4Groups` layout (per group the 16 even
-/// elements, then the 16 odd): byte i of a group holds elements 2i (low nibble) and 2i+1 (high).
+/// `quant::q4_row_scaled_sum` for activation codes in the `Q4Groups` layout ([`q4_halves`]): byte
+/// i of a group holds elements 2i (low nibble) and 2i+1 (high).
 pub fn q4_scaled_sum_grouped(a: &[i8], codes_row: &[u8], scales_row: &[half::bf16]) -> f32 {
+    let groups = scales_row.len();
     let mut sum = 0f32;
-    for ((ag, wg), scale) in a
-        .chunks_exact(Q4_GROUP)
-        .zip(codes_row.chunks_exact(Q4_GROUP / 2))
+    for (g, (wg, scale)) in codes_row
+        .chunks_exact(Q4_GROUP / 2)
         .zip(scales_row)
+        .enumerate()
     {
-        let (even, odd) = ag.split_at(Q4_GROUP / 2);
+        let (even, odd) = q4_halves(g, groups);
         let mut acc = 0i32;
-        for ((&b, &e), &o) in wg.iter().zip(even).zip(odd) {
+        for (i, &b) in wg.iter().enumerate() {
             let lo = ((b << 4) as i8) >> 4;
             let hi = (b as i8) >> 4;
-            acc += e as i32 * lo as i32 + o as i32 * hi as i32;
+            acc += a[even + i] as i32 * lo as i32 + a[odd + i] as i32 * hi as i32;
         }
         sum += acc as f32 * scale.to_f32();
     }

@@ -410,15 +410,21 @@ fn prepared_activations_are_reused_only_for_the_same_bits() {
     assert!(acts.prepare(kern, ActivationLayout::Q4Groups, &x, 1, 64));
     x[63] = f32::from_bits(x[63].to_bits() ^ 1);
     assert!(acts.prepare(kern, ActivationLayout::Q4Groups, &x, 1, 64));
-    // The q4 layout: even elements, then odd ones, per group; sums are 8 x the group's sum.
+    // The q4 layout of a pair: evens of group 0, evens of group 1, odds of 0, odds of 1; sums are
+    // 8 x each group's sum.
     let mut natural = vec![0i8; 64];
     let s = quant::quantize_activation_row(&x, &mut natural);
     assert_eq!(acts.scale(0), s);
     let c = acts.codes(0);
+    assert_eq!((c[0], c[1], c[15]), (natural[0], natural[2], natural[30]));
+    assert_eq!((c[16], c[17]), (natural[32], natural[34]));
     assert_eq!(
-        (c[0], c[1], c[16], c[17]),
-        (natural[0], natural[2], natural[1], natural[3])
+        (c[32], c[33], c[48], c[63]),
+        (natural[1], natural[3], natural[33], natural[63])
     );
+    // A last unpaired group keeps its evens, then its odds.
+    assert_eq!(q4_halves(2, 3), (64, 80));
+    assert_eq!(q4_halves(1, 3), (16, 48));
     let group_sum: i32 = natural[32..].iter().map(|&v| v as i32).sum();
     assert_eq!(acts.sums(0)[1], 8 * group_sum);
 }

@@ -21,7 +21,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::activations::SIMD_BYTES;
-use super::{Activations, WeightBlock, PANEL};
+use super::{q4_halves, Activations, WeightBlock, PANEL};
 use half::bf16;
 use packs::quant::{self, Q4_GROUP};
 use std::arch::x86_64::*;
@@ -55,10 +55,12 @@ pub(crate) trait Dot {
     unsafe fn i8_weight(w: __m256i) -> __m256i;
     /// `acc + a · w` per lane, given the weights `w` and their unsigned form `wu`.
     unsafe fn i8_dot(acc: __m256i, wu: __m256i, w: __m256i, a: __m256i) -> __m256i;
-    /// `acc + u · a` per lane for unsigned `u` in 0..=15.
-    unsafe fn u4_dot(acc: __m256i, u: __m256i, a: __m256i) -> __m256i;
-    /// One q4 group of a packed panel: lane c is `Σ_j wp[j][c] · a[4j..4j+4]` over the 8 chunks.
-    unsafe fn u4_group_packed(wp: *const u8, a: *const i8) -> __m256i;
+    /// The dots (before the `8 * Σa` correction) of 8 q4 groups: weight bytes `w` (128), activation
+    /// codes `a` (256, `Q4Groups` layout, 4 whole pairs), lanes in [`OCTET_ORDER`].
+    unsafe fn u4_octet(w: *const u8, a: *const i8) -> __m256i;
+    /// One q4 group of a packed panel: lane c is `Σ_j wp[j][c] · a_j` over the 8 chunks, where chunk
+    /// j < 4 reads `even[4j..]` and chunk j >= 4 reads `odd[4(j-4)..]`.
+    unsafe fn u4_group_packed(wp: *const u8, even: *const i8, odd: *const i8) -> __m256i;
 }
 
 /// AVX2: `vpmaddubsw` (u8 x i8 pairs to i16) then `vpmaddwd` by ones (i16 pairs to i32).
@@ -76,20 +78,63 @@ impl Dot for Avx2Dot {
         _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
     }
     #[inline(always)]
-    unsafe fn u4_dot(acc: __m256i, u: __m256i, a: __m256i) -> __m256i {
-        let pairs = _mm256_maddubs_epi16(u, a);
-        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    unsafe fn u4_octet(w: *const u8, a: *const i8) -> __m256i {
+        // Per pair: i16 lanes of at most 2 * 2 * 15 * 127 = 7620; three pairwise adds reach 30480.
+        let mut v = [_mm256_setzero_si256(); 4];
+        for (p, vp) in v.iter_mut().enumerate() {
+            let (lo, hi) = split_q4_pair(w.add(32 * p));
+            let a_even = _mm256_loadu_si256(a.add(64 * p) as *const __m256i);
+            let a_odd = _mm256_loadu_si256(a.add(64 * p + 32) as *const __m256i);
+            *vp = _mm256_add_epi16(
+                _mm256_maddubs_epi16(lo, a_even),
+                _mm256_maddubs_epi16(hi, a_odd),
+            );
+        }
+        let h01 = _mm256_hadd_epi16(v[0], v[1]);
+        let h23 = _mm256_hadd_epi16(v[2], v[3]);
+        _mm256_madd_epi16(_mm256_hadd_epi16(h01, h23), _mm256_set1_epi16(1))
     }
     #[inline(always)]
-    unsafe fn u4_group_packed(wp: *const u8, a: *const i8) -> __m256i {
+    unsafe fn u4_group_packed(wp: *const u8, even: *const i8, odd: *const i8) -> __m256i {
         let mut acc16 = _mm256_setzero_si256();
         for j in 0..8 {
             let w = _mm256_loadu_si256(wp.add(32 * j) as *const __m256i);
-            let aj = _mm256_set1_epi32((a.add(4 * j) as *const i32).read_unaligned());
+            let aj = _mm256_set1_epi32(chunk(even, odd, j));
             acc16 = _mm256_add_epi16(acc16, _mm256_maddubs_epi16(w, aj));
         }
         _mm256_madd_epi16(acc16, _mm256_set1_epi16(1))
     }
+}
+
+/// The lane order of [`Dot::u4_octet`]: lane i holds group `OCTET_ORDER[i]` of the 8.
+const OCTET_ORDER: [i32; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+/// The lane of group g in [`OCTET_ORDER`].
+const OCTET_LANE: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+
+/// Two q4 groups' 32 bytes as unsigned `nibble ^ 8` values: (low nibbles = even elements of both
+/// groups, high nibbles = odd elements) — the `Q4Groups` pair order.
+#[inline(always)]
+unsafe fn split_q4_pair(p: *const u8) -> (__m256i, __m256i) {
+    let w = _mm256_xor_si256(
+        _mm256_loadu_si256(p as *const __m256i),
+        _mm256_set1_epi8(0x88u8 as i8),
+    );
+    let mask = _mm256_set1_epi8(0x0F);
+    (
+        _mm256_and_si256(w, mask),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(w), mask),
+    )
+}
+
+/// Activation chunk j (4 codes) of a packed-panel group, as an i32 to broadcast.
+#[inline(always)]
+unsafe fn chunk(even: *const i8, odd: *const i8, j: usize) -> i32 {
+    let p = if j < 4 {
+        even.add(4 * j)
+    } else {
+        odd.add(4 * (j - 4))
+    };
+    (p as *const i32).read_unaligned()
 }
 
 /// AVX-512 VNNI: `vpdpbusd` (u8 x i8, 4 products per i32 lane, accumulated, no saturation).
@@ -106,19 +151,54 @@ impl Dot for VnniDot {
         _mm256_dpbusd_epi32(acc, wu, a)
     }
     #[inline(always)]
-    unsafe fn u4_dot(acc: __m256i, u: __m256i, a: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(acc, u, a)
+    unsafe fn u4_octet(w: *const u8, a: *const i8) -> __m256i {
+        vnni_octet::<VnniDot>(w, a)
     }
     #[inline(always)]
-    unsafe fn u4_group_packed(wp: *const u8, a: *const i8) -> __m256i {
+    unsafe fn u4_group_packed(wp: *const u8, even: *const i8, odd: *const i8) -> __m256i {
         let mut acc = _mm256_setzero_si256();
         for j in 0..8 {
             let w = _mm256_loadu_si256(wp.add(32 * j) as *const __m256i);
-            let aj = _mm256_set1_epi32((a.add(4 * j) as *const i32).read_unaligned());
-            acc = _mm256_dpbusd_epi32(acc, w, aj);
+            acc = _mm256_dpbusd_epi32(acc, w, _mm256_set1_epi32(chunk(even, odd, j)));
         }
         acc
     }
+}
+
+/// `vpdpbusd`, real or emulated (a trait, not a closure: closures do not inherit target features).
+trait Dpbusd {
+    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
+}
+
+impl Dpbusd for VnniDot {
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, u, s)
+    }
+}
+
+#[cfg(test)]
+impl Dpbusd for EmuVnniDot {
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        dpbusd_emulated(acc, u, s)
+    }
+}
+
+/// `u4_octet` over a `vpdpbusd`: i32 lanes per pair, then two levels of `vphaddd` give the same
+/// [`OCTET_ORDER`] as the AVX2 i16 tree.
+#[inline(always)]
+unsafe fn vnni_octet<P: Dpbusd>(w: *const u8, a: *const i8) -> __m256i {
+    let mut v = [_mm256_setzero_si256(); 4];
+    for (p, vp) in v.iter_mut().enumerate() {
+        let (lo, hi) = split_q4_pair(w.add(32 * p));
+        let a_even = _mm256_loadu_si256(a.add(64 * p) as *const __m256i);
+        let a_odd = _mm256_loadu_si256(a.add(64 * p + 32) as *const __m256i);
+        *vp = P::dpbusd(P::dpbusd(_mm256_setzero_si256(), lo, a_even), hi, a_odd);
+    }
+    let h01 = _mm256_hadd_epi32(v[0], v[1]);
+    let h23 = _mm256_hadd_epi32(v[2], v[3]);
+    _mm256_hadd_epi32(h01, h23)
 }
 
 /// `VnniDot` with `vpdpbusd` emulated exactly in AVX2 (bytes widened to i16, `vpmaddwd` on the even
@@ -150,16 +230,15 @@ impl Dot for EmuVnniDot {
         dpbusd_emulated(acc, wu, a)
     }
     #[inline(always)]
-    unsafe fn u4_dot(acc: __m256i, u: __m256i, a: __m256i) -> __m256i {
-        dpbusd_emulated(acc, u, a)
+    unsafe fn u4_octet(w: *const u8, a: *const i8) -> __m256i {
+        vnni_octet::<EmuVnniDot>(w, a)
     }
     #[inline(always)]
-    unsafe fn u4_group_packed(wp: *const u8, a: *const i8) -> __m256i {
+    unsafe fn u4_group_packed(wp: *const u8, even: *const i8, odd: *const i8) -> __m256i {
         let mut acc = _mm256_setzero_si256();
         for j in 0..8 {
             let w = _mm256_loadu_si256(wp.add(32 * j) as *const __m256i);
-            let aj = _mm256_set1_epi32((a.add(4 * j) as *const i32).read_unaligned());
-            acc = dpbusd_emulated(acc, w, aj);
+            acc = dpbusd_emulated(acc, w, _mm256_set1_epi32(chunk(even, odd, j)));
         }
         acc
     }
@@ -235,20 +314,6 @@ unsafe fn gemm_block_generic<D: Dot>(
 
 // ---------------------------------------------------------------------------------------------
 // Shared vector helpers.
-
-/// Lane p of the result is the sum of the 8 lanes of `v[p]`.
-#[inline(always)]
-unsafe fn reduce8(v: [__m256i; 8]) -> __m256i {
-    let h01 = _mm256_hadd_epi32(v[0], v[1]);
-    let h23 = _mm256_hadd_epi32(v[2], v[3]);
-    let h45 = _mm256_hadd_epi32(v[4], v[5]);
-    let h67 = _mm256_hadd_epi32(v[6], v[7]);
-    let h0123 = _mm256_hadd_epi32(h01, h23);
-    let h4567 = _mm256_hadd_epi32(h45, h67);
-    let lo = _mm256_permute2x128_si256::<0x20>(h0123, h4567);
-    let hi = _mm256_permute2x128_si256::<0x31>(h0123, h4567);
-    _mm256_add_epi32(lo, hi)
-}
 
 /// 8x8 transpose: lane c of output g is lane g of input c.
 #[inline(always)]
@@ -423,28 +488,30 @@ unsafe fn q4_row_panel<D: Dot>(
     let mut sum = _mm256_setzero_ps();
     let blocks = groups / 8;
     let mut prod = [[_mm256_setzero_ps(); PANEL]; Q4_SEGMENT];
+    let order = _mm256_loadu_si256(OCTET_ORDER.as_ptr() as *const __m256i);
     for seg in (0..blocks).step_by(Q4_SEGMENT) {
         let seg_blocks = (blocks - seg).min(Q4_SEGMENT);
         for c in 0..PANEL {
             for b in 0..seg_blocks {
                 let g0 = 8 * (seg + b);
-                let mut v = [_mm256_setzero_si256(); 8];
-                for g in 0..8 {
-                    let u = expand_q4(w[c].as_ptr().add((g0 + g) * Q4_GROUP / 2));
-                    let ap = a.as_ptr().add((g0 + g) * Q4_GROUP) as *const __m256i;
-                    v[g] = D::u4_dot(_mm256_setzero_si256(), u, _mm256_loadu_si256(ap));
-                }
-                // Lane g: the exact dot of group g0 + g.
+                let octet = D::u4_octet(
+                    w[c].as_ptr().add(g0 * Q4_GROUP / 2),
+                    a.as_ptr().add(g0 * Q4_GROUP),
+                );
+                // Corrections and scales follow the octet's lane order.
                 let corr_v = _mm256_loadu_si256(corr.as_ptr().add(g0) as *const __m256i);
-                let dots = _mm256_sub_epi32(reduce8(v), corr_v);
+                let corr_v = _mm256_permutevar8x32_epi32(corr_v, order);
+                let dots = _mm256_sub_epi32(octet, corr_v);
                 let scale = bf16x8_to_ps(s[c].as_ptr().add(g0));
+                let scale = _mm256_permutevar8x32_ps(scale, order);
                 prod[b][c] = _mm256_mul_ps(_mm256_cvtepi32_ps(dots), scale);
             }
         }
         // Lanes become weight rows; add the groups in ascending order.
         for p in prod.iter().take(seg_blocks) {
-            for t in transpose8(*p) {
-                sum = _mm256_add_ps(sum, t);
+            let t = transpose8(*p);
+            for lane in OCTET_LANE {
+                sum = _mm256_add_ps(sum, t[lane]);
             }
         }
     }
@@ -452,19 +519,18 @@ unsafe fn q4_row_panel<D: Dot>(
     _mm256_storeu_ps(sums.as_mut_ptr(), sum);
     // Groups past the last multiple of 8 (only for K not a multiple of 256), still in order.
     for g in 8 * blocks..groups {
-        let ag = &a[g * Q4_GROUP..(g + 1) * Q4_GROUP];
+        let (even, odd) = q4_halves(g, groups);
         for c in 0..PANEL {
             let wg = &w[c][g * Q4_GROUP / 2..(g + 1) * Q4_GROUP / 2];
-            let acc = q4_group_dot_scalar(ag, wg);
+            let acc = q4_group_dot_scalar(&a[even..even + 16], &a[odd..odd + 16], wg);
             sums[c] += acc as f32 * s[c][g].to_f32();
         }
     }
     sums
 }
 
-/// The exact dot of one group in the `Q4Groups` order.
-fn q4_group_dot_scalar(a: &[i8], w: &[u8]) -> i32 {
-    let (even, odd) = a.split_at(Q4_GROUP / 2);
+/// The exact dot of one group from its even and odd activation halves.
+fn q4_group_dot_scalar(even: &[i8], odd: &[i8], w: &[u8]) -> i32 {
     let mut acc = 0i32;
     for ((&b, &e), &o) in w.iter().zip(even).zip(odd) {
         acc += e as i32 * (((b << 4) as i8) >> 4) as i32 + o as i32 * ((b as i8) >> 4) as i32;
@@ -553,8 +619,10 @@ unsafe fn q4_packed_tile<D: Dot, const R: usize>(
     for g in 0..groups {
         let scale = _mm256_loadu_ps(sp.as_ptr().add(g * PANEL));
         let wg = wp.as_ptr().add(g * 256);
+        let (even, odd) = q4_halves(g, groups);
         for r in 0..R {
-            let acc = D::u4_group_packed(wg, a[r].as_ptr().add(g * Q4_GROUP));
+            let ar = a[r].as_ptr();
+            let acc = D::u4_group_packed(wg, ar.add(even), ar.add(odd));
             let acc = _mm256_sub_epi32(acc, _mm256_set1_epi32(corr[r][g]));
             sum[r] = _mm256_add_ps(sum[r], _mm256_mul_ps(_mm256_cvtepi32_ps(acc), scale));
         }

@@ -20,7 +20,8 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 if [[ "${1:-}" == "--update" ]]; then
     OUT=$FIXTURE
-    rm -rf "$OUT"
+    mkdir -p "$OUT"
+    find "$OUT" -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
 else
     OUT=$WORK/chat
 fi
@@ -33,21 +34,21 @@ bad() { echo "FAILED: $*"; failed=$((failed + 1)); }
 
 echo "== checkpoint"
 python3 tools/tiny_chat_checkpoint.py --out "$OUT" --prompt "$PROMPT" --steps "$STEPS" 2>&1 | grep -v -i -E "warn|writing model" || true
-[[ -f "$OUT/checkpoint/model.safetensors" ]] || { echo "FAILED: no checkpoint"; exit 1; }
+[[ -f "$OUT/Qwen3-VL-tiny/model.safetensors" ]] || { echo "FAILED: no checkpoint"; exit 1; }
 
 echo "== packs build"
 cargo build --release -q -p packs --bin packs
 cargo build --release -q -p probes --bin hybrid_prompt_probe
-target/release/packs build "$OUT/checkpoint" -o "$WORK/tiny-f32.pack" --quant f32 -q
+target/release/packs build "$OUT/Qwen3-VL-tiny" -o "$WORK/tiny-f32.pack" --quant f32 -q
 
 echo "== tools/hybrid_input.py"
-python3 tools/hybrid_input.py --model "$OUT/checkpoint" --image "$OUT/picture-1.png" \
+python3 tools/hybrid_input.py --model "$OUT/Qwen3-VL-tiny" --image "$OUT/picture-1.png" \
     --image "$OUT/picture-2.png" --prompt "$PROMPT" -o "$OUT/inputs.safetensors" \
     --reference "$STEPS" 2>&1 | grep -v -i -E "warn|loading weights" || true
 
 echo "== hybrid_prompt_probe"
 PROBE=(target/release/hybrid_prompt_probe "$WORK/tiny-f32.pack" "$OUT/inputs.safetensors"
-       --tokenizer "$OUT/checkpoint/tokenizer.json")
+       --tokenizer "$OUT/Qwen3-VL-tiny/tokenizer.json")
 "${PROBE[@]}" --reference "$OUT/reference.safetensors" | tee "$WORK/compare.txt"
 "${PROBE[@]}" --reference "$OUT/reference.safetensors" --json > "$WORK/compare.json" || true
 "${PROBE[@]}" --json > "$WORK/answer.json" || true
@@ -87,11 +88,11 @@ refused() {  # refused NAME EXPECTED-TEXT ARGS...
     fi
 }
 CK=$WORK/ck
-cp -r "$OUT/checkpoint" "$CK"
+cp -r "$OUT/Qwen3-VL-tiny" "$CK"
 refused "a missing model directory" "$WORK/nope: no such model directory" --model "$WORK/nope" --image "$OUT/picture-1.png"
 rm "$CK/model.safetensors"
 refused "a missing model file" "$CK: no model.safetensors" --model "$CK" --image "$OUT/picture-1.png"
-cp "$OUT/checkpoint/model.safetensors" "$CK/"
+cp "$OUT/Qwen3-VL-tiny/model.safetensors" "$CK/"
 mv "$CK/tokenizer.json" "$WORK/tokenizer.json"
 refused "a missing tokenizer" "$CK/tokenizer.json: missing" --model "$CK" --image "$OUT/picture-1.png"
 mv "$WORK/tokenizer.json" "$CK/"
@@ -108,7 +109,7 @@ EOF
 refused "a checkpoint that is not Qwen3-VL" "model_type 'qwen2_vl' (Qwen2VLForConditionalGeneration): not a Qwen3-VL checkpoint" \
     --model "$CK" --image "$OUT/picture-1.png"
 # Control: the same command on the untouched checkpoint is accepted.
-if python3 tools/hybrid_input.py --model "$OUT/checkpoint" --image "$OUT/picture-1.png" --prompt hi \
+if python3 tools/hybrid_input.py --model "$OUT/Qwen3-VL-tiny" --image "$OUT/picture-1.png" --prompt hi \
     -o "$WORK/x.safetensors" > /dev/null 2>&1; then ok "accepts the good checkpoint (control)"; else bad "control"; fi
 
 if [[ "$OUT" != "$FIXTURE" ]]; then

@@ -5,17 +5,17 @@ processor files, and two test pictures: what tools/test_chain.sh runs the whole 
   python tools/tiny_chat_checkpoint.py --out /tmp/chat --prompt "Describe these pictures."
 
 writes
-  <out>/checkpoint/      config.json + model.safetensors (f32, tools/hf_reference.py's writer),
-                         tokenizer.json + tokenizer_config.json (Qwen2Tokenizer: a byte-level BPE
-                         trained here on a small seeded English corpus, Qwen's pre-tokenizer regex and
-                         NFC, then Qwen's 14 special tokens in the hub's order, so <|endoftext|> is the
-                         first id after the BPE vocabulary and <|image_pad|> = <|vision_start|> + 3 as
-                         on the hub), chat_template.jinja (Qwen3-VL's user / assistant turns with
-                         <|vision_start|><|image_pad|><|vision_end|> per picture),
-                         preprocessor_config.json (Qwen2VL image processor, patch 16, merge 2, small
-                         pictures kept at their size), video_preprocessor_config.json (hub fields)
+  <out>/Qwen3-VL-tiny/
+      config.json + model.safetensors (f32, tools/hf_reference.py's writer);
+      tokenizer.json + tokenizer_config.json (Qwen2Tokenizer: a byte-level BPE trained here on a
+      small seeded English corpus, Qwen's pre-tokenizer regex and NFC, then Qwen's 14 special tokens
+      in the hub's order, so <|endoftext|> is the first id after the BPE vocabulary and
+      <|image_pad|> = <|vision_start|> + 3 as on the hub); chat_template.jinja (Qwen3-VL's user /
+      assistant turns with <|vision_start|><|image_pad|><|vision_end|> per picture);
+      preprocessor_config.json (Qwen2VL image processor, patch 16, merge 2, small pictures kept at
+      their size); video_preprocessor_config.json (the hub's fields)
   <out>/picture-1.png, picture-2.png   64x64 checker, 64x96 gradient (tools/hf_reference.py's)
-  <out>/case.json        the spec, the seed and why it was chosen
+  <out>/case.json                      the spec, the seed and why it was chosen
 
 The weights are random, so most seeds never say <|im_end|>. The seed is the first one (from --seed
 up) whose transformers greedy answer to the prompt on the two pictures ends with <|im_end|> at a step
@@ -74,6 +74,9 @@ morning evening night summer winter rain snow wind warm cold quiet busy empty fu
 describe tell answer question please thanks sure sorry maybe probably clearly mostly slightly very""".split()
 
 PICTURES = [(64, 64, "checker"), (64, 96, "gradient")]
+# The model's directory, named like a downloaded hub model (and not `checkpoint/`, which the
+# transformers-reference suites walk: this case has no i8/q4 references).
+MODEL_DIR = "Qwen3-VL-tiny"
 
 SPEC = dict(
     description="tiny chat model: random Qwen3-VL, hidden 64, 2 layers, heads 2/1, head_dim 32, mrope "
@@ -183,7 +186,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--out", required=True, help="output directory (checkpoint/, pictures, case.json)")
+    ap.add_argument("--out", required=True, help=f"output directory ({MODEL_DIR}/, pictures, case.json)")
     ap.add_argument("--prompt", default="Describe these pictures.", help="the question the seed is chosen for")
     ap.add_argument("--steps", type=int, default=16, help="greedy steps of the reference")
     ap.add_argument("--min-answer", type=int, default=4, help="fewest tokens before <|im_end|>")
@@ -194,7 +197,7 @@ def main(argv: list[str]) -> int:
     from transformers import Qwen3VLForConditionalGeneration
 
     torch.use_deterministic_algorithms(True)
-    ck_dir = os.path.join(args.out, "checkpoint")
+    ck_dir = os.path.join(args.out, MODEL_DIR)
     os.makedirs(ck_dir, exist_ok=True)
     for f in os.listdir(ck_dir):
         os.remove(os.path.join(ck_dir, f))

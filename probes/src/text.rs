@@ -145,7 +145,7 @@ mod tests {
     use super::*;
 
     fn chat_tokenizer() -> PathBuf {
-        crate::bundled::fixtures_dir().join("chat/checkpoint/tokenizer.json")
+        crate::bundled::fixtures_dir().join("chat/Qwen3-VL-tiny/tokenizer.json")
     }
 
     #[test]

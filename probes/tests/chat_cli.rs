@@ -17,7 +17,7 @@ fn file(name: &str) -> String {
 }
 
 fn tokenizer() -> String {
-    file("checkpoint/tokenizer.json")
+    file("Qwen3-VL-tiny/tokenizer.json")
 }
 
 /// transformers' answer: greedy ids and text up to <|im_end|>, and all reference steps.
@@ -56,7 +56,7 @@ fn build_pack(dir: &Path) -> String {
         mrope_section: None,
         progress: false,
     };
-    packs::build::build_from_hf(&chat().join("checkpoint"), &out, &opts).unwrap();
+    packs::build::build_from_hf(&chat().join("Qwen3-VL-tiny"), &out, &opts).unwrap();
     out.to_string_lossy().into_owned()
 }
 

@@ -63,6 +63,13 @@ enum Mode {
         #[arg(long, value_delimiter = ',')]
         isa: Vec<String>,
     },
+    /// The bf16 KV cache's accuracy cost: every transformers fixture replayed (prompt, teacher-forced
+    /// steps, text control) with the f32 and the bf16 cache, each against the reference.
+    KvAccuracy {
+        /// The fixtures directory (cases with checkpoint/, inputs.safetensors, reference*.safetensors).
+        #[arg(long, default_value = "tests/fixtures")]
+        fixtures: PathBuf,
+    },
     /// Attention alone over a filled cache: every layer's KV heads at one decode row, f32 and bf16
     /// caches, as the decoder runs it (the pool's threads over the KV heads).
     Attention {
@@ -107,6 +114,7 @@ fn main() {
     let report = match args.mode {
         None => decoder_bench(c, &shape, &kinds),
         Some(Mode::Attention { context }) => attention_bench(c, &shape, context),
+        Some(Mode::KvAccuracy { ref fixtures }) => kv_accuracy(c, fixtures),
         Some(Mode::Gemm { rows, isa }) => {
             let isas: Vec<Isa> = if isa.is_empty() {
                 Isa::available()
@@ -166,16 +174,29 @@ fn pack_bytes_per_token(pack: &Pack) -> u64 {
         .sum()
 }
 
-/// Streaming read bandwidth with `threads` threads over 512 MiB (far beyond any cache); best of 5.
-fn read_bandwidth(threads: usize) -> f64 {
-    let words = (512usize << 20) / 8;
-    let buf: Vec<u64> = (0..words as u64).collect();
-    let per = words.div_ceil(threads);
-    let mut best = 0f64;
-    for _ in 0..5 {
+/// A streaming-read bandwidth probe: `threads` threads summing a buffer far larger than the caches
+/// (256 MiB, eight times a 32 MiB L3).
+struct ReadProbe {
+    buf: Vec<u64>,
+    threads: usize,
+}
+
+impl ReadProbe {
+    fn new(threads: usize) -> ReadProbe {
+        let words = (256usize << 20) / 8;
+        ReadProbe {
+            buf: (0..words as u64).collect(),
+            threads,
+        }
+    }
+
+    /// One pass over the buffer: GB/s.
+    fn pass(&self) -> f64 {
+        let per = self.buf.len().div_ceil(self.threads);
         let t = Instant::now();
         let total: u64 = std::thread::scope(|s| {
-            let handles: Vec<_> = buf
+            let handles: Vec<_> = self
+                .buf
                 .chunks(per)
                 .map(|part| s.spawn(move || sum_words(part)))
                 .collect();
@@ -185,9 +206,14 @@ fn read_bandwidth(threads: usize) -> f64 {
                 .fold(0, u64::wrapping_add)
         });
         std::hint::black_box(total);
-        best = best.max((words * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
+        (self.buf.len() * 8) as f64 / t.elapsed().as_secs_f64() / 1e9
     }
-    best
+}
+
+/// Streaming read bandwidth: best of 8 passes.
+fn read_bandwidth(threads: usize) -> f64 {
+    let probe = ReadProbe::new(threads);
+    (0..8).map(|_| probe.pass()).fold(0.0, f64::max)
 }
 
 fn sum_words(part: &[u64]) -> u64 {
@@ -244,16 +270,48 @@ fn forward_for(pack: &Arc<Pack>, threads: usize, kv: KvDtype) -> Forward {
     Forward::new(pack, BackendChoice::Host, options).unwrap_or_else(|e| refuse(e))
 }
 
-/// Decode steps from the current cache position: (median step seconds, median share of the step
-/// spent outside the GEMMs, the logits of every step).
-fn decode_steps(f: &mut Forward, steps: usize) -> (f64, f64, Vec<Vec<f32>>) {
+/// Decode steps from the current cache position, each after a bandwidth pass.
+struct Decode {
+    /// Seconds per step.
+    times: Vec<f64>,
+    /// Share of each step spent outside the GEMMs.
+    non_gemm: Vec<f64>,
+    /// The bandwidth pass just before each step (GB/s).
+    read: Vec<f64>,
+    logits: Vec<Vec<f32>>,
+}
+
+impl Decode {
+    fn tok_s(&self) -> f64 {
+        1.0 / median(self.times.clone())
+    }
+    /// Median over steps of (bytes the step read / its time) / (the bandwidth just before it).
+    fn roofline(&self, bytes: f64) -> f64 {
+        median(
+            self.times
+                .iter()
+                .zip(&self.read)
+                .map(|(t, r)| bytes / t / 1e9 / r)
+                .collect(),
+        )
+    }
+    fn non_gemm(&self) -> f64 {
+        median(self.non_gemm.clone())
+    }
+}
+
+fn decode_steps(f: &mut Forward, steps: usize, probe: &ReadProbe) -> Decode {
     let vocab = f.semantics().vocab_size;
-    let mut times = Vec::new();
-    let mut non_gemm = Vec::new();
-    let mut logits = Vec::new();
+    let mut d = Decode {
+        times: Vec::new(),
+        non_gemm: Vec::new(),
+        read: Vec::new(),
+        logits: Vec::new(),
+    };
     let mut token = 11u32;
-    f.backend_mut().take_stats();
     for _ in 0..steps {
+        d.read.push(probe.pass());
+        f.backend_mut().take_stats();
         let slot = f.next_slot();
         let t = Instant::now();
         let out = f
@@ -261,12 +319,12 @@ fn decode_steps(f: &mut Forward, steps: usize) -> (f64, f64, Vec<Vec<f32>>) {
             .unwrap_or_else(|e| refuse(e));
         let dt = secs(t.elapsed());
         token = forward::sampling::argmax(out) % vocab as u32;
-        logits.push(out.to_vec());
+        d.logits.push(out.to_vec());
         let gemm = secs(f.backend_mut().take_stats().host);
-        times.push(dt);
-        non_gemm.push(((dt - gemm) / dt).max(0.0));
+        d.times.push(dt);
+        d.non_gemm.push(((dt - gemm) / dt).max(0.0));
     }
-    (median(times), median(non_gemm), logits)
+    d
 }
 
 fn prefill(f: &mut Forward, rows: usize) -> f64 {
@@ -282,25 +340,21 @@ fn decoder_bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value 
     let packs: Vec<(QuantKind, Arc<Pack>)> =
         kinds.iter().map(|&k| (k, pack_for(c, shape, k))).collect();
     let isa = Isa::best();
-    let read_gb_s = read_bandwidth(c.threads);
     if !c.json {
         println!(
-            "shape {}  threads {}  kernels {}  streaming read {:.1} GB/s",
-            shape.name, c.threads, isa, read_gb_s
+            "shape {}  threads {}  kernels {}  (a {} MiB read pass runs before every decode step)",
+            shape.name, c.threads, isa, 256
         );
     }
+    let mut all_reads = Vec::new();
     let mut kinds_json = Map::new();
     for (kind, pack) in packs {
+        let bytes = pack_bytes_per_token(&pack) as f64;
+        // Memory first, without the probe's buffer: warm-up, then every prefill.
         let rss_reset = reset_peak_rss();
-        let bytes = pack_bytes_per_token(&pack);
         let mut f = forward_for(&pack, c.threads, KvDtype::F32);
         let kv_per_token = f.kv().bytes_per_token() as u64;
-        // Warm-up: fault the mapping in and grow every buffer.
         prefill(&mut f, 16);
-        decode_steps(&mut f, 2);
-
-        f.reset();
-        let (t0, non_gemm0, _) = decode_steps(&mut f, DECODE_STEPS);
         let mut prefill_json = Map::new();
         let mut prefill_rate = Vec::new();
         for rows in PREFILL_ROWS {
@@ -309,56 +363,61 @@ fn decoder_bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value 
             prefill_json.insert(rows.to_string(), json!(round2(rows as f64 / t)));
             prefill_rate.push((rows, rows as f64 / t));
         }
-        // The last prefill left LONG_CONTEXT slots filled: decode at that context.
-        let (t512, non_gemm512, logits_f32) = decode_steps(&mut f, DECODE_STEPS);
         let peak = peak_rss_mb();
         let kv_alloc = f.kv_bytes() as f64;
+
+        let probe = ReadProbe::new(c.threads);
+        // The last prefill left LONG_CONTEXT slots filled: decode there, then from an empty cache.
+        let d512 = decode_steps(&mut f, DECODE_STEPS, &probe);
+        f.reset();
+        let d0 = decode_steps(&mut f, DECODE_STEPS, &probe);
         drop(f);
 
         // The bf16 KV cache: speed at the same context and its distance from the f32 cache.
         let mut fb = forward_for(&pack, c.threads, KvDtype::Bf16);
         prefill(&mut fb, LONG_CONTEXT);
-        let (t512_bf16, non_gemm512_bf16, logits_bf16) = decode_steps(&mut fb, DECODE_STEPS);
+        let d512b = decode_steps(&mut fb, DECODE_STEPS, &probe);
         let kv_bf16_per_token = fb.kv().bytes_per_token() as u64;
         drop(fb);
-        let (max_diff, top1) = compare_logits(&logits_f32, &logits_bf16);
+        drop(probe);
+        let (max_diff, top1) = compare_logits(&d512.logits, &d512b.logits);
+        for d in [&d0, &d512, &d512b] {
+            all_reads.extend_from_slice(&d.read);
+        }
 
-        let roofline_tok_s = read_gb_s * 1e9 / bytes as f64;
-        let decode_tok_s = 1.0 / t0;
-        let moved_gb_s = bytes as f64 / t0 / 1e9;
-        let moved512 = (bytes + kv_per_token * LONG_CONTEXT as u64) as f64 / t512 / 1e9;
+        let read = median(d0.read.clone());
+        let decode_tok_s = d0.tok_s();
+        let roofline = d0.roofline(bytes);
+        let kv512 = (kv_per_token * LONG_CONTEXT as u64) as f64;
+        let kv512b = (kv_bf16_per_token * LONG_CONTEXT as u64) as f64;
         let pack_mb = pack.file_len() as f64 / (1 << 20) as f64;
         let budget_mb = pack_mb + kv_alloc / (1 << 20) as f64 + 300.0;
         if !c.json {
             println!(
-                "\n{kind}: pack {:.0} MB, {:.0} MB read per token",
+                "\n{kind}: pack {:.0} MB, {:.0} MB read per token (+ {:.0} MB of f32 KV at ctx {LONG_CONTEXT})",
                 pack_mb,
-                bytes as f64 / 1e6
+                bytes / 1e6,
+                kv512 / 1e6
             );
-            println!(
-                "  decode ctx 0   {:7.2} tok/s  {:5.1} GB/s  {:5.1}% of roofline ({:.2} tok/s)  non-GEMM {:4.1}%",
-                decode_tok_s,
-                moved_gb_s,
-                100.0 * decode_tok_s / roofline_tok_s,
-                roofline_tok_s,
-                100.0 * non_gemm0
-            );
-            println!(
-                "  decode ctx 512 {:7.2} tok/s  {:5.1} GB/s (pack + f32 KV)  non-GEMM {:4.1}%",
-                1.0 / t512,
-                moved512,
-                100.0 * non_gemm512
-            );
-            println!(
-                "  decode ctx 512 {:7.2} tok/s  bf16 KV, non-GEMM {:4.1}%",
-                1.0 / t512_bf16,
-                100.0 * non_gemm512_bf16
-            );
+            for (label, d, extra) in [
+                ("ctx 0          ", &d0, 0.0),
+                ("ctx 512 f32 KV ", &d512, kv512),
+                ("ctx 512 bf16 KV", &d512b, kv512b),
+            ] {
+                println!(
+                    "  decode {label} {:6.2} tok/s  {:5.1} GB/s moved  {:5.1}% of the read bandwidth beside it (median {:.1} GB/s)  non-GEMM {:4.1}%",
+                    d.tok_s(),
+                    (bytes + extra) * d.tok_s() / 1e9,
+                    100.0 * d.roofline(bytes + extra),
+                    median(d.read.clone()),
+                    100.0 * d.non_gemm()
+                );
+            }
             for (rows, rate) in &prefill_rate {
                 println!("  prefill {rows:4} rows {rate:8.2} tok/s");
             }
             println!(
-                "  KV per token: f32 {} B, bf16 {} B; bf16 vs f32 KV over {} decode steps at ctx 512: max |dlogit| {:.2e}, top-1 agree {:.0}%",
+                "  KV per token: f32 {} B, bf16 {} B; bf16 vs f32 cache over {} steps at ctx 512: max |dlogit| {:.2e}, same argmax {:.0}%",
                 kv_per_token,
                 kv_bf16_per_token,
                 DECODE_STEPS,
@@ -379,21 +438,21 @@ fn decoder_bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value 
             kind.to_string(),
             json!({
                 "decode_tok_s": round2(decode_tok_s),
-                "decode_tok_s_ctx512": round2(1.0 / t512),
-                "decode_tok_s_ctx512_kv_bf16": round2(1.0 / t512_bf16),
+                "decode_tok_s_ctx512": round2(d512.tok_s()),
+                "decode_tok_s_ctx512_kv_bf16": round2(d512b.tok_s()),
                 "prefill_tok_s": prefill_json,
-                "roofline_pct": round2(100.0 * decode_tok_s / roofline_tok_s),
-                "roofline_tok_s": round2(roofline_tok_s),
-                "gb_s_moved": round2(moved_gb_s),
-                "gb_s_moved_ctx512": round2(moved512),
-                "pack_bytes_per_token": bytes,
-                "non_gemm_pct_ctx0": round2(100.0 * non_gemm0),
-                "non_gemm_pct_ctx512": round2(100.0 * non_gemm512),
-                "non_gemm_pct_ctx512_kv_bf16": round2(100.0 * non_gemm512_bf16),
+                "roofline_pct": round2(100.0 * roofline),
+                "roofline_pct_ctx512": round2(100.0 * d512.roofline(bytes + kv512)),
+                "read_gb_s": round2(read),
+                "gb_s_moved": round2(bytes * decode_tok_s / 1e9),
+                "pack_bytes_per_token": bytes as u64,
+                "non_gemm_pct_ctx0": round2(100.0 * d0.non_gemm()),
+                "non_gemm_pct_ctx512": round2(100.0 * d512.non_gemm()),
+                "non_gemm_pct_ctx512_kv_bf16": round2(100.0 * d512b.non_gemm()),
                 "kv_bytes_per_token": kv_per_token,
                 "kv_bf16_bytes_per_token": kv_bf16_per_token,
                 "kv_bf16_max_abs_logit_diff": max_diff,
-                "kv_bf16_top1_agree": top1,
+                "kv_bf16_same_argmax": top1,
                 "peak_rss_mb": peak.map(round2),
                 "peak_rss_reset": rss_reset,
                 "rss_budget_mb": round2(budget_mb),
@@ -401,11 +460,17 @@ fn decoder_bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value 
             }),
         );
     }
+    let read_gb_s = median(all_reads.clone());
+    let best = all_reads.iter().copied().fold(0.0, f64::max);
+    if !c.json {
+        println!("\nstreaming read over the run: median {read_gb_s:.1} GB/s, best {best:.1} GB/s");
+    }
     json!({
         "shape": shape.name,
         "threads": c.threads,
         "kernels": isa.name(),
         "read_gb_s": round2(read_gb_s),
+        "read_gb_s_best": round2(best),
         "kinds": kinds_json,
     })
 }
@@ -667,4 +732,90 @@ fn attention_bench(c: &Common, shape: &RandomShape, context: usize) -> Value {
         );
     }
     json!({ "shape": shape.name, "threads": c.threads, "context": context, "attention": result })
+}
+
+// ------------------------------------------------------------------------------------------------
+// The bf16 KV cache's accuracy cost on the transformers fixtures.
+
+fn kv_accuracy(c: &Common, fixtures: &std::path::Path) -> Value {
+    use probes::bundled::reference_name;
+    use probes::{replay, Reference};
+    let Ok(entries) = std::fs::read_dir(fixtures) else {
+        refuse(format!(
+            "cannot read the fixtures directory {}",
+            fixtures.display()
+        ))
+    };
+    let mut cases: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("checkpoint").is_dir() && p.join("inputs.safetensors").is_file())
+        .collect();
+    cases.sort();
+    if cases.is_empty() {
+        refuse(format!(
+            "{} holds no case (a directory with checkpoint/ and inputs.safetensors)",
+            fixtures.display()
+        ));
+    }
+    let mut out = Vec::new();
+    for case in cases {
+        let name = case
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let inputs = forward::PromptInputs::open(case.join("inputs.safetensors"))
+            .unwrap_or_else(|e| refuse(format!("{}: {e}", case.display())));
+        for kind in [QuantKind::F32, QuantKind::I8, QuantKind::Q4] {
+            let ref_path = case.join(reference_name(kind));
+            if !ref_path.is_file() {
+                continue;
+            }
+            let reference = Reference::open(&ref_path).unwrap_or_else(|e| refuse(format!("{e:?}")));
+            let pack_path = c.pack_dir.join(format!("fixture-{name}-{kind}.pack"));
+            let opts = packs::build::BuildOptions {
+                quant: kind,
+                mrope_section: None,
+                progress: false,
+            };
+            packs::build::build_from_hf(&case.join("checkpoint"), &pack_path, &opts)
+                .unwrap_or_else(|e| refuse(format!("{}: build {kind}: {e}", case.display())));
+            let pack = Arc::new(Pack::open(&pack_path).unwrap_or_else(|e| refuse(e)));
+            let mut row = Map::new();
+            row.insert("case".into(), json!(name));
+            row.insert("kind".into(), json!(kind.to_string()));
+            for dtype in [KvDtype::F32, KvDtype::Bf16] {
+                let options = ForwardOptions {
+                    capacity: inputs.rows() + 64,
+                    threads: c.threads,
+                    kv_dtype: dtype,
+                    ..ForwardOptions::default()
+                };
+                let mut f =
+                    Forward::new(&pack, BackendChoice::Host, options).unwrap_or_else(|e| refuse(e));
+                let r = replay(&mut f, &inputs, &reference, |_, _, _, _| {})
+                    .unwrap_or_else(|e| refuse(format!("{}: {e}", case.display())));
+                let key = format!("{dtype:?}").to_lowercase();
+                row.insert(
+                    key.clone(),
+                    json!({
+                        "max_abs_logit_diff": r.max_abs_logit_diff(),
+                        "decode_max_abs_logit_diff": r.decode.max_abs_diff(),
+                        "top1": r.top1_agreement(),
+                        "cosine": r.cosine,
+                    }),
+                );
+                if !c.json {
+                    println!(
+                        "{name:14} {kind:4} {key:4} KV: vs reference max |dlogit| {:.3e} (decode steps {:.3e}), top-1 {:.4}, cosine {:.8}",
+                        r.max_abs_logit_diff(),
+                        r.decode.max_abs_diff(),
+                        r.top1_agreement(),
+                        r.cosine
+                    );
+                }
+            }
+            let _ = std::fs::remove_file(&pack_path);
+            out.push(Value::Object(row));
+        }
+    }
+    json!({ "kv_accuracy": out })
 }

@@ -1,6 +1,6 @@
 //! `Forward`: the Qwen3-VL text decoder, one clear pass per step.
 
-use crate::attention::{attend_heads, AttnShape};
+use crate::attention::{attend_heads, kv_heads_per_task, AttnShape};
 use crate::backend::{BackendError, GemmBackend, WeightRef};
 use crate::device::{AbGemm, DeviceConfig, DeviceGemm};
 use crate::host::HostGemm;
@@ -721,15 +721,20 @@ fn attend_rows<T: KvElem>(
     }
     let (k_cache, v_cache) = (&store.k[layer][..], &store.v[layer][..]);
     let q_dim = shape.q_dim();
-    // One task per row over all KV heads: each slot is then one contiguous read of the cache row
-    // (`bench attention` measures the splits).
+    // Each task takes adjacent KV heads of one row, so each slot is one contiguous read of the
+    // cache row (`bench attention` measures the splits).
+    let per_task = kv_heads_per_task(shape, rows, pool.current_num_threads());
+    let head_span = shape.group() * shape.head_dim;
+    let span = per_task * head_span;
+    let tasks_per_row = shape.kv_heads / per_task;
     pool.install(|| {
         attn[..rows * q_dim]
-            .par_chunks_mut(q_dim)
+            .par_chunks_mut(span)
             .enumerate()
-            .for_each(|(r, out)| {
-                let qs = &q[r * q_dim..(r + 1) * q_dim];
-                attend_heads(shape, 0, start_slot + r + 1, qs, k_cache, v_cache, out);
+            .for_each(|(t, out)| {
+                let (r, g0) = (t / tasks_per_row, (t % tasks_per_row) * per_task);
+                let qs = &q[r * q_dim + g0 * head_span..][..span];
+                attend_heads(shape, g0, start_slot + r + 1, qs, k_cache, v_cache, out);
             })
     });
 }

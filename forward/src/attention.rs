@@ -80,6 +80,18 @@ pub fn attend_heads<T: KvElem>(
     });
 }
 
+/// KV heads per parallel task when `rows` query rows are attended on `threads` threads: whole cache
+/// rows (every KV head: one contiguous read per slot) once the rows alone give every thread a task;
+/// for fewer rows, the largest run of adjacent heads (a divisor of the KV heads) that still does.
+pub fn kv_heads_per_task(shape: AttnShape, rows: usize, threads: usize) -> usize {
+    let kv = shape.kv_heads.max(1);
+    let splits = threads.div_ceil(rows.max(1)).clamp(1, kv);
+    (1..=kv)
+        .rev()
+        .find(|&n| kv.is_multiple_of(n) && kv / n >= splits)
+        .unwrap_or(1)
+}
+
 /// [`attend`] with explicit 8-lane AVX2 loops for f32 and bf16 caches (the same lanes, multiplies,
 /// adds and orders as the portable loops) and software prefetch: a KV head's rows sit one cache row
 /// (`kv_dim` values) apart, a new page every slot, where the hardware prefetchers stop.
@@ -424,6 +436,30 @@ mod tests {
                 bits(&want[3 * span..]),
                 "attend_group, slots {used}"
             );
+        }
+    }
+
+    #[test]
+    fn decode_rows_split_over_the_threads_and_prefill_rows_stay_whole() {
+        let shape = AttnShape {
+            heads: 16,
+            kv_heads: 8,
+            head_dim: 128,
+        };
+        assert_eq!(kv_heads_per_task(shape, 1, 2), 4);
+        assert_eq!(kv_heads_per_task(shape, 1, 1), 8);
+        assert_eq!(kv_heads_per_task(shape, 2, 2), 8);
+        assert_eq!(kv_heads_per_task(shape, 512, 2), 8);
+        assert_eq!(kv_heads_per_task(shape, 1, 3), 2);
+        assert_eq!(kv_heads_per_task(shape, 1, 64), 1);
+        for rows in [1, 2, 3, 7, 100] {
+            for threads in 1..10 {
+                let n = kv_heads_per_task(shape, rows, threads);
+                assert!(
+                    8 % n == 0 && rows * (8 / n) >= threads.min(8 * rows),
+                    "{rows} {threads}"
+                );
+            }
         }
     }
 

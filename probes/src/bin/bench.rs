@@ -663,8 +663,7 @@ fn attention_bench(c: &Common, shape: &RandomShape, context: usize) -> Value {
             }
         }
     }
-    // The decoder attends whole rows (all KV heads per task).
-    let chosen = geometry.kv_heads;
+    let chosen = forward::attention::kv_heads_per_task(geometry, 1, c.threads);
     let mut splits: Vec<usize> = (1..=geometry.kv_heads)
         .filter(|n| geometry.kv_heads.is_multiple_of(*n))
         .collect();

@@ -129,7 +129,7 @@ mod simd {
     use std::arch::x86_64::*;
 
     /// Slots ahead whose K and V rows are prefetched.
-    const PREFETCH_SLOTS: usize = 16;
+    const PREFETCH_SLOTS: usize = 8;
 
     /// `s` as a slice of `U` when `T` is `U`.
     pub fn cast<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
@@ -223,7 +223,6 @@ mod simd {
             if s + PREFETCH_SLOTS < slots {
                 let ahead = (s + PREFETCH_SLOTS) * kv_dim + g0 * d;
                 prefetch_run(k_cache.as_ptr().add(ahead), run_bytes);
-                prefetch_run(v_cache.as_ptr().add(ahead), run_bytes);
             }
             let k_run = &k_cache[s * kv_dim + g0 * d..s * kv_dim + g0 * d + run];
             for (h, qh) in q.chunks_exact(d).enumerate() {
@@ -235,6 +234,11 @@ mod simd {
         out.fill(0.0);
         let blocks = d / 8;
         for s in 0..slots {
+            // V is prefetched here, not beside K: a task's V rows need not fit in L2.
+            if s + PREFETCH_SLOTS < slots {
+                let ahead = (s + PREFETCH_SLOTS) * kv_dim + g0 * d;
+                prefetch_run(v_cache.as_ptr().add(ahead), run_bytes);
+            }
             let v_run = &v_cache[s * kv_dim + g0 * d..s * kv_dim + g0 * d + run];
             for (h, oh) in out.chunks_exact_mut(d).enumerate() {
                 let v = &v_run[(h / r) * d..(h / r + 1) * d];

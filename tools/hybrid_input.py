@@ -136,14 +136,17 @@ def load_processor(model_dir: str):
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, Qwen3VLProcessor
     from transformers.utils import is_torchvision_available
 
-    if is_torchvision_available():
-        proc = AutoProcessor.from_pretrained(model_dir)
-    else:
-        processor_dict, _ = Qwen3VLProcessor.get_processor_dict(model_dir)
-        tok = AutoTokenizer.from_pretrained(model_dir)
-        proc = image_only_processor_class()(
-            image_processor=AutoImageProcessor.from_pretrained(model_dir), tokenizer=tok,
-            video_processor=None, chat_template=processor_dict.get("chat_template") or tok.chat_template)
+    try:
+        if is_torchvision_available():
+            proc = AutoProcessor.from_pretrained(model_dir)
+        else:
+            processor_dict, _ = Qwen3VLProcessor.get_processor_dict(model_dir)
+            tok = AutoTokenizer.from_pretrained(model_dir)
+            proc = image_only_processor_class()(
+                image_processor=AutoImageProcessor.from_pretrained(model_dir), tokenizer=tok,
+                video_processor=None, chat_template=processor_dict.get("chat_template") or tok.chat_template)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{model_dir}: transformers cannot load the processor ({e})") from e
     if not isinstance(proc, Qwen3VLProcessor):
         raise InputError(f"{model_dir}: AutoProcessor gave a {type(proc).__name__}, expected a "
                          "Qwen3VLProcessor (are preprocessor_config.json and the tokenizer files there?)")
@@ -190,8 +193,11 @@ def text_control_ids(processor, prompt: str) -> torch.Tensor:
 def load_model(model_dir: str):
     from transformers import Qwen3VLForConditionalGeneration
 
-    return Qwen3VLForConditionalGeneration.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation=hr.ATTN_IMPLEMENTATION).eval()
+    try:
+        return Qwen3VLForConditionalGeneration.from_pretrained(
+            model_dir, dtype=torch.float32, attn_implementation=hr.ATTN_IMPLEMENTATION).eval()
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        raise InputError(f"{model_dir}: transformers cannot load the model ({e})") from e
 
 
 def hybrid_inputs(model, prompt: hr.Prompt) -> hr.HybridInputs:

@@ -204,17 +204,9 @@ impl Forward {
             ]);
         }
         // Resolve every weight now so a broken pack fails here, not mid-step.
-        let mut refs = Vec::with_capacity(weights.len() + 1);
-        for (id, name) in weights.iter().enumerate() {
-            refs.push(WeightRef {
-                id,
-                linear: pack.linear(name)?,
-            });
-        }
-        refs.push(WeightRef {
-            id: weights.len(),
-            linear: pack.head(),
-        });
+        let refs = (0..=weights.len())
+            .map(|id| weight_ref(pack, &weights, id))
+            .collect::<Result<Vec<_>, _>>()?;
         for l in &norms {
             for n in l {
                 pack.norm(n)?;
@@ -446,13 +438,7 @@ impl Forward {
         rows: usize,
         y: &mut [f32],
     ) -> Result<(), ForwardError> {
-        let linear = if id == self.weights.len() {
-            self.pack.head()
-        } else {
-            self.pack.linear(&self.weights[id])?
-        };
-        self.backend.gemm(&WeightRef { id, linear }, x, rows, y)?;
-        Ok(())
+        self.gemm_group([id], x, rows, [y])
     }
 
     /// Weights `ids` applied to the same input: `ys[i] = x · W[ids[i]]ᵀ` (one device launch batch).
@@ -465,10 +451,7 @@ impl Forward {
     ) -> Result<(), ForwardError> {
         let mut refs = Vec::with_capacity(N);
         for id in ids {
-            refs.push(WeightRef {
-                id,
-                linear: self.pack.linear(&self.weights[id])?,
-            });
+            refs.push(weight_ref(&self.pack, &self.weights, id)?);
         }
         self.backend.gemm_group(&refs, x, rows, &mut ys)?;
         Ok(())
@@ -661,6 +644,19 @@ impl Forward {
         self.kv.commit(start_slot + rows);
         Ok(())
     }
+}
+
+/// The weight with table index `id`: a layer projection by name, or the head (the last id).
+fn weight_ref<'p>(
+    pack: &'p Pack,
+    weights: &[String],
+    id: usize,
+) -> Result<WeightRef<'p>, PackError> {
+    let linear = match weights.get(id) {
+        Some(name) => pack.linear(name)?,
+        None => pack.head(),
+    };
+    Ok(WeightRef { id, linear })
 }
 
 #[inline]

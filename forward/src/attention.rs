@@ -1,6 +1,6 @@
 //! Causal grouped-query attention over the KV cache, softmax in f32.
 
-use crate::kv::KvElem;
+use crate::kv::{KvElem, KvHeads};
 #[cfg(target_arch = "x86_64")]
 use half::bf16;
 use std::cell::RefCell;
@@ -31,6 +31,11 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Slots whose K rows one score block reads (a lane each in the SIMD path).
+const SLOT_BLOCK: usize = 8;
+/// Slots whose V rows one output pass keeps hot in L1 (`32 x 128` f32 = 16 KB).
+const V_SLOT_BLOCK: usize = 32;
+
 /// Attention for the query heads of one KV head `g`, for one query row that reads slots `0..slots`.
 ///
 /// `q` holds the row's `group` query heads for this KV head (`group * head_dim`), `out` the same span of
@@ -40,27 +45,28 @@ pub fn attend_group<T: KvElem>(
     g: usize,
     slots: usize,
     q: &[f32],
-    k_cache: &[T],
-    v_cache: &[T],
+    kv: KvHeads<'_, T>,
     out: &mut [f32],
 ) {
-    attend_heads(shape, g, slots, q, k_cache, v_cache, out)
+    attend_heads(shape, g, slots, q, kv, out)
 }
 
 /// Attention for the query heads of the adjacent KV heads `g0 ..`, for one query row that reads slots
 /// `0..slots`: `q` and `out` span those KV heads' query heads (`n * group * head_dim` for n KV heads).
 ///
-/// Each slot's K and V values of all n heads are one contiguous run of the cache row, read once for
-/// all their query heads. Per head the arithmetic is fixed — 8-lane dots, a sequential max and sum,
-/// `exp` from libm, the output accumulated slot by slot — whatever n, and the AVX2 build does the same
-/// operations in the same order, so every split and build gives the same bits.
+/// Per query head the arithmetic is fixed, whatever the split and the build:
+/// - score of slot s: `dot(q, k_s) * (1 / sqrt(d))`, the dot as [`dot`] orders it;
+/// - softmax: the max, `exp(score - max)` from libm, the sum in slot order, each times `1 / sum`;
+/// - output element j: `0 + p_0 v_0[j] + p_1 v_1[j] + ...` in slot order (multiply, then add).
+///
+/// The AVX2 path computes 8 slots' dots at once and keeps blocks of outputs in registers, with the
+/// same operations in the same order per value, so every build gives the same bits.
 pub fn attend_heads<T: KvElem>(
     shape: AttnShape,
     g0: usize,
     slots: usize,
     q: &[f32],
-    k_cache: &[T],
-    v_cache: &[T],
+    kv: KvHeads<'_, T>,
     out: &mut [f32],
 ) {
     SCORES.with(|cell| {
@@ -73,16 +79,16 @@ pub fn attend_heads<T: KvElem>(
         #[cfg(target_arch = "x86_64")]
         if crate::kernels::Isa::Avx2.is_available() {
             // SAFETY: the CPU reported AVX2 and FMA.
-            unsafe { attend_avx2(shape, g0, slots, q, k_cache, v_cache, out, scores) };
+            unsafe { attend_avx2(shape, g0, slots, q, kv, out, scores) };
             return;
         }
-        attend(shape, g0, slots, q, k_cache, v_cache, out, scores);
+        attend(shape, g0, slots, q, kv, out, scores);
     });
 }
 
-/// KV heads per parallel task when `rows` query rows are attended on `threads` threads: whole cache
-/// rows (every KV head: one contiguous read per slot) once the rows alone give every thread a task;
-/// for fewer rows, the largest run of adjacent heads (a divisor of the KV heads) that still does.
+/// KV heads per parallel task when `rows` query rows are attended on `threads` threads: every KV
+/// head of a row in one task once the rows alone give every thread a task; for fewer rows, the
+/// largest run of adjacent heads (a divisor of the KV heads) that still does.
 pub fn kv_heads_per_task(shape: AttnShape, rows: usize, threads: usize) -> usize {
     let kv = shape.kv_heads.max(1);
     let splits = threads.div_ceil(rows.max(1)).clamp(1, kv);
@@ -92,50 +98,52 @@ pub fn kv_heads_per_task(shape: AttnShape, rows: usize, threads: usize) -> usize
         .unwrap_or(1)
 }
 
-/// [`attend`] with explicit 8-lane AVX2 loops for f32 and bf16 caches (the same lanes, multiplies,
-/// adds and orders as the portable loops) and software prefetch: a KV head's rows sit one cache row
-/// (`kv_dim` values) apart, a new page every slot, where the hardware prefetchers stop.
+/// [`attend`] with explicit 8-lane AVX2 loops for f32 and bf16 caches.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn attend_avx2<T: KvElem>(
     shape: AttnShape,
     g0: usize,
     slots: usize,
     q: &[f32],
-    k_cache: &[T],
-    v_cache: &[T],
+    kv: KvHeads<'_, T>,
     out: &mut [f32],
     scores: &mut [f32],
 ) {
     use simd::{cast, Bf16Lanes, F32Lanes};
-    if let (Some(k), Some(v)) = (cast::<T, f32>(k_cache), cast::<T, f32>(v_cache)) {
-        simd::attend::<F32Lanes>(shape, g0, slots, q, k, v, out, scores)
-    } else if let (Some(k), Some(v)) = (cast::<T, bf16>(k_cache), cast::<T, bf16>(v_cache)) {
-        simd::attend::<Bf16Lanes>(shape, g0, slots, q, k, v, out, scores)
+    if let Some(c) = cast::<T, f32>(kv) {
+        simd::attend::<F32Lanes>(shape, g0, slots, q, c, out, scores)
+    } else if let Some(c) = cast::<T, bf16>(kv) {
+        simd::attend::<Bf16Lanes>(shape, g0, slots, q, c, out, scores)
     } else {
-        attend(shape, g0, slots, q, k_cache, v_cache, out, scores)
+        attend(shape, g0, slots, q, kv, out, scores)
     }
 }
 
 #[cfg(target_arch = "x86_64")]
+// Index loops mirror the register tiles (head h, column block c).
+#[allow(clippy::needless_range_loop)]
 mod simd {
-    use super::AttnShape;
+    use super::{AttnShape, KvHeads, SLOT_BLOCK, V_SLOT_BLOCK};
+    use crate::kernels::simd::{bf16x8_to_ps, transpose8};
     use half::bf16;
     use std::any::TypeId;
     use std::arch::x86_64::*;
 
-    /// Slots ahead whose K and V rows are prefetched.
-    const PREFETCH_SLOTS: usize = 8;
-
-    /// `s` as a slice of `U` when `T` is `U`.
-    pub fn cast<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
-        (TypeId::of::<T>() == TypeId::of::<U>()).then(|| {
-            // SAFETY: T and U are the same type, so the layout and length carry over.
+    /// The cache as one of `U` when `T` is `U`.
+    pub fn cast<'a, T: 'static, U: 'static>(kv: KvHeads<'a, T>) -> Option<KvHeads<'a, U>> {
+        let same = |s: &'a [T]| {
+            // SAFETY: called only when T and U are the same type, so the layout and length carry over.
             unsafe { std::slice::from_raw_parts(s.as_ptr() as *const U, s.len()) }
+        };
+        (TypeId::of::<T>() == TypeId::of::<U>()).then(|| KvHeads {
+            k: same(kv.k),
+            v: same(kv.v),
+            capacity: kv.capacity,
+            head_dim: kv.head_dim,
         })
     }
 
@@ -166,8 +174,7 @@ mod simd {
         type Elem = bf16;
         #[inline(always)]
         unsafe fn load8(p: *const bf16) -> __m256 {
-            let h = _mm_loadu_si128(p as *const __m128i);
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            bf16x8_to_ps(p)
         }
         #[inline(always)]
         fn widen(x: bf16) -> f32 {
@@ -175,14 +182,23 @@ mod simd {
         }
     }
 
+    /// Slots ahead of the one being read whose K or V rows are prefetched: the hardware prefetcher
+    /// alone left each thread at about half the streaming read rate (`bench attention`).
+    const PREFETCH_SLOTS: usize = 16;
+
+    /// Prefetches `rows` rows of `d` elements starting at row `at` of `x`, if they exist.
     #[inline(always)]
-    unsafe fn prefetch_run<E>(row: *const E, bytes: usize) {
+    unsafe fn prefetch_rows<E>(x: &[E], at: usize, rows: usize, d: usize) {
+        let start = (at * d).min(x.len());
+        let end = ((at + rows) * d).min(x.len());
+        let bytes = (end - start) * std::mem::size_of::<E>();
+        let p = x.as_ptr().add(start) as *const i8;
         for line in (0..bytes).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>((row as *const i8).wrapping_add(line));
+            _mm_prefetch::<_MM_HINT_T0>(p.add(line));
         }
     }
 
-    /// `super::dot`: lane i accumulates elements i, i+8, ..., the lanes summed in order, then the tail.
+    /// `super::dot` of one slot: lane i accumulates elements i, i+8, ...; lanes summed 0 to 7; the tail.
     #[inline(always)]
     unsafe fn dot<L: Lanes>(q: &[f32], k: &[L::Elem]) -> f32 {
         let blocks = q.len() / 8;
@@ -193,64 +209,171 @@ mod simd {
         }
         let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-        let mut sum: f32 = lanes.iter().sum();
+        let mut sum = lanes[0];
+        for &l in &lanes[1..] {
+            sum += l;
+        }
         for j in 8 * blocks..q.len() {
             sum += q[j] * L::widen(k[j]);
         }
         sum
     }
 
+    /// The dots of 8 consecutive slots (`k` starts at the first, rows of `d`), each in [`dot`]'s
+    /// order: the 8 accumulators are transposed so that lanes become slots, then lanes 0..7 of every
+    /// slot are added in order as whole vectors.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
+    unsafe fn dot8<L: Lanes>(q: &[f32], k: &[L::Elem], d: usize) -> [f32; SLOT_BLOCK] {
+        let blocks = d / 8;
+        let mut acc = [_mm256_setzero_ps(); SLOT_BLOCK];
+        for b in 0..blocks {
+            let qv = _mm256_loadu_ps(q.as_ptr().add(8 * b));
+            for (s, a) in acc.iter_mut().enumerate() {
+                let kv = L::load8(k.as_ptr().add(s * d + 8 * b));
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(qv, kv));
+            }
+        }
+        let t = transpose8(acc);
+        let mut sum = t[0];
+        for &ti in &t[1..] {
+            sum = _mm256_add_ps(sum, ti);
+        }
+        let mut out = [0f32; SLOT_BLOCK];
+        _mm256_storeu_ps(out.as_mut_ptr(), sum);
+        if 8 * blocks < d {
+            for (s, o) in out.iter_mut().enumerate() {
+                for j in 8 * blocks..d {
+                    *o += q[j] * L::widen(k[s * d + j]);
+                }
+            }
+        }
+        out
+    }
+
+    /// Adds `Σ_s p[h][s] · v_s` over slots `slots` (in order) to H heads' outputs, for the 8-wide
+    /// column blocks `c0 .. c0 + NV`; `v` is the KV head's `slots x d` values, `outs[h]` head h's
+    /// `d` outputs.
+    #[inline(always)]
+    unsafe fn pv_block<L: Lanes, const H: usize, const NV: usize>(
+        p: [&[f32]; H],
+        v: &[L::Elem],
+        d: usize,
+        c0: usize,
+        slots: std::ops::Range<usize>,
+        outs: [*mut f32; H],
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); NV]; H];
+        for h in 0..H {
+            for c in 0..NV {
+                acc[h][c] = _mm256_loadu_ps(outs[h].add(8 * (c0 + c)));
+            }
+        }
+        for s in slots {
+            if c0 == 0 {
+                prefetch_rows(v, s + PREFETCH_SLOTS, 1, d);
+            }
+            let mut x = [_mm256_setzero_ps(); NV];
+            for (c, xc) in x.iter_mut().enumerate() {
+                *xc = L::load8(v.as_ptr().add(s * d + 8 * (c0 + c)));
+            }
+            for h in 0..H {
+                let w = _mm256_set1_ps(p[h][s]);
+                for c in 0..NV {
+                    acc[h][c] = _mm256_add_ps(acc[h][c], _mm256_mul_ps(w, x[c]));
+                }
+            }
+        }
+        for h in 0..H {
+            for c in 0..NV {
+                _mm256_storeu_ps(outs[h].add(8 * (c0 + c)), acc[h][c]);
+            }
+        }
+    }
+
+    /// The weighted values of H query heads that share one KV head's `v` (`slots x d`), a block of
+    /// [`V_SLOT_BLOCK`] slots at a time so the block's rows are read from L1 after the first column.
+    #[inline(always)]
+    unsafe fn pv_heads<L: Lanes, const H: usize>(
+        p: [&[f32]; H],
+        v: &[L::Elem],
+        d: usize,
+        outs: [&mut [f32]; H],
+    ) {
+        let slots = p[0].len();
+        let vectors = d / 8;
+        let outs = outs.map(|o| {
+            o.fill(0.0);
+            o.as_mut_ptr()
+        });
+        for s0 in (0..slots).step_by(V_SLOT_BLOCK) {
+            let s1 = (s0 + V_SLOT_BLOCK).min(slots);
+            let mut c = 0;
+            while c + 4 <= vectors {
+                pv_block::<L, H, 4>(p, v, d, c, s0..s1, outs);
+                c += 4;
+            }
+            while c < vectors {
+                pv_block::<L, H, 1>(p, v, d, c, s0..s1, outs);
+                c += 1;
+            }
+            for j in 8 * vectors..d {
+                for s in s0..s1 {
+                    for h in 0..H {
+                        *outs[h].add(j) += p[h][s] * L::widen(v[s * d + j]);
+                    }
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
     pub unsafe fn attend<L: Lanes>(
         shape: AttnShape,
         g0: usize,
         slots: usize,
         q: &[f32],
-        k_cache: &[L::Elem],
-        v_cache: &[L::Elem],
+        kv: KvHeads<'_, L::Elem>,
         out: &mut [f32],
         scores: &mut [f32],
     ) {
         let d = shape.head_dim;
-        let kv_dim = shape.kv_dim();
         let r = shape.group();
-        // The KV heads' values of one slot: a contiguous run of the cache row.
-        let run = q.len() / r;
-        let run_bytes = run * std::mem::size_of::<L::Elem>();
         let scale = 1.0 / (d as f32).sqrt();
-        for s in 0..slots {
-            if s + PREFETCH_SLOTS < slots {
-                let ahead = (s + PREFETCH_SLOTS) * kv_dim + g0 * d;
-                prefetch_run(k_cache.as_ptr().add(ahead), run_bytes);
+        let kv_heads = q.len() / (r * d);
+        // Scores: per KV head, blocks of 8 slots read once from memory for all its query heads.
+        for g in 0..kv_heads {
+            let k = kv.k_head(g0 + g, slots);
+            let full = slots - slots % SLOT_BLOCK;
+            for s0 in (0..full).step_by(SLOT_BLOCK) {
+                prefetch_rows(k, s0 + PREFETCH_SLOTS, SLOT_BLOCK, d);
+                for h in g * r..(g + 1) * r {
+                    let dots = dot8::<L>(&q[h * d..(h + 1) * d], &k[s0 * d..], d);
+                    for (i, v) in dots.into_iter().enumerate() {
+                        scores[h * slots + s0 + i] = v * scale;
+                    }
+                }
             }
-            let k_run = &k_cache[s * kv_dim + g0 * d..s * kv_dim + g0 * d + run];
-            for (h, qh) in q.chunks_exact(d).enumerate() {
-                let k = &k_run[(h / r) * d..(h / r + 1) * d];
-                scores[h * slots + s] = dot::<L>(qh, k) * scale;
+            for s in full..slots {
+                for h in g * r..(g + 1) * r {
+                    let dv = dot::<L>(&q[h * d..(h + 1) * d], &k[s * d..(s + 1) * d]);
+                    scores[h * slots + s] = dv * scale;
+                }
             }
         }
         super::softmax_rows(scores, slots);
-        out.fill(0.0);
-        let blocks = d / 8;
-        for s in 0..slots {
-            // V is prefetched here, not beside K: a task's V rows need not fit in L2.
-            if s + PREFETCH_SLOTS < slots {
-                let ahead = (s + PREFETCH_SLOTS) * kv_dim + g0 * d;
-                prefetch_run(v_cache.as_ptr().add(ahead), run_bytes);
-            }
-            let v_run = &v_cache[s * kv_dim + g0 * d..s * kv_dim + g0 * d + run];
-            for (h, oh) in out.chunks_exact_mut(d).enumerate() {
-                let v = &v_run[(h / r) * d..(h / r + 1) * d];
-                let w = scores[h * slots + s];
-                let wv = _mm256_set1_ps(w);
-                for b in 0..blocks {
-                    let o = oh.as_mut_ptr().add(8 * b);
-                    let x = L::load8(v.as_ptr().add(8 * b));
-                    _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_mul_ps(wv, x)));
-                }
-                for j in 8 * blocks..d {
-                    oh[j] += w * L::widen(v[j]);
+        // Outputs: per KV head, its query heads two at a time against each V block.
+        for (g, og) in out.chunks_exact_mut(r * d).enumerate() {
+            let v = kv.v_head(g0 + g, slots);
+            let mut heads = og.chunks_exact_mut(d).enumerate();
+            while let Some((i, o0)) = heads.next() {
+                let h0 = g * r + i;
+                let p0 = &scores[h0 * slots..(h0 + 1) * slots];
+                match heads.next() {
+                    Some((_, o1)) => {
+                        let p1 = &scores[(h0 + 1) * slots..(h0 + 2) * slots];
+                        pv_heads::<L, 2>([p0, p1], v, d, [o0, o1])
+                    }
+                    None => pv_heads::<L, 1>([p0], v, d, [o0]),
                 }
             }
         }
@@ -278,44 +401,40 @@ fn softmax_rows(scores: &mut [f32], slots: usize) {
     }
 }
 
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
+/// The portable path: one query head at a time, in the order [`attend_heads`] fixes.
 fn attend<T: KvElem>(
     shape: AttnShape,
     g0: usize,
     slots: usize,
     q: &[f32],
-    k_cache: &[T],
-    v_cache: &[T],
+    kv: KvHeads<'_, T>,
     out: &mut [f32],
     scores: &mut [f32],
 ) {
     let d = shape.head_dim;
-    let kv_dim = shape.kv_dim();
     let r = shape.group();
-    let run = q.len() / r;
     let scale = 1.0 / (d as f32).sqrt();
-    // Scores of every head, one pass over K.
-    for s in 0..slots {
-        let k_run = &k_cache[s * kv_dim + g0 * d..s * kv_dim + g0 * d + run];
-        for (h, qh) in q.chunks_exact(d).enumerate() {
-            scores[h * slots + s] = dot(qh, &k_run[(h / r) * d..(h / r + 1) * d]) * scale;
+    for (h, qh) in q.chunks_exact(d).enumerate() {
+        let k = kv.k_head(g0 + h / r, slots);
+        for (s, ks) in k.chunks_exact(d).enumerate() {
+            scores[h * slots + s] = dot(qh, ks) * scale;
         }
     }
     softmax_rows(scores, slots);
-    // Weighted values of every head, one pass over V.
-    out.fill(0.0);
-    for s in 0..slots {
-        let v_run = &v_cache[s * kv_dim + g0 * d..s * kv_dim + g0 * d + run];
-        for (h, oh) in out.chunks_exact_mut(d).enumerate() {
+    for (h, oh) in out.chunks_exact_mut(d).enumerate() {
+        let v = kv.v_head(g0 + h / r, slots);
+        oh.fill(0.0);
+        for (s, vs) in v.chunks_exact(d).enumerate() {
             let w = scores[h * slots + s];
-            for (o, &x) in oh.iter_mut().zip(&v_run[(h / r) * d..(h / r + 1) * d]) {
+            for (o, &x) in oh.iter_mut().zip(vs) {
                 *o += w * x.to_f32();
             }
         }
     }
 }
 
+/// Lane i accumulates elements i, i+8, ... (multiply, then add); lanes 0..7 are added in order
+/// (starting from lane 0); then the elements past the last multiple of 8, in order.
 #[inline(always)]
 fn dot<T: KvElem>(q: &[f32], k: &[T]) -> f32 {
     let mut acc = [0.0f32; 8];
@@ -326,7 +445,10 @@ fn dot<T: KvElem>(q: &[f32], k: &[T]) -> f32 {
             acc[i] += a[i] * b[i].to_f32();
         }
     }
-    let mut sum: f32 = acc.iter().sum();
+    let mut sum = acc[0];
+    for &l in &acc[1..] {
+        sum += l;
+    }
     for (a, b) in qc.remainder().iter().zip(kc.remainder()) {
         sum += a * b.to_f32();
     }
@@ -338,14 +460,15 @@ mod tests {
     use super::*;
     use half::bf16;
 
-    /// The attention as first written: one head at a time over the whole cache.
+    /// The attention as first written: one head at a time, every value in the documented order,
+    /// reading a row-major `[slot][kv_head][d]` cache (the layout is the test's, not the decoder's).
     fn attend_one_head_at_a_time<T: KvElem>(
         shape: AttnShape,
         g: usize,
         slots: usize,
         q: &[f32],
-        k_cache: &[T],
-        v_cache: &[T],
+        k_rows: &[T],
+        v_rows: &[T],
         out: &mut [f32],
     ) {
         let (d, kv_dim) = (shape.head_dim, shape.kv_dim());
@@ -354,7 +477,7 @@ mod tests {
         for (qh, oh) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
             let mut max = f32::NEG_INFINITY;
             for (s, score) in scores.iter_mut().enumerate() {
-                let v = dot(qh, &k_cache[s * kv_dim + g * d..s * kv_dim + (g + 1) * d]) * scale;
+                let v = dot(qh, &k_rows[s * kv_dim + g * d..s * kv_dim + (g + 1) * d]) * scale;
                 *score = v;
                 max = max.max(v);
             }
@@ -368,7 +491,7 @@ mod tests {
             oh.fill(0.0);
             for (s, &p) in scores.iter().enumerate() {
                 let w = p * inv;
-                let v = &v_cache[s * kv_dim + g * d..s * kv_dim + (g + 1) * d];
+                let v = &v_rows[s * kv_dim + g * d..s * kv_dim + (g + 1) * d];
                 for (o, &x) in oh.iter_mut().zip(v) {
                     *o += w * x.to_f32();
                 }
@@ -376,11 +499,34 @@ mod tests {
         }
     }
 
-    fn check<T: KvElem>(convert: fn(f32) -> T) {
+    /// A head-major store (capacity `cap`, one layer) holding row-major `k_rows`/`v_rows`.
+    fn store_of<T: KvElem>(
+        shape: AttnShape,
+        cap: usize,
+        k_rows: &[T],
+        v_rows: &[T],
+    ) -> crate::kv::KvStore<T> {
+        let kv_dim = shape.kv_dim();
+        let mut store = crate::kv::KvStore {
+            k: vec![vec![T::from_f32(f32::NAN); cap * kv_dim]],
+            v: vec![vec![T::from_f32(f32::NAN); cap * kv_dim]],
+            capacity: cap,
+            kv_heads: shape.kv_heads,
+            head_dim: shape.head_dim,
+        };
+        let widen = |x: &[T]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+        for s in 0..k_rows.len() / kv_dim {
+            let row = s * kv_dim..(s + 1) * kv_dim;
+            store.write(0, s, &widen(&k_rows[row.clone()]), &widen(&v_rows[row]));
+        }
+        store
+    }
+
+    fn check<T: KvElem>(convert: fn(f32) -> T, head_dim: usize, heads: usize) {
         let shape = AttnShape {
-            heads: 8,
+            heads,
             kv_heads: 4,
-            head_dim: 20,
+            head_dim,
         };
         let slots = 37;
         let mut seed = 9u32;
@@ -394,10 +540,13 @@ mod tests {
         let v: Vec<T> = (0..slots * shape.kv_dim())
             .map(|_| convert(rnd()))
             .collect();
+        // Capacity past the filled slots: unwritten slots hold NaN, so reading one shows.
+        let store = store_of(shape, slots + 5, &k, &v);
+        let cache = store.layer(0);
         let span = shape.group() * shape.head_dim;
         let q: Vec<f32> = (0..shape.q_dim()).map(|_| 2.0 * rnd()).collect();
         let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        for used in [1, 2, slots] {
+        for used in [1, 2, 7, 8, 9, 16, 33, slots] {
             let mut want = vec![0f32; shape.q_dim()];
             for (g, (qs, o)) in q
                 .chunks_exact(span)
@@ -406,6 +555,7 @@ mod tests {
             {
                 attend_one_head_at_a_time(shape, g, used, qs, &k, &v, o);
             }
+            assert!(want.iter().all(|x| x.is_finite()));
             // Every split of the KV heads into runs, dispatched and portable.
             for per_task in [1, 2, 4] {
                 let mut got = vec![f32::NAN; shape.q_dim()];
@@ -418,23 +568,23 @@ mod tests {
                     )
                     .enumerate()
                 {
-                    attend_heads(shape, t * per_task, used, qs, &k, &v, o);
+                    attend_heads(shape, t * per_task, used, qs, cache, o);
                     let mut scores = vec![0f32; shape.group() * per_task * used];
-                    attend(shape, t * per_task, used, qs, &k, &v, p, &mut scores);
+                    attend(shape, t * per_task, used, qs, cache, p, &mut scores);
                 }
                 assert_eq!(
                     bits(&got),
                     bits(&want),
-                    "{per_task} heads per task, slots {used}"
+                    "d {head_dim}, {heads} heads: {per_task} KV heads per task, slots {used}"
                 );
                 assert_eq!(
                     bits(&portable),
                     bits(&want),
-                    "portable, {per_task} per task, slots {used}"
+                    "portable, d {head_dim}: {per_task} per task, slots {used}"
                 );
             }
             let mut one = vec![f32::NAN; span];
-            attend_group(shape, 3, used, &q[3 * span..], &k, &v, &mut one);
+            attend_group(shape, 3, used, &q[3 * span..], cache, &mut one);
             assert_eq!(
                 bits(&one),
                 bits(&want[3 * span..]),
@@ -469,8 +619,34 @@ mod tests {
 
     #[test]
     fn every_build_gives_the_one_head_at_a_time_bits() {
-        check::<f32>(|x| x);
-        check::<bf16>(bf16::from_f32);
+        // head_dim 128 (the 2B's), 20 (a tail past the 8-lane blocks), 36 (4 + 0 + tail column
+        // blocks), 4 (no whole block); 1, 2 and 3 query heads per KV head (an odd head out).
+        for (d, heads) in [(128, 8), (20, 8), (36, 12), (4, 4), (24, 8)] {
+            check::<f32>(|x| x, d, heads);
+            check::<bf16>(bf16::from_f32, d, heads);
+        }
+    }
+
+    /// Control: the same check catches a cache read at the wrong head (the row-major index on a
+    /// head-major cache) — the outputs differ.
+    #[test]
+    fn a_wrong_head_read_is_caught() {
+        let shape = AttnShape {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+        };
+        let k: Vec<f32> = (0..3 * 16).map(|i| (i % 5) as f32 - 2.0).collect();
+        let v: Vec<f32> = (0..3 * 16).map(|i| (i % 7) as f32).collect();
+        let store = store_of(shape, 3, &k, &v);
+        let q: Vec<f32> = (0..16).map(|i| 0.25 * (i % 3) as f32).collect();
+        let mut want = vec![0f32; 16];
+        attend_one_head_at_a_time(shape, 1, 3, &q, &k, &v, &mut want);
+        let mut got = vec![0f32; 16];
+        attend_group(shape, 1, 3, &q, store.layer(0), &mut got);
+        assert_eq!(got, want);
+        attend_group(shape, 0, 3, &q, store.layer(0), &mut got);
+        assert_ne!(got, want, "head 0 must not read like head 1");
     }
 
     #[test]
@@ -483,15 +659,17 @@ mod tests {
         // Two slots; kv head 0 has v = (1,1) then (3,3); kv head 1 has v = (10,10) then (30,30).
         let k = vec![0.0f32; 2 * 4];
         let v = vec![1.0f32, 1.0, 10.0, 10.0, 3.0, 3.0, 30.0, 30.0];
+        let store = store_of(shape, 2, &k, &v);
+        let cache = store.layer(0);
         let q = vec![0.5f32; 4];
         let mut out = vec![0.0f32; 4];
-        attend_group(shape, 1, 1, &q, &k, &v, &mut out);
+        attend_group(shape, 1, 1, &q, cache, &mut out);
         assert_eq!(out, vec![10.0; 4]);
         // Equal scores over two slots: the mean of the group's values.
-        attend_group(shape, 0, 2, &q, &k, &v, &mut out);
+        attend_group(shape, 0, 2, &q, cache, &mut out);
         assert_eq!(out, vec![2.0; 4]);
         // Control: reading kv head 1 for group 0 gives another answer.
-        attend_group(shape, 1, 2, &q, &k, &v, &mut out);
+        attend_group(shape, 1, 2, &q, cache, &mut out);
         assert_eq!(out, vec![20.0; 4]);
     }
 }

@@ -53,11 +53,39 @@ impl KvElem for bf16 {
     }
 }
 
-/// K and V for every layer, `capacity` slots of `kv_dim` values each, in one type.
+/// K and V for every layer, head-major: layer l's K is `[kv_head][slot][head_dim]` (`capacity` slots
+/// per head), so the attention of one KV head reads one contiguous run per cache (a row-major
+/// `[slot][kv_head][head_dim]` cache gave each head 512 B every 4 KB: a new page per slot).
 #[derive(Debug)]
 pub struct KvStore<T> {
     pub k: Vec<Vec<T>>,
     pub v: Vec<Vec<T>>,
+    pub capacity: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// One layer's K and V, head-major (see [`KvStore`]).
+#[derive(Clone, Copy, Debug)]
+pub struct KvHeads<'a, T> {
+    pub k: &'a [T],
+    pub v: &'a [T],
+    pub capacity: usize,
+    pub head_dim: usize,
+}
+
+impl<'a, T> KvHeads<'a, T> {
+    /// KV head g's K over its first `slots` slots: `slots x head_dim` values, slot after slot.
+    pub fn k_head(&self, g: usize, slots: usize) -> &'a [T] {
+        let start = g * self.capacity * self.head_dim;
+        &self.k[start..start + slots * self.head_dim]
+    }
+
+    /// KV head g's V over its first `slots` slots.
+    pub fn v_head(&self, g: usize, slots: usize) -> &'a [T] {
+        let start = g * self.capacity * self.head_dim;
+        &self.v[start..start + slots * self.head_dim]
+    }
 }
 
 #[derive(Debug)]
@@ -75,24 +103,40 @@ pub struct KvCache {
     len: usize,
 }
 
-fn store<T: KvElem>(layers: usize, capacity: usize, kv_dim: usize) -> KvStore<T> {
+fn store<T: KvElem>(
+    layers: usize,
+    capacity: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> KvStore<T> {
     let zero = T::from_f32(0.0);
+    let len = capacity * kv_heads * head_dim;
     KvStore {
-        k: (0..layers).map(|_| vec![zero; capacity * kv_dim]).collect(),
-        v: (0..layers).map(|_| vec![zero; capacity * kv_dim]).collect(),
+        k: (0..layers).map(|_| vec![zero; len]).collect(),
+        v: (0..layers).map(|_| vec![zero; len]).collect(),
+        capacity,
+        kv_heads,
+        head_dim,
     }
 }
 
 impl KvCache {
-    pub fn new(dtype: KvDtype, layers: usize, capacity: usize, kv_dim: usize) -> KvCache {
+    /// A cache of `capacity` slots for `kv_heads` heads of `head_dim` values in each layer.
+    pub fn new(
+        dtype: KvDtype,
+        layers: usize,
+        capacity: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> KvCache {
         let data = match dtype {
-            KvDtype::F32 => KvData::F32(store(layers, capacity, kv_dim)),
-            KvDtype::Bf16 => KvData::Bf16(store(layers, capacity, kv_dim)),
+            KvDtype::F32 => KvData::F32(store(layers, capacity, kv_heads, head_dim)),
+            KvDtype::Bf16 => KvData::Bf16(store(layers, capacity, kv_heads, head_dim)),
         };
         KvCache {
             data,
             capacity,
-            kv_dim,
+            kv_dim: kv_heads * head_dim,
             len: 0,
         }
     }
@@ -145,14 +189,35 @@ impl KvCache {
 }
 
 impl<T: KvElem> KvStore<T> {
-    /// Writes one row of K and V (each `kv_dim`) at `slot` of `layer`.
-    pub fn write(&mut self, layer: usize, slot: usize, kv_dim: usize, k: &[f32], v: &[f32]) {
-        let range = slot * kv_dim..(slot + 1) * kv_dim;
-        for (d, &s) in self.k[layer][range.clone()].iter_mut().zip(k) {
-            *d = T::from_f32(s);
+    /// Writes one token's K and V (each `kv_heads x head_dim`, heads in order) at `slot` of `layer`.
+    pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
+        let d = self.head_dim;
+        assert!(
+            slot < self.capacity && k.len() == self.kv_heads * d && v.len() == k.len(),
+            "kv write: slot {slot} of {}, {} K and {} V values for {} heads of {d}",
+            self.capacity,
+            k.len(),
+            v.len(),
+            self.kv_heads
+        );
+        for g in 0..self.kv_heads {
+            let at = (g * self.capacity + slot) * d;
+            for (dst, &src) in self.k[layer][at..at + d].iter_mut().zip(&k[g * d..]) {
+                *dst = T::from_f32(src);
+            }
+            for (dst, &src) in self.v[layer][at..at + d].iter_mut().zip(&v[g * d..]) {
+                *dst = T::from_f32(src);
+            }
         }
-        for (d, &s) in self.v[layer][range].iter_mut().zip(v) {
-            *d = T::from_f32(s);
+    }
+
+    /// Layer l's K and V.
+    pub fn layer(&self, layer: usize) -> KvHeads<'_, T> {
+        KvHeads {
+            k: &self.k[layer],
+            v: &self.v[layer],
+            capacity: self.capacity,
+            head_dim: self.head_dim,
         }
     }
 }
@@ -163,16 +228,46 @@ mod tests {
 
     #[test]
     fn bytes_per_token_counts_k_and_v_of_every_layer() {
-        let c = KvCache::new(KvDtype::F32, 28, 4, 8 * 128);
+        let c = KvCache::new(KvDtype::F32, 28, 4, 8, 128);
         assert_eq!(c.bytes_per_token(), 2 * 28 * 1024 * 4);
-        let b = KvCache::new(KvDtype::Bf16, 28, 4, 8 * 128);
+        let b = KvCache::new(KvDtype::Bf16, 28, 4, 8, 128);
         assert_eq!(b.bytes_per_token() * 2, c.bytes_per_token());
         assert_eq!(c.bytes_allocated(), 4 * c.bytes_per_token());
     }
 
+    /// A written token lands at each head's own run, slot after slot; the control (the row-major
+    /// index) would put head 1 where head 0's next slot lives.
+    #[test]
+    fn heads_are_contiguous_runs_of_slots() {
+        let (cap, heads, d) = (3, 2, 4);
+        let mut s = store::<f32>(1, cap, heads, d);
+        for slot in 0..cap {
+            let k: Vec<f32> = (0..heads * d)
+                .map(|i| (100 * slot + 10 * (i / d) + i % d) as f32)
+                .collect();
+            let v: Vec<f32> = k.iter().map(|x| -x).collect();
+            s.write(0, slot, &k, &v);
+        }
+        let l = s.layer(0);
+        for g in 0..heads {
+            let k = l.k_head(g, cap);
+            for slot in 0..cap {
+                for j in 0..d {
+                    let want = (100 * slot + 10 * g + j) as f32;
+                    assert_eq!(k[slot * d + j], want, "head {g} slot {slot} elem {j}");
+                    assert_eq!(l.v_head(g, cap)[slot * d + j], -want);
+                }
+            }
+        }
+        // Control: the row-major position of (slot 1, head 0) holds head 1 of slot 0 here.
+        let row_major = heads * d;
+        assert_ne!(s.k[0][row_major], 100.0);
+        assert_eq!(l.k_head(1, 1).len(), d);
+    }
+
     #[test]
     fn truncate_never_grows() {
-        let mut c = KvCache::new(KvDtype::F32, 1, 8, 2);
+        let mut c = KvCache::new(KvDtype::F32, 1, 8, 1, 2);
         c.commit(5);
         c.truncate(7);
         assert_eq!(c.len(), 5);

@@ -219,7 +219,8 @@ impl Forward {
             options.kv_dtype,
             sem.num_layers,
             options.capacity,
-            shape.kv_dim(),
+            shape.kv_heads,
+            shape.head_dim,
         );
         Ok(Forward {
             pack: pack.clone(),
@@ -710,15 +711,13 @@ fn attend_rows<T: KvElem>(
         store.write(
             layer,
             start_slot + r,
-            kv_dim,
             &k[r * kv_dim..(r + 1) * kv_dim],
             &v[r * kv_dim..(r + 1) * kv_dim],
         );
     }
-    let (k_cache, v_cache) = (&store.k[layer][..], &store.v[layer][..]);
+    let cache = store.layer(layer);
     let q_dim = shape.q_dim();
-    // Each task takes adjacent KV heads of one row, so each slot is one contiguous read of the
-    // cache row (`bench attention` measures the splits).
+    // Each task takes adjacent KV heads of one row (`bench attention` measures the splits).
     let per_task = kv_heads_per_task(shape, rows, pool.current_num_threads());
     let head_span = shape.group() * shape.head_dim;
     let span = per_task * head_span;
@@ -730,7 +729,7 @@ fn attend_rows<T: KvElem>(
             .for_each(|(t, out)| {
                 let (r, g0) = (t / tasks_per_row, (t % tasks_per_row) * per_task);
                 let qs = &q[r * q_dim + g0 * head_span..][..span];
-                attend_heads(shape, g0, start_slot + r + 1, qs, k_cache, v_cache, out);
+                attend_heads(shape, g0, start_slot + r + 1, qs, cache, out);
             })
     });
 }

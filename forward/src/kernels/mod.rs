@@ -19,6 +19,12 @@ mod x86;
 #[cfg(test)]
 mod tests;
 
+/// Vector helpers other x86 code of the crate (attention) shares with the kernels.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod simd {
+    pub(crate) use super::x86::{bf16x8_to_ps, transpose8};
+}
+
 use packs::LinearData;
 use std::fmt;
 use std::str::FromStr;

@@ -659,7 +659,7 @@ fn attention_bench(c: &Common, shape: &RandomShape, context: usize) -> Value {
         let row: Vec<f32> = (0..kv_dim).map(|i| ((i % 7) as f32 - 3.0) / 3.0).collect();
         for l in 0..layers {
             for slot in 0..slots {
-                s.write(l, slot, kv_dim, &row, &row);
+                s.write(l, slot, &row, &row);
             }
         }
     }
@@ -673,7 +673,7 @@ fn attention_bench(c: &Common, shape: &RandomShape, context: usize) -> Value {
         .into_iter()
         .flat_map(|d| splits.iter().map(move |&n| (d, n)))
     {
-        let mut cache = KvCache::new(dtype, layers, context, geometry.kv_dim());
+        let mut cache = KvCache::new(dtype, layers, context, geometry.kv_heads, geometry.head_dim);
         let kv_dim = geometry.kv_dim();
         let span = geometry.group() * geometry.head_dim * per_task;
         let mut times = Vec::new();
@@ -683,10 +683,10 @@ fn attention_bench(c: &Common, shape: &RandomShape, context: usize) -> Value {
                 for l in 0..layers {
                     macro_rules! run {
                         ($store:expr) => {{
-                            let (k, v) = (&$store.k[l][..], &$store.v[l][..]);
+                            let cache = $store.layer(l);
                             out.par_chunks_mut(span).enumerate().for_each(|(g, o)| {
                                 let qs = &q[g * span..(g + 1) * span];
-                                attend_heads(geometry, g * per_task, context, qs, k, v, o)
+                                attend_heads(geometry, g * per_task, context, qs, cache, o)
                             });
                         }};
                     }

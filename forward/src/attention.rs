@@ -56,7 +56,7 @@ pub fn attend_group<T: KvElem>(
 ///
 /// Per query head the arithmetic is fixed, whatever the split and the build:
 /// - score of slot s: `dot(q, k_s) * (1 / sqrt(d))`, the dot as [`dot`] orders it;
-/// - softmax: the max, `exp(score - max)` from libm, the sum in slot order, each times `1 / sum`;
+/// - softmax: the max, `exp(score - max)` ([`crate::mathf`]), their sum, each times `1 / sum`;
 /// - output element j: `0 + p_0 v_0[j] + p_1 v_1[j] + ...` in slot order (multiply, then add).
 ///
 /// The AVX2 path computes 8 slots' dots at once and keeps blocks of outputs in registers, with the
@@ -381,20 +381,14 @@ mod simd {
 }
 
 /// Softmax of each head's `slots` scores in place, in f32: each score becomes
-/// `exp(score - max) * (1 / sum)`, the max and the sum taken in slot order.
+/// `exp(score - max) * (1 / sum)`, with [`crate::mathf`]'s exp and its order of the sum.
 fn softmax_rows(scores: &mut [f32], slots: usize) {
     for head in scores.chunks_exact_mut(slots.max(1)) {
         let mut max = f32::NEG_INFINITY;
         for &v in head.iter() {
             max = max.max(v);
         }
-        let mut sum = 0.0f32;
-        for score in head.iter_mut() {
-            let e = (*score - max).exp();
-            *score = e;
-            sum += e;
-        }
-        let inv = 1.0 / sum;
+        let inv = 1.0 / crate::mathf::exp_shifted_sum(head, max);
         for p in head.iter_mut() {
             *p *= inv;
         }
@@ -481,13 +475,7 @@ mod tests {
                 *score = v;
                 max = max.max(v);
             }
-            let mut sum = 0.0f32;
-            for score in scores.iter_mut() {
-                let e = (*score - max).exp();
-                *score = e;
-                sum += e;
-            }
-            let inv = 1.0 / sum;
+            let inv = 1.0 / crate::mathf::exp_shifted_sum(&mut scores, max);
             oh.fill(0.0);
             for (s, &p) in scores.iter().enumerate() {
                 let w = p * inv;

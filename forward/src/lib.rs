@@ -12,6 +12,7 @@ pub mod hybrid;
 pub mod inputs;
 pub mod kernels;
 pub mod kv;
+pub mod mathf;
 pub mod model;
 pub mod norm;
 pub mod rope;

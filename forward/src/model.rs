@@ -597,9 +597,7 @@ impl Forward {
                         grow(&mut s.up, rows * inter),
                     ],
                 )?;
-                for (g, u) in s.gate[..rows * inter].iter_mut().zip(&s.up[..rows * inter]) {
-                    *g = silu(*g) * u;
-                }
+                crate::mathf::silu_mul(&mut s.gate[..rows * inter], &s.up[..rows * inter]);
                 self.gemm(
                     id + 6,
                     &s.gate[..rows * inter],
@@ -658,11 +656,6 @@ fn weight_ref<'p>(
         None => pack.head(),
     };
     Ok(WeightRef { id, linear })
-}
-
-#[inline]
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
 }
 
 /// DeepStack: after layer l (l < sets), set l is added to the image rows, row i of the set to the

@@ -1,0 +1,246 @@
+//! `exp` for the decoder's softmax and SiLU, 8 lanes at a time on AVX2 and one at a time anywhere,
+//! with the same operations in the same order so every build gives the same bits.
+//!
+//! The method is Cephes' `expf`: clamp to the finite range, `n = floor(x·log2(e) + 1/2)`,
+//! `r = x − n·C1 − n·C2` (ln 2 split in two), a degree-5 polynomial for `e^r`, times `2^n` built in the
+//! exponent bits. Multiplies and adds are separate (never fused). Within 2 ulp of the true value over
+//! the range (tested against f64); below `MIN_ARG` the result is the smallest normal, not 0, and above
+//! `MAX_ARG` the largest power the clamp allows, not infinity — both far below anything a softmax weight
+//! or a SiLU gate can resolve.
+
+/// Largest argument: `ln(2^127 · (2 − 2^−23))` rounded down, so `2^n` stays finite.
+const MAX_ARG: f32 = 88.376_26;
+/// Smallest argument: `ln(2^−126)`, so `2^n` stays normal.
+const MIN_ARG: f32 = -87.336_55;
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+const C1: f32 = 0.693_359_4;
+const C2: f32 = -2.121_944_4e-4;
+const P: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_2e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
+
+/// `e^x` (see the module comment); NaN stays NaN.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    let x = x.clamp(MIN_ARG, MAX_ARG);
+    let n = (x * LOG2E + 0.5).floor();
+    let r = x - n * C1;
+    let r = r - n * C2;
+    let z = r * r;
+    let mut y = P[0];
+    for &p in &P[1..] {
+        y = y * r + p;
+    }
+    let y = y * z + r + 1.0;
+    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// `x / (1 + e^−x)`.
+#[inline(always)]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
+}
+
+/// `gate[i] = silu(gate[i]) · up[i]` (the MLP's gated activation).
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(
+        gate.len(),
+        up.len(),
+        "silu_mul: gate and up differ in length"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::Isa::Avx2.is_available() {
+        // SAFETY: the CPU reported AVX2 and FMA.
+        unsafe { simd::silu_mul_avx2(gate, up) };
+        return;
+    }
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = silu(*g) * u;
+    }
+}
+
+/// `x[i] = e^(x[i] − m)` for every element; returns their sum, taken as 8 lane sums (lane i adds
+/// elements i, i+8, ... in order), the lanes added 0 to 7, then the elements past the last multiple of
+/// 8 in order.
+pub fn exp_shifted_sum(x: &mut [f32], m: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::Isa::Avx2.is_available() {
+        // SAFETY: the CPU reported AVX2 and FMA.
+        return unsafe { simd::exp_shifted_sum_avx2(x, m) };
+    }
+    let mut lanes = [0f32; 8];
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for (l, v) in lanes.iter_mut().zip(c.iter_mut()) {
+            *v = exp(*v - m);
+            *l += *v;
+        }
+    }
+    let mut sum = lanes[0];
+    for &l in &lanes[1..] {
+        sum += l;
+    }
+    for v in chunks.into_remainder() {
+        *v = exp(*v - m);
+        sum += *v;
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod simd {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// [`exp`] on 8 lanes. Call only from code compiled with AVX2 enabled.
+    #[inline(always)]
+    pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
+        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
+        let x0 = x;
+        let x = _mm256_max_ps(
+            _mm256_min_ps(x, _mm256_set1_ps(MAX_ARG)),
+            _mm256_set1_ps(MIN_ARG),
+        );
+        let n = _mm256_floor_ps(_mm256_add_ps(
+            _mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
+            _mm256_set1_ps(0.5),
+        ));
+        let r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(C1)));
+        let r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(C2)));
+        let z = _mm256_mul_ps(r, r);
+        let mut y = _mm256_set1_ps(P[0]);
+        for &p in &P[1..] {
+            y = _mm256_add_ps(_mm256_mul_ps(y, r), _mm256_set1_ps(p));
+        }
+        let y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, z), r), _mm256_set1_ps(1.0));
+        let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        ));
+        // NaN stays NaN (the clamp turned it into a bound), as in the scalar `clamp`.
+        _mm256_blendv_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(pow2)), x0, nan)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
+        let n = gate.len() / 8 * 8;
+        let one = _mm256_set1_ps(1.0);
+        for i in (0..n).step_by(8) {
+            let g = _mm256_loadu_ps(gate.as_ptr().add(i));
+            let u = _mm256_loadu_ps(up.as_ptr().add(i));
+            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+            let s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(gate.as_mut_ptr().add(i), _mm256_mul_ps(s, u));
+        }
+        for (g, &u) in gate[n..].iter_mut().zip(&up[n..]) {
+            *g = silu(*g) * u;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn exp_shifted_sum_avx2(x: &mut [f32], m: f32) -> f32 {
+        let n = x.len() / 8 * 8;
+        let mv = _mm256_set1_ps(m);
+        let mut acc = _mm256_setzero_ps();
+        for i in (0..n).step_by(8) {
+            let p = x.as_mut_ptr().add(i);
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p), mv));
+            _mm256_storeu_ps(p, e);
+            acc = _mm256_add_ps(acc, e);
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        let mut sum = lanes[0];
+        for &l in &lanes[1..] {
+            sum += l;
+        }
+        for v in &mut x[n..] {
+            *v = exp(*v - m);
+            sum += *v;
+        }
+        sum
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ulps(a: f32, b: f64) -> f64 {
+        let b32 = b as f32;
+        let ulp = (f32::from_bits(b32.to_bits() + 1) - b32).abs() as f64;
+        (a as f64 - b).abs() / ulp
+    }
+
+    /// Within 2 ulp of the f64 exp across the range softmax and SiLU use; the control (libm's expf
+    /// with its argument rounded to bf16) is far outside, so the check can fail.
+    #[test]
+    fn exp_is_within_two_ulp_of_f64() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            worst = worst.max(ulps(exp(x), (x as f64).exp()));
+            x += 0.000_731;
+        }
+        assert!(worst <= 2.0, "worst {worst} ulp");
+        let coarse = |x: f32| half::bf16::from_f32(x).to_f32().exp();
+        assert!(ulps(coarse(2.5078), 2.5078f64.exp()) > 100.0);
+        assert_eq!(exp(0.0), 1.0);
+        assert!(exp(-200.0) < 1.2e-38 && exp(-200.0) > 0.0);
+        assert!(exp(200.0).is_finite());
+        assert!(exp(f32::NAN).is_nan() && silu(f32::NAN).is_nan());
+    }
+
+    fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Every build gives the portable bits: silu_mul and the shifted exp sum on lengths around the
+    /// 8-lane blocks, on values across the clamps.
+    #[test]
+    fn dispatched_paths_give_the_portable_bits() {
+        let mut seed = 3u32;
+        let mut rnd = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1 << 23) as f32 * 2.0 - 1.0
+        };
+        for len in [0, 1, 7, 8, 9, 16, 31, 100] {
+            let mut g: Vec<f32> = (0..len).map(|i| 120.0 * rnd() + (i % 3) as f32).collect();
+            if len == 31 {
+                g[3] = f32::NAN; // in a vector block
+                g[30] = f32::NAN; // in the tail
+            }
+            let u: Vec<f32> = (0..len).map(|_| rnd()).collect();
+            let mut got = g.clone();
+            silu_mul(&mut got, &u);
+            let want: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
+            assert_eq!(bits(&got), bits(&want), "silu_mul len {len}");
+
+            let m = g.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut got = g.clone();
+            let sum = exp_shifted_sum(&mut got, m);
+            let want: Vec<f32> = g.iter().map(|&v| exp(v - m)).collect();
+            assert_eq!(bits(&got), bits(&want), "exp len {len}");
+            let mut lanes = [0f32; 8];
+            for (i, &e) in want[..len / 8 * 8].iter().enumerate() {
+                lanes[i % 8] += e;
+            }
+            let mut want_sum = lanes[0];
+            for &l in &lanes[1..] {
+                want_sum += l;
+            }
+            for &e in &want[len / 8 * 8..] {
+                want_sum += e;
+            }
+            assert!(
+                sum.to_bits() == want_sum.to_bits() || (sum.is_nan() && want_sum.is_nan()),
+                "sum len {len}"
+            );
+        }
+    }
+}

@@ -53,14 +53,6 @@ pub fn attend_group<T: KvElem>(
 
 /// Attention for the query heads of the adjacent KV heads `g0 ..`, for one query row that reads slots
 /// `0..slots`: `q` and `out` span those KV heads' query heads (`n * group * head_dim` for n KV heads).
-///
-/// Per query head the arithmetic is fixed, whatever the split and the build:
-/// - score of slot s: `dot(q, k_s) * (1 / sqrt(d))`, the dot as [`dot`] orders it;
-/// - softmax: the max, `exp(score - max)` ([`crate::mathf`]), their sum, each times `1 / sum`;
-/// - output element j: `0 + p_0 v_0[j] + p_1 v_1[j] + ...` in slot order (multiply, then add).
-///
-/// The AVX2 path computes 8 slots' dots at once and keeps blocks of outputs in registers, with the
-/// same operations in the same order per value, so every build gives the same bits.
 pub fn attend_heads<T: KvElem>(
     shape: AttnShape,
     g0: usize,
@@ -69,21 +61,78 @@ pub fn attend_heads<T: KvElem>(
     kv: KvHeads<'_, T>,
     out: &mut [f32],
 ) {
+    attend_causal(shape, g0, slots, 1, q, kv, out)
+}
+
+/// Attention for `rows` consecutive query rows over the query heads of the adjacent KV heads `g0 ..`:
+/// row i reads slots `0..first_slots + i` (causal). `q` and `out` hold the rows one after another,
+/// each spanning those KV heads' query heads (`n * group * head_dim` for n KV heads). The rows share
+/// each block of K and V read into the cache.
+///
+/// Per query head and row the arithmetic is fixed, whatever the split, the rows and the build:
+/// - score of slot s: `dot(q, k_s) * (1 / sqrt(d))`, the dot as [`dot`] orders it;
+/// - softmax: the max, `exp(score - max)` ([`crate::mathf`]), their sum, each times `1 / sum`;
+/// - output element j: `0 + p_0 v_0[j] + p_1 v_1[j] + ...` in slot order (multiply, then add).
+///
+/// The AVX2 path computes 8 slots' dots at once and keeps blocks of outputs in registers, with the
+/// same operations in the same order per value, so every build gives the same bits.
+pub fn attend_causal<T: KvElem>(
+    shape: AttnShape,
+    g0: usize,
+    first_slots: usize,
+    rows: usize,
+    q: &[f32],
+    kv: KvHeads<'_, T>,
+    out: &mut [f32],
+) {
+    if rows == 0 {
+        return;
+    }
+    assert!(
+        first_slots >= 1 && q.len() == out.len() && q.len().is_multiple_of(rows),
+        "attend_causal: {rows} rows, first row reads {first_slots} slots, q {} and out {} values",
+        q.len(),
+        out.len()
+    );
+    let block = Block {
+        g0,
+        first_slots,
+        rows,
+    };
     SCORES.with(|cell| {
         let mut scores = cell.borrow_mut();
-        let heads = q.len() / shape.head_dim.max(1);
-        if scores.len() < heads * slots {
-            scores.resize(heads * slots, 0.0);
+        let need = rows * shape.group() * block.max_slots();
+        if scores.len() < need {
+            scores.resize(need, 0.0);
         }
-        let scores = &mut scores[..heads * slots];
+        let scores = &mut scores[..need];
         #[cfg(target_arch = "x86_64")]
         if crate::kernels::Isa::Avx2.is_available() {
             // SAFETY: the CPU reported AVX2 and FMA.
-            unsafe { attend_avx2(shape, g0, slots, q, kv, out, scores) };
+            unsafe { attend_avx2(shape, block, q, kv, out, scores) };
             return;
         }
-        attend(shape, g0, slots, q, kv, out, scores);
+        attend(shape, block, q, kv, out, scores);
     });
+}
+
+/// The rows and heads one call attends (see [`attend_causal`]).
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    g0: usize,
+    first_slots: usize,
+    rows: usize,
+}
+
+impl Block {
+    /// Slots the last row reads.
+    fn max_slots(&self) -> usize {
+        self.first_slots + self.rows - 1
+    }
+    /// Slots row i reads.
+    fn slots(&self, i: usize) -> usize {
+        self.first_slots + i
+    }
 }
 
 /// KV heads per parallel task when `rows` query rows are attended on `threads` threads: every KV
@@ -106,8 +155,7 @@ pub fn kv_heads_per_task(shape: AttnShape, rows: usize, threads: usize) -> usize
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_avx2<T: KvElem>(
     shape: AttnShape,
-    g0: usize,
-    slots: usize,
+    block: Block,
     q: &[f32],
     kv: KvHeads<'_, T>,
     out: &mut [f32],
@@ -115,11 +163,11 @@ unsafe fn attend_avx2<T: KvElem>(
 ) {
     use simd::{cast, Bf16Lanes, F32Lanes};
     if let Some(c) = cast::<T, f32>(kv) {
-        simd::attend::<F32Lanes>(shape, g0, slots, q, c, out, scores)
+        simd::attend::<F32Lanes>(shape, block, q, c, out, scores)
     } else if let Some(c) = cast::<T, bf16>(kv) {
-        simd::attend::<Bf16Lanes>(shape, g0, slots, q, c, out, scores)
+        simd::attend::<Bf16Lanes>(shape, block, q, c, out, scores)
     } else {
-        attend(shape, g0, slots, q, kv, out, scores)
+        attend(shape, block, q, kv, out, scores)
     }
 }
 
@@ -127,7 +175,7 @@ unsafe fn attend_avx2<T: KvElem>(
 // Index loops mirror the register tiles (head h, column block c).
 #[allow(clippy::needless_range_loop)]
 mod simd {
-    use super::{AttnShape, KvHeads, SLOT_BLOCK, V_SLOT_BLOCK};
+    use super::{AttnShape, Block, KvHeads, SLOT_BLOCK, V_SLOT_BLOCK};
     use crate::kernels::simd::{bf16x8_to_ps, transpose8};
     use half::bf16;
     use std::any::TypeId;
@@ -252,7 +300,7 @@ mod simd {
 
     /// Adds `Σ_s p[h][s] · v_s` over slots `slots` (in order) to H heads' outputs, for the 8-wide
     /// column blocks `c0 .. c0 + NV`; `v` is the KV head's `slots x d` values, `outs[h]` head h's
-    /// `d` outputs.
+    /// `d` outputs. With `prefetch`, the rows [`PREFETCH_SLOTS`] ahead are prefetched.
     #[inline(always)]
     unsafe fn pv_block<L: Lanes, const H: usize, const NV: usize>(
         p: [&[f32]; H],
@@ -261,6 +309,7 @@ mod simd {
         c0: usize,
         slots: std::ops::Range<usize>,
         outs: [*mut f32; H],
+        prefetch: bool,
     ) {
         let mut acc = [[_mm256_setzero_ps(); NV]; H];
         for h in 0..H {
@@ -269,7 +318,7 @@ mod simd {
             }
         }
         for s in slots {
-            if c0 == 0 {
+            if prefetch {
                 prefetch_rows(v, s + PREFETCH_SLOTS, 1, d);
             }
             let mut x = [_mm256_setzero_ps(); NV];
@@ -290,47 +339,43 @@ mod simd {
         }
     }
 
-    /// The weighted values of H query heads that share one KV head's `v` (`slots x d`), a block of
-    /// [`V_SLOT_BLOCK`] slots at a time so the block's rows are read from L1 after the first column.
+    /// Adds slots `slots` of H query heads' weighted values (`p[h]`, sharing the KV head's `v`) to
+    /// their outputs, every column.
     #[inline(always)]
     unsafe fn pv_heads<L: Lanes, const H: usize>(
         p: [&[f32]; H],
         v: &[L::Elem],
         d: usize,
-        outs: [&mut [f32]; H],
+        slots: std::ops::Range<usize>,
+        outs: [*mut f32; H],
+        prefetch: bool,
     ) {
-        let slots = p[0].len();
         let vectors = d / 8;
-        let outs = outs.map(|o| {
-            o.fill(0.0);
-            o.as_mut_ptr()
-        });
-        for s0 in (0..slots).step_by(V_SLOT_BLOCK) {
-            let s1 = (s0 + V_SLOT_BLOCK).min(slots);
-            let mut c = 0;
-            while c + 4 <= vectors {
-                pv_block::<L, H, 4>(p, v, d, c, s0..s1, outs);
-                c += 4;
-            }
-            while c < vectors {
-                pv_block::<L, H, 1>(p, v, d, c, s0..s1, outs);
-                c += 1;
-            }
-            for j in 8 * vectors..d {
-                for s in s0..s1 {
-                    for h in 0..H {
-                        *outs[h].add(j) += p[h][s] * L::widen(v[s * d + j]);
-                    }
+        let mut c = 0;
+        while c + 4 <= vectors {
+            pv_block::<L, H, 4>(p, v, d, c, slots.clone(), outs, prefetch && c == 0);
+            c += 4;
+        }
+        while c < vectors {
+            pv_block::<L, H, 1>(p, v, d, c, slots.clone(), outs, prefetch && c == 0);
+            c += 1;
+        }
+        for j in 8 * vectors..d {
+            for s in slots.clone() {
+                for h in 0..H {
+                    *outs[h].add(j) += p[h][s] * L::widen(v[s * d + j]);
                 }
             }
         }
     }
 
+    /// [`super::attend_causal`]: per KV head, the scores of every row and query head (each block of
+    /// 8 K rows read once for all of them), their softmax, then the outputs a block of
+    /// [`V_SLOT_BLOCK`] V rows at a time (read once, then from L1, for every row and head).
     #[inline(always)]
     pub unsafe fn attend<L: Lanes>(
         shape: AttnShape,
-        g0: usize,
-        slots: usize,
+        b: Block,
         q: &[f32],
         kv: KvHeads<'_, L::Elem>,
         out: &mut [f32],
@@ -339,41 +384,58 @@ mod simd {
         let d = shape.head_dim;
         let r = shape.group();
         let scale = 1.0 / (d as f32).sqrt();
-        let kv_heads = q.len() / (r * d);
-        // Scores: per KV head, blocks of 8 slots read once from memory for all its query heads.
-        for g in 0..kv_heads {
-            let k = kv.k_head(g0 + g, slots);
-            let full = slots - slots % SLOT_BLOCK;
-            for s0 in (0..full).step_by(SLOT_BLOCK) {
+        let span = q.len() / b.rows;
+        let max = b.max_slots();
+        // Row i, head h of the group: scores[(i * r + h) * max ..][..b.slots(i)].
+        let at = |i: usize, h: usize| (i * r + h) * max;
+        out.fill(0.0);
+        for g in 0..span / (r * d) {
+            let k = kv.k_head(b.g0 + g, max);
+            let qh = |i: usize, h: usize| &q[i * span + (g * r + h) * d..][..d];
+            for s0 in (0..max).step_by(SLOT_BLOCK) {
                 prefetch_rows(k, s0 + PREFETCH_SLOTS, SLOT_BLOCK, d);
-                for h in g * r..(g + 1) * r {
-                    let dots = dot8::<L>(&q[h * d..(h + 1) * d], &k[s0 * d..], d);
-                    for (i, v) in dots.into_iter().enumerate() {
-                        scores[h * slots + s0 + i] = v * scale;
+                for i in 0..b.rows {
+                    let slots = b.slots(i);
+                    if s0 + SLOT_BLOCK <= slots {
+                        for h in 0..r {
+                            let dots = dot8::<L>(qh(i, h), &k[s0 * d..], d);
+                            for (j, v) in dots.into_iter().enumerate() {
+                                scores[at(i, h) + s0 + j] = v * scale;
+                            }
+                        }
+                    } else {
+                        for s in s0..slots.min(s0 + SLOT_BLOCK) {
+                            for h in 0..r {
+                                let dv = dot::<L>(qh(i, h), &k[s * d..(s + 1) * d]);
+                                scores[at(i, h) + s] = dv * scale;
+                            }
+                        }
                     }
                 }
             }
-            for s in full..slots {
-                for h in g * r..(g + 1) * r {
-                    let dv = dot::<L>(&q[h * d..(h + 1) * d], &k[s * d..(s + 1) * d]);
-                    scores[h * slots + s] = dv * scale;
+            for i in 0..b.rows {
+                for h in 0..r {
+                    super::softmax_rows(&mut scores[at(i, h)..][..b.slots(i)], b.slots(i));
                 }
             }
-        }
-        super::softmax_rows(scores, slots);
-        // Outputs: per KV head, its query heads two at a time against each V block.
-        for (g, og) in out.chunks_exact_mut(r * d).enumerate() {
-            let v = kv.v_head(g0 + g, slots);
-            let mut heads = og.chunks_exact_mut(d).enumerate();
-            while let Some((i, o0)) = heads.next() {
-                let h0 = g * r + i;
-                let p0 = &scores[h0 * slots..(h0 + 1) * slots];
-                match heads.next() {
-                    Some((_, o1)) => {
-                        let p1 = &scores[(h0 + 1) * slots..(h0 + 2) * slots];
-                        pv_heads::<L, 2>([p0, p1], v, d, [o0, o1])
+            let v = kv.v_head(b.g0 + g, max);
+            for s0 in (0..max).step_by(V_SLOT_BLOCK) {
+                for i in 0..b.rows {
+                    let s1 = (s0 + V_SLOT_BLOCK).min(b.slots(i));
+                    if s1 <= s0 {
+                        continue;
                     }
-                    None => pv_heads::<L, 1>([p0], v, d, [o0]),
+                    let o = out.as_mut_ptr().add(i * span + g * r * d);
+                    let p = |h: usize| &scores[at(i, h)..][..b.slots(i)];
+                    let mut h = 0;
+                    while h + 2 <= r {
+                        let outs = [o.add(h * d), o.add((h + 1) * d)];
+                        pv_heads::<L, 2>([p(h), p(h + 1)], v, d, s0..s1, outs, i == 0);
+                        h += 2;
+                    }
+                    if h < r {
+                        pv_heads::<L, 1>([p(h)], v, d, s0..s1, [o.add(h * d)], i == 0);
+                    }
                 }
             }
         }
@@ -395,11 +457,10 @@ fn softmax_rows(scores: &mut [f32], slots: usize) {
     }
 }
 
-/// The portable path: one query head at a time, in the order [`attend_heads`] fixes.
+/// The portable path: one row and query head at a time, in the order [`attend_causal`] fixes.
 fn attend<T: KvElem>(
     shape: AttnShape,
-    g0: usize,
-    slots: usize,
+    b: Block,
     q: &[f32],
     kv: KvHeads<'_, T>,
     out: &mut [f32],
@@ -408,20 +469,26 @@ fn attend<T: KvElem>(
     let d = shape.head_dim;
     let r = shape.group();
     let scale = 1.0 / (d as f32).sqrt();
-    for (h, qh) in q.chunks_exact(d).enumerate() {
-        let k = kv.k_head(g0 + h / r, slots);
-        for (s, ks) in k.chunks_exact(d).enumerate() {
-            scores[h * slots + s] = dot(qh, ks) * scale;
-        }
-    }
-    softmax_rows(scores, slots);
-    for (h, oh) in out.chunks_exact_mut(d).enumerate() {
-        let v = kv.v_head(g0 + h / r, slots);
-        oh.fill(0.0);
-        for (s, vs) in v.chunks_exact(d).enumerate() {
-            let w = scores[h * slots + s];
-            for (o, &x) in oh.iter_mut().zip(vs) {
-                *o += w * x.to_f32();
+    let span = q.len() / b.rows;
+    for (i, (qi, oi)) in q
+        .chunks_exact(span)
+        .zip(out.chunks_exact_mut(span))
+        .enumerate()
+    {
+        let slots = b.slots(i);
+        let scores = &mut scores[..slots];
+        for (h, (qh, oh)) in qi.chunks_exact(d).zip(oi.chunks_exact_mut(d)).enumerate() {
+            let k = kv.k_head(b.g0 + h / r, slots);
+            for (score, ks) in scores.iter_mut().zip(k.chunks_exact(d)) {
+                *score = dot(qh, ks) * scale;
+            }
+            softmax_rows(scores, slots);
+            let v = kv.v_head(b.g0 + h / r, slots);
+            oh.fill(0.0);
+            for (&w, vs) in scores.iter().zip(v.chunks_exact(d)) {
+                for (o, &x) in oh.iter_mut().zip(vs) {
+                    *o += w * x.to_f32();
+                }
             }
         }
     }
@@ -558,7 +625,12 @@ mod tests {
                 {
                     attend_heads(shape, t * per_task, used, qs, cache, o);
                     let mut scores = vec![0f32; shape.group() * per_task * used];
-                    attend(shape, t * per_task, used, qs, cache, p, &mut scores);
+                    let block = Block {
+                        g0: t * per_task,
+                        first_slots: used,
+                        rows: 1,
+                    };
+                    attend(shape, block, qs, cache, p, &mut scores);
                 }
                 assert_eq!(
                     bits(&got),
@@ -612,6 +684,80 @@ mod tests {
         for (d, heads) in [(128, 8), (20, 8), (36, 12), (4, 4), (24, 8)] {
             check::<f32>(|x| x, d, heads);
             check::<bf16>(bf16::from_f32, d, heads);
+        }
+    }
+
+    /// Many rows at once (causal: row i reads `first + i` slots) give each row's one-row bits, in
+    /// every build and split; the control (every row reading one slot more) differs.
+    #[test]
+    fn causal_rows_give_the_one_row_bits() {
+        for (d, heads, kv_heads) in [(128, 16, 8), (20, 6, 2), (12, 4, 4)] {
+            let shape = AttnShape {
+                heads,
+                kv_heads,
+                head_dim: d,
+            };
+            let cap = 45;
+            let mut seed = 5u32;
+            let mut rnd = || {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (seed >> 8) as f32 / (1 << 23) as f32 - 1.0
+            };
+            let k: Vec<f32> = (0..cap * shape.kv_dim()).map(|_| 2.0 * rnd()).collect();
+            let v: Vec<f32> = (0..cap * shape.kv_dim()).map(|_| rnd()).collect();
+            let store = store_of(shape, cap + 3, &k, &v);
+            let cache = store.layer(0);
+            let q_dim = shape.q_dim();
+            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            for (first, rows) in [(1, 1), (1, 9), (5, 7), (8, 17), (30, 16), (3, 43)] {
+                let q: Vec<f32> = (0..rows * q_dim).map(|_| rnd()).collect();
+                let mut want = vec![f32::NAN; rows * q_dim];
+                for (i, (qi, oi)) in q
+                    .chunks_exact(q_dim)
+                    .zip(want.chunks_exact_mut(q_dim))
+                    .enumerate()
+                {
+                    attend_heads(shape, 0, first + i, qi, cache, oi);
+                }
+                let mut got = vec![f32::NAN; rows * q_dim];
+                attend_causal(shape, 0, first, rows, &q, cache, &mut got);
+                assert_eq!(bits(&got), bits(&want), "d {d}: first {first}, {rows} rows");
+                // A run of KV heads, rows together, portable too.
+                let per = (kv_heads / 2).max(1);
+                let span = per * shape.group() * d;
+                let qs: Vec<f32> = q
+                    .chunks_exact(q_dim)
+                    .flat_map(|r| r[span..2 * span].to_vec())
+                    .collect();
+                let mut run = vec![f32::NAN; rows * span];
+                let mut portable = vec![f32::NAN; rows * span];
+                attend_causal(shape, per, first, rows, &qs, cache, &mut run);
+                let mut scores = vec![0f32; rows * shape.group() * (first + rows - 1)];
+                let block = Block {
+                    g0: per,
+                    first_slots: first,
+                    rows,
+                };
+                attend(shape, block, &qs, cache, &mut portable, &mut scores);
+                let want_run: Vec<f32> = want
+                    .chunks_exact(q_dim)
+                    .flat_map(|r| r[span..2 * span].to_vec())
+                    .collect();
+                assert_eq!(
+                    bits(&run),
+                    bits(&want_run),
+                    "run: d {d}, first {first}, {rows} rows"
+                );
+                assert_eq!(
+                    bits(&portable),
+                    bits(&want_run),
+                    "portable run: d {d}, first {first}"
+                );
+                // Control: one slot more per row.
+                let mut over = vec![f32::NAN; rows * q_dim];
+                attend_causal(shape, 0, first + 1, rows, &q, cache, &mut over);
+                assert_ne!(bits(&over), bits(&want), "control: d {d}, first {first}");
+            }
         }
     }
 

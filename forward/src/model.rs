@@ -506,6 +506,7 @@ impl Forward {
         let x = &mut x[..rows * hidden];
         self.trace.clear();
         let pack = Arc::clone(&self.pack);
+        let pool = Arc::clone(&self.pool);
 
         let mut s = std::mem::take(&mut self.scratch);
         // cos/sin of every row, shared by all layers.
@@ -533,9 +534,9 @@ impl Forward {
                 );
                 // Attention block.
                 let xn = grow(&mut s.xn, rows * hidden);
-                for (xr, nr) in x.chunks_exact(hidden).zip(xn.chunks_exact_mut(hidden)) {
-                    rmsnorm(xr, w_in, eps, nr);
-                }
+                for_rows(&pool, xn, hidden, |r, nr| {
+                    rmsnorm(&x[r * hidden..(r + 1) * hidden], w_in, eps, nr)
+                });
                 let id = layer * 7;
                 let xn = &s.xn[..rows * hidden];
                 self.gemm_group(
@@ -548,20 +549,23 @@ impl Forward {
                         grow(&mut s.v, rows * kv_dim),
                     ],
                 )?;
-                for r in 0..rows {
+                let (cos, sin) = (&s.cos, &s.sin);
+                let norm_rotate = |w: &[f32], r: usize, row: &mut [f32]| {
                     let (cos, sin) = (
-                        &s.cos[r * half..(r + 1) * half],
-                        &s.sin[r * half..(r + 1) * half],
+                        &cos[r * half..(r + 1) * half],
+                        &sin[r * half..(r + 1) * half],
                     );
-                    for head in s.q[r * q_dim..(r + 1) * q_dim].chunks_exact_mut(d) {
-                        rmsnorm_inplace(head, w_q, eps);
+                    for head in row.chunks_exact_mut(d) {
+                        rmsnorm_inplace(head, w, eps);
                         rotate_half(head, cos, sin);
                     }
-                    for head in s.k[r * kv_dim..(r + 1) * kv_dim].chunks_exact_mut(d) {
-                        rmsnorm_inplace(head, w_k, eps);
-                        rotate_half(head, cos, sin);
-                    }
-                }
+                };
+                for_rows(&pool, &mut s.q[..rows * q_dim], q_dim, |r, row| {
+                    norm_rotate(w_q, r, row)
+                });
+                for_rows(&pool, &mut s.k[..rows * kv_dim], kv_dim, |r, row| {
+                    norm_rotate(w_k, r, row)
+                });
                 let attn = grow(&mut s.attn, rows * q_dim);
                 match &mut self.kv.data {
                     KvData::F32(store) => attend_rows(
@@ -579,14 +583,12 @@ impl Forward {
                     rows,
                     grow(&mut s.proj, rows * hidden),
                 )?;
-                for (a, b) in x.iter_mut().zip(&s.proj[..rows * hidden]) {
-                    *a += b;
-                }
+                add_rows(&pool, x, &s.proj, hidden);
                 // MLP block.
                 let xn = grow(&mut s.xn, rows * hidden);
-                for (xr, nr) in x.chunks_exact(hidden).zip(xn.chunks_exact_mut(hidden)) {
-                    rmsnorm(xr, w_post, eps, nr);
-                }
+                for_rows(&pool, xn, hidden, |r, nr| {
+                    rmsnorm(&x[r * hidden..(r + 1) * hidden], w_post, eps, nr)
+                });
                 let xn = &s.xn[..rows * hidden];
                 self.gemm_group(
                     [id + 4, id + 5],
@@ -597,16 +599,17 @@ impl Forward {
                         grow(&mut s.up, rows * inter),
                     ],
                 )?;
-                crate::mathf::silu_mul(&mut s.gate[..rows * inter], &s.up[..rows * inter]);
+                let up = &s.up;
+                for_rows(&pool, &mut s.gate[..rows * inter], inter, |r, g| {
+                    crate::mathf::silu_mul(g, &up[r * inter..(r + 1) * inter])
+                });
                 self.gemm(
                     id + 6,
                     &s.gate[..rows * inter],
                     rows,
                     grow(&mut s.proj, rows * hidden),
                 )?;
-                for (a, b) in x.iter_mut().zip(&s.proj[..rows * hidden]) {
-                    *a += b;
-                }
+                add_rows(&pool, x, &s.proj, hidden);
                 if !ablation.deepstack_before_layer {
                     add_deepstack(x, hybrid, layer, hidden, ablation.deepstack_every_row);
                 }
@@ -643,6 +646,34 @@ impl Forward {
         self.kv.commit(start_slot + rows);
         Ok(())
     }
+}
+
+/// `f(r, row)` for every row of `x` (rows of `width`): on the pool when there are several rows (each
+/// row's arithmetic is the same either way), in place for one.
+fn for_rows<F>(pool: &rayon::ThreadPool, x: &mut [f32], width: usize, f: F)
+where
+    F: Fn(usize, &mut [f32]) + Sync,
+{
+    if x.len() <= width {
+        x.chunks_exact_mut(width.max(1))
+            .enumerate()
+            .for_each(|(r, row)| f(r, row));
+    } else {
+        pool.install(|| {
+            x.par_chunks_mut(width)
+                .enumerate()
+                .for_each(|(r, row)| f(r, row))
+        });
+    }
+}
+
+/// The residual: `x += y` over the rows of `x`.
+fn add_rows(pool: &rayon::ThreadPool, x: &mut [f32], y: &[f32], width: usize) {
+    for_rows(pool, x, width, |r, row| {
+        for (a, b) in row.iter_mut().zip(&y[r * width..]) {
+            *a += b;
+        }
+    });
 }
 
 /// The weight with table index `id`: a layer projection by name, or the head (the last id).

@@ -327,13 +327,17 @@ fn decode_steps(f: &mut Forward, steps: usize, probe: &ReadProbe) -> Decode {
     d
 }
 
-fn prefill(f: &mut Forward, rows: usize) -> f64 {
+/// One prefill of `rows` rows from an empty cache: (seconds, share of them outside the GEMMs).
+fn prefill(f: &mut Forward, rows: usize) -> (f64, f64) {
     f.reset();
     let toks = tokens(rows, f.semantics().vocab_size);
+    f.backend_mut().take_stats();
     let t = Instant::now();
     f.step_batch(&toks, 0, 0, Logits::LastRow)
         .unwrap_or_else(|e| refuse(e));
-    secs(t.elapsed())
+    let dt = secs(t.elapsed());
+    let gemm = secs(f.backend_mut().take_stats().host);
+    (dt, ((dt - gemm) / dt).max(0.0))
 }
 
 fn decoder_bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value {
@@ -356,12 +360,16 @@ fn decoder_bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value 
         let kv_per_token = f.kv().bytes_per_token() as u64;
         prefill(&mut f, 16);
         let mut prefill_json = Map::new();
+        let mut prefill_non_gemm_json = Map::new();
         let mut prefill_rate = Vec::new();
         for rows in PREFILL_ROWS {
             let reps = if rows >= 512 { 1 } else { 2 };
-            let t = median((0..reps).map(|_| prefill(&mut f, rows)).collect());
+            let runs: Vec<(f64, f64)> = (0..reps).map(|_| prefill(&mut f, rows)).collect();
+            let t = median(runs.iter().map(|r| r.0).collect());
+            let non_gemm = median(runs.iter().map(|r| r.1).collect());
             prefill_json.insert(rows.to_string(), json!(round2(rows as f64 / t)));
-            prefill_rate.push((rows, rows as f64 / t));
+            prefill_non_gemm_json.insert(rows.to_string(), json!(round2(100.0 * non_gemm)));
+            prefill_rate.push((rows, rows as f64 / t, non_gemm));
         }
         let peak = peak_rss_mb();
         let kv_alloc = f.kv_bytes() as f64;
@@ -413,8 +421,11 @@ fn decoder_bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value 
                     100.0 * d.non_gemm()
                 );
             }
-            for (rows, rate) in &prefill_rate {
-                println!("  prefill {rows:4} rows {rate:8.2} tok/s");
+            for (rows, rate, non_gemm) in &prefill_rate {
+                println!(
+                    "  prefill {rows:4} rows {rate:8.2} tok/s  non-GEMM {:4.1}%",
+                    100.0 * non_gemm
+                );
             }
             println!(
                 "  KV per token: f32 {} B, bf16 {} B; bf16 vs f32 cache over {} steps at ctx 512: max |dlogit| {:.2e}, same argmax {:.0}%",
@@ -441,6 +452,7 @@ fn decoder_bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value 
                 "decode_tok_s_ctx512": round2(d512.tok_s()),
                 "decode_tok_s_ctx512_kv_bf16": round2(d512b.tok_s()),
                 "prefill_tok_s": prefill_json,
+                "prefill_non_gemm_pct": prefill_non_gemm_json,
                 "roofline_pct": round2(100.0 * roofline),
                 "roofline_pct_ctx512": round2(100.0 * d512.roofline(bytes + kv512)),
                 "read_gb_s": round2(read),

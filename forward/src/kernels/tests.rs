@@ -449,3 +449,80 @@ fn the_adversarial_i8_inputs_would_saturate_an_unsigned_offset_on_avx2() {
     assert_eq!(got, i16::MAX, "saturated: 2 * 255 * 127 does not fit");
     assert_ne!(got as i32, 2 * 255 * 127);
 }
+
+/// Not a check: single-thread timings of `gemm_block` (q4 and i8) on this machine's best path, for
+/// comparing kernel changes without the pool or the other load of a shared machine. Cases
+/// `rows,n,k,reps;...` in `KT_CASES` (n x k small: from L2; large: from DRAM), `KT_KIND=q4|i8`.
+/// `cargo test --release -p forward kern_timing -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn kern_timing() {
+    use std::time::Instant;
+    let mut rng = Rng(9);
+    let kern = Kernels::best();
+    let cases: Vec<(usize, usize, usize, usize)> = std::env::var("KT_CASES")
+        .unwrap_or(
+            "1,256,2048,400;1,256,6144,150;1,131072,2048,2;128,64,2048,20;128,64,6144,8".into(),
+        )
+        .split(';')
+        .map(|c| {
+            let v: Vec<usize> = c.split(',').map(|x| x.parse().unwrap()).collect();
+            (v[0], v[1], v[2], v[3])
+        })
+        .collect();
+    let only = std::env::var("KT_KIND").unwrap_or_default();
+
+    for &(rows, n, k, reps) in &cases {
+        let x = activations(&mut rng, rows, k);
+        let codes: Vec<u8> = (0..n * k / 2).map(|_| rng.byte()).collect();
+        let scales: Vec<bf16> = (0..n * k / Q4_GROUP)
+            .map(|_| bf16::from_f32(rng.unit() * 0.05))
+            .collect();
+        let icodes: Vec<i8> = (0..n * k).map(|_| rng.byte() as i8).collect();
+        let iscales: Vec<f32> = (0..n).map(|_| rng.unit().abs() * 0.02).collect();
+        for q4 in [true, false] {
+            if (only == "q4" && !q4) || (only == "i8" && q4) {
+                continue;
+            }
+            let (w, layout, bytes) = if q4 {
+                (
+                    LinearData::Q4 {
+                        codes: &codes,
+                        scales: &scales,
+                    },
+                    ActivationLayout::Q4Groups,
+                    codes.len() + 2 * scales.len(),
+                )
+            } else {
+                (
+                    LinearData::I8 {
+                        codes: &icodes,
+                        scales: &iscales,
+                    },
+                    ActivationLayout::Natural,
+                    icodes.len() + 4 * iscales.len(),
+                )
+            };
+            let mut acts = Activations::default();
+            acts.prepare(kern, layout, &x, rows, k);
+            let mut out = vec![vec![0f32; n]; rows];
+            let mut best = f64::INFINITY;
+            for _ in 0..5 {
+                let t = Instant::now();
+                for _ in 0..reps {
+                    let mut spans: Vec<&mut [f32]> =
+                        out.iter_mut().map(|o| o.as_mut_slice()).collect();
+                    kern.gemm_block(&w, k, 0, &x, &acts, &mut spans);
+                }
+                best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+            }
+            println!(
+                "{} rows {rows:4} n {n:6} k {k:5}: {:9.1} us  {:6.2} GB/s  {:6.1} GMAC/s",
+                if q4 { "q4" } else { "i8" },
+                best * 1e6,
+                bytes as f64 / best / 1e9,
+                (rows * n * k) as f64 / best / 1e9
+            );
+        }
+    }
+}

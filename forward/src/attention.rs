@@ -36,21 +36,6 @@ const SLOT_BLOCK: usize = 8;
 /// Slots whose V rows one output pass keeps hot in L1 (`32 x 128` f32 = 16 KB).
 const V_SLOT_BLOCK: usize = 32;
 
-/// Attention for the query heads of one KV head `g`, for one query row that reads slots `0..slots`.
-///
-/// `q` holds the row's `group` query heads for this KV head (`group * head_dim`), `out` the same span of
-/// the output. KV head g serves query heads g*r .. g*r + r - 1, so the caller passes contiguous spans.
-pub fn attend_group<T: KvElem>(
-    shape: AttnShape,
-    g: usize,
-    slots: usize,
-    q: &[f32],
-    kv: KvHeads<'_, T>,
-    out: &mut [f32],
-) {
-    attend_heads(shape, g, slots, q, kv, out)
-}
-
 /// Attention for the query heads of the adjacent KV heads `g0 ..`, for one query row that reads slots
 /// `0..slots`: `q` and `out` span those KV heads' query heads (`n * group * head_dim` for n KV heads).
 pub fn attend_heads<T: KvElem>(
@@ -88,9 +73,14 @@ pub fn attend_causal<T: KvElem>(
     if rows == 0 {
         return;
     }
+    let group_span = (shape.group() * shape.head_dim).max(1);
     assert!(
-        first_slots >= 1 && q.len() == out.len() && q.len().is_multiple_of(rows),
-        "attend_causal: {rows} rows, first row reads {first_slots} slots, q {} and out {} values",
+        first_slots >= 1
+            && q.len() == out.len()
+            && q.len().is_multiple_of(rows)
+            && (q.len() / rows).is_multiple_of(group_span),
+        "attend_causal: {rows} rows, first row reads {first_slots} slots, q {} and out {} values \
+         (rows of whole KV-head groups of {group_span})",
         q.len(),
         out.len()
     );
@@ -644,11 +634,11 @@ mod tests {
                 );
             }
             let mut one = vec![f32::NAN; span];
-            attend_group(shape, 3, used, &q[3 * span..], cache, &mut one);
+            attend_heads(shape, 3, used, &q[3 * span..], cache, &mut one);
             assert_eq!(
                 bits(&one),
                 bits(&want[3 * span..]),
-                "attend_group, slots {used}"
+                "one KV head, slots {used}"
             );
         }
     }
@@ -777,9 +767,9 @@ mod tests {
         let mut want = vec![0f32; 16];
         attend_one_head_at_a_time(shape, 1, 3, &q, &k, &v, &mut want);
         let mut got = vec![0f32; 16];
-        attend_group(shape, 1, 3, &q, store.layer(0), &mut got);
+        attend_heads(shape, 1, 3, &q, store.layer(0), &mut got);
         assert_eq!(got, want);
-        attend_group(shape, 0, 3, &q, store.layer(0), &mut got);
+        attend_heads(shape, 0, 3, &q, store.layer(0), &mut got);
         assert_ne!(got, want, "head 0 must not read like head 1");
     }
 
@@ -797,13 +787,13 @@ mod tests {
         let cache = store.layer(0);
         let q = vec![0.5f32; 4];
         let mut out = vec![0.0f32; 4];
-        attend_group(shape, 1, 1, &q, cache, &mut out);
+        attend_heads(shape, 1, 1, &q, cache, &mut out);
         assert_eq!(out, vec![10.0; 4]);
         // Equal scores over two slots: the mean of the group's values.
-        attend_group(shape, 0, 2, &q, cache, &mut out);
+        attend_heads(shape, 0, 2, &q, cache, &mut out);
         assert_eq!(out, vec![2.0; 4]);
         // Control: reading kv head 1 for group 0 gives another answer.
-        attend_group(shape, 1, 2, &q, cache, &mut out);
+        attend_heads(shape, 1, 2, &q, cache, &mut out);
         assert_eq!(out, vec![20.0; 4]);
     }
 }

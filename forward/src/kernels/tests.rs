@@ -164,7 +164,7 @@ fn check_q4(rows: usize, k: usize, n: usize, x: &[f32], codes: &[u8], w_scales: 
     );
 }
 
-const ROWS: [usize; 6] = [1, 2, 3, 4, 5, 16];
+const ROWS: [usize; 10] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 16];
 const NS: [usize; 4] = [1, 5, 8, 13];
 
 #[test]
@@ -257,6 +257,60 @@ fn decoder_sized_blocks_match_the_oracle() {
         .map(|_| bf16::from_f32(rng.unit() * 0.05))
         .collect();
     check_q4(rows, k, n, &x, &codes4, &scales4);
+}
+
+#[test]
+fn q4_gemv_at_the_down_projections_k_matches_the_oracle() {
+    // K = 6144 (24 blocks of 8 groups, a panel of 24 KB: the GEMV prefetches a whole panel ahead)
+    // and K = 6176 (one group past the blocks), few rows, a short last panel, from block offsets.
+    let mut rng = Rng(7);
+    for (k, n) in [(6144, 17), (6176, 9)] {
+        for rows in [1, 2, 3] {
+            let x = activations(&mut rng, rows, k);
+            let codes: Vec<u8> = (0..n * k / 2).map(|_| rng.byte()).collect();
+            let scales: Vec<bf16> = (0..n * k / Q4_GROUP)
+                .map(|_| bf16::from_f32(rng.unit() * 0.05))
+                .collect();
+            check_q4(rows, k, n, &x, &codes, &scales);
+        }
+    }
+}
+
+#[test]
+fn the_q4_group_order_matters_so_the_gemv_check_can_fail() {
+    // Control for the q4 GEMV tests: adding each block of 8 scaled groups first and then the blocks
+    // (an order a lanes-are-groups kernel would find natural) gives other bits than the ascending
+    // chain on such rows, so matching the oracle checks the chain's order per output.
+    let mut rng = Rng(8);
+    let k = 6144;
+    let mut differs = 0;
+    for _ in 0..16 {
+        let x = activations(&mut rng, 1, k);
+        let (a, _) = quantize_oracle(&x, 1, k);
+        let codes: Vec<u8> = (0..k / 2).map(|_| rng.byte()).collect();
+        let scales: Vec<bf16> = (0..k / Q4_GROUP)
+            .map(|_| bf16::from_f32(rng.unit() * 0.05))
+            .collect();
+        let scaled: Vec<f32> = (0..k / Q4_GROUP)
+            .map(|g| {
+                let acc: i32 = (g * Q4_GROUP..(g + 1) * Q4_GROUP)
+                    .map(|j| a[j] as i32 * quant::q4_code(&codes, j) as i32)
+                    .sum();
+                acc as f32 * scales[g].to_f32()
+            })
+            .collect();
+        let chain = scaled.iter().fold(0f32, |s, &v| s + v);
+        assert_eq!(
+            chain.to_bits(),
+            quant::q4_row_scaled_sum(&a, &codes, &scales).to_bits()
+        );
+        let blocked = scaled
+            .chunks(8)
+            .map(|b| b.iter().fold(0f32, |s, &v| s + v))
+            .fold(0f32, |s, v| s + v);
+        differs += usize::from(blocked.to_bits() != chain.to_bits());
+    }
+    assert!(differs > 4, "{differs}");
 }
 
 #[test]

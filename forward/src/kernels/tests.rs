@@ -421,6 +421,37 @@ fn quantizer_rows() -> Vec<Vec<f32>> {
 }
 
 #[test]
+fn the_q4_layout_is_the_same_on_every_path() {
+    // Every instruction set reorders codes and sums groups as the portable form does: extreme and
+    // random codes, K from one group to an unpaired last group past the 2B shapes.
+    let mut rng = Rng(10);
+    for groups in [1usize, 2, 3, 8, 9, 64, 193] {
+        for fill in 0..3 {
+            let codes: Vec<i8> = (0..groups * Q4_GROUP)
+                .map(|i| match fill {
+                    0 => rng.byte() as i8,
+                    1 => 127,
+                    _ => [-127, -128, 127][i % 3],
+                })
+                .collect();
+            let mut want = codes.clone();
+            let mut want_sums = vec![0i32; groups];
+            activations::q4_groups_row_scalar(&mut want, &mut want_sums);
+            for kern in Isa::available()
+                .into_iter()
+                .map(|i| Kernels::new(i).unwrap())
+            {
+                let mut got = codes.clone();
+                let mut sums = vec![1i32; groups];
+                kern.q4_groups_row(&mut got, &mut sums);
+                assert_eq!(got, want, "{kern:?} {groups} groups fill {fill}");
+                assert_eq!(sums, want_sums, "{kern:?} {groups} groups fill {fill}");
+            }
+        }
+    }
+}
+
+#[test]
 fn quantizer_gives_the_oracle_bytes() {
     for kern in Isa::available()
         .into_iter()
@@ -578,5 +609,64 @@ fn kern_timing() {
                 (rows * n * k) as f64 / best / 1e9
             );
         }
+    }
+}
+
+/// Not a check: single-thread timings of preparing one decode row (q4 layout) and of its parts.
+/// `cargo test --release -p forward prep_timing -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn prep_timing() {
+    let kern = Kernels::best();
+    let mut rng = Rng(3);
+    for k in [2048usize, 6144] {
+        let mut x = activations(&mut rng, 1, k);
+        let mut acts = Activations::default();
+        let t = std::time::Instant::now();
+        for i in 0..2000 {
+            x[i % k] += 1e-3;
+            acts.prepare(kern, ActivationLayout::Q4Groups, &x, 1, k);
+        }
+        println!(
+            "prepare q4 1 x {k}: {:.2} us",
+            t.elapsed().as_secs_f64() / 2000.0 * 1e6
+        );
+        let mut c = vec![0i8; k];
+        let t = std::time::Instant::now();
+        for i in 0..2000 {
+            x[i % k] += 1e-3;
+            kern.quantize_row(&x, &mut c);
+        }
+        println!(
+            "quantize 1 x {k}: {:.2} us",
+            t.elapsed().as_secs_f64() / 2000.0 * 1e6
+        );
+        let mut sums = vec![0i32; k / 32];
+        let t = std::time::Instant::now();
+        for _ in 0..2000 {
+            kern.q4_groups_row(&mut c, &mut sums);
+        }
+        println!(
+            "layout 1 x {k}: {:.2} us",
+            t.elapsed().as_secs_f64() / 2000.0 * 1e6
+        );
+        let t = std::time::Instant::now();
+        for _ in 0..2000 {
+            acts.prepare(kern, ActivationLayout::Q4Groups, &x, 1, k);
+        }
+        println!(
+            "prepare unchanged 1 x {k}: {:.2} us",
+            t.elapsed().as_secs_f64() / 2000.0 * 1e6
+        );
+        let t = std::time::Instant::now();
+        for i in 0..2000 {
+            acts.invalidate();
+            x[i % k] += 1e-3;
+            acts.prepare(kern, ActivationLayout::Q4Groups, &x, 1, k);
+        }
+        println!(
+            "prepare invalidated 1 x {k}: {:.2} us",
+            t.elapsed().as_secs_f64() / 2000.0 * 1e6
+        );
     }
 }

@@ -903,6 +903,80 @@ pub(super) unsafe fn quantize_row_avx2(x: &[f32], codes: &mut [i8]) -> f32 {
     scale
 }
 
+/// `dst.copy_from_slice(src)` with 32-byte loads and stores; returns whether `dst` already held
+/// `src`. (Reading `dst` too also keeps LLVM from turning the loop back into a `memcpy` call.)
+///
+/// # Safety
+/// The CPU must support AVX2; `dst.len() == src.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn copy_u32_avx2(dst: &mut [u32], src: &[u32]) -> bool {
+    let n = src.len().min(dst.len());
+    let n8 = n - n % 8;
+    let mut same = _mm256_set1_epi32(-1);
+    for i in (0..n8).step_by(8) {
+        let v = _mm256_loadu_si256(src.as_ptr().add(i) as *const __m256i);
+        let old = _mm256_loadu_si256(dst.as_ptr().add(i) as *const __m256i);
+        same = _mm256_and_si256(same, _mm256_cmpeq_epi32(v, old));
+        _mm256_storeu_si256(dst.as_mut_ptr().add(i) as *mut __m256i, v);
+    }
+    let tail_same = dst[n8..n] == src[n8..n];
+    dst[n8..n].copy_from_slice(&src[n8..n]);
+    _mm256_movemask_epi8(same) == -1 && tail_same
+}
+
+/// The code sum of 32 i8 codes: `vpsadbw` of the codes + 128 against zero, less 32 * 128.
+#[inline(always)]
+unsafe fn sum32_i8(v: __m256i) -> i32 {
+    let s = _mm256_sad_epu8(
+        _mm256_xor_si256(v, _mm256_set1_epi8(i8::MIN)),
+        _mm256_setzero_si256(),
+    );
+    let s = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+    let s = _mm_add_epi64(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si64(s) as i32 - 32 * 128
+}
+
+/// One group's 32 codes as `[16 even elements | 16 odd elements]`.
+#[inline(always)]
+unsafe fn even_odd32(v: __m256i) -> __m256i {
+    let split = _mm256_setr_epi8(
+        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5,
+        7, 9, 11, 13, 15,
+    );
+    // Per 128 bits [evens | odds] of 16 elements; the quads (e0, o0, e1, o1) become (e0, e1, o0, o1).
+    _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(v, split))
+}
+
+/// `activations::q4_groups_row_scalar` in AVX2 (same bytes and sums).
+///
+/// # Safety
+/// The CPU must support AVX2; `codes.len() == 32 * sums.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn q4_groups_row_avx2(codes: &mut [i8], sums: &mut [i32]) {
+    let groups = sums.len();
+    debug_assert_eq!(codes.len(), groups * Q4_GROUP);
+    for g0 in (0..groups).step_by(2) {
+        let p = codes.as_mut_ptr().add(g0 * Q4_GROUP);
+        let a = _mm256_loadu_si256(p as *const __m256i);
+        sums[g0] = 8 * sum32_i8(a);
+        let a = even_odd32(a);
+        if g0 + 1 < groups {
+            let b = _mm256_loadu_si256(p.add(Q4_GROUP) as *const __m256i);
+            sums[g0 + 1] = 8 * sum32_i8(b);
+            let b = even_odd32(b);
+            // [evens of g0, evens of g0 + 1, odds of g0, odds of g0 + 1]
+            _mm256_storeu_si256(p as *mut __m256i, _mm256_permute2x128_si256::<0x20>(a, b));
+            _mm256_storeu_si256(
+                p.add(Q4_GROUP) as *mut __m256i,
+                _mm256_permute2x128_si256::<0x31>(a, b),
+            );
+        } else {
+            // A last unpaired group: its evens, then its odds.
+            _mm256_storeu_si256(p as *mut __m256i, a);
+        }
+    }
+}
+
 /// `(v / scale).round().clamp(-127.0, 127.0)` for 8 finite values, as i32 lanes.
 #[inline(always)]
 unsafe fn code8(v: __m256, scale: __m256) -> __m256i {

@@ -47,6 +47,30 @@ pub fn q4_halves(g: usize, groups: usize) -> (usize, usize) {
     }
 }
 
+/// Reorders one row of codes (natural order, K a multiple of 32) into the `Q4Groups` layout in place
+/// and writes its group sums (8 x each group's code sum): the portable form of
+/// [`Kernels::q4_groups_row`].
+pub(crate) fn q4_groups_row_scalar(cr: &mut [i8], sums: &mut [i32]) {
+    let groups = cr.len() / Q4_GROUP;
+    for (g, sum) in sums.iter_mut().enumerate().take(groups) {
+        let group = &cr[g * Q4_GROUP..(g + 1) * Q4_GROUP];
+        *sum = 8 * group.iter().map(|&c| c as i32).sum::<i32>();
+    }
+    // A pair's codes stay inside the pair's 64 bytes: permute them through a copy.
+    for g0 in (0..groups).step_by(2) {
+        let n = (groups - g0).min(2);
+        let mut natural = [0i8; 2 * Q4_GROUP];
+        natural[..n * Q4_GROUP].copy_from_slice(&cr[g0 * Q4_GROUP..(g0 + n) * Q4_GROUP]);
+        for (gi, src) in natural[..n * Q4_GROUP].chunks_exact(Q4_GROUP).enumerate() {
+            let (even, odd) = q4_halves(g0 + gi, groups);
+            for i in 0..Q4_GROUP / 2 {
+                cr[even + i] = src[2 * i];
+                cr[odd + i] = src[2 * i + 1];
+            }
+        }
+    }
+}
+
 /// One row's input, codes, scale and sums.
 type RowJob<'a> = ((&'a [f32], &'a mut [i8]), (&'a mut f32, &'a mut [i32]));
 
@@ -73,14 +97,19 @@ impl Activations {
             );
         }
         let bits: &[u32] = bytemuck::cast_slice(x);
-        if self.layout == Some(layout) && self.rows == rows && self.k == k && self.source == bits {
+        let same_shape = self.layout == Some(layout) && self.rows == rows && self.k == k;
+        if self.source.len() != bits.len() {
+            self.source.clear();
+            self.source.resize(bits.len(), 0);
+        }
+        // One pass compares the bits with the last input's and keeps them.
+        let same_bits = kernels.copy_bits(&mut self.source, bits);
+        if same_shape && same_bits {
             return false;
         }
         self.layout = Some(layout);
         self.rows = rows;
         self.k = k;
-        self.source.clear();
-        self.source.extend_from_slice(bits);
         self.codes.resize(rows * k, 0);
         self.scales.resize(rows, 0.0);
         let per_row = match layout {
@@ -100,28 +129,7 @@ impl Activations {
                     let covered = k - k % SIMD_BYTES;
                     sums[0] = cr[..covered].iter().map(|&c| c as i32).sum();
                 }
-                ActivationLayout::Q4Groups => {
-                    let groups = k / Q4_GROUP;
-                    for (g, sum) in sums.iter_mut().enumerate() {
-                        let group = &cr[g * Q4_GROUP..(g + 1) * Q4_GROUP];
-                        *sum = 8 * group.iter().map(|&c| c as i32).sum::<i32>();
-                    }
-                    // A pair's codes stay inside the pair's 64 bytes: permute them through a copy.
-                    for g0 in (0..groups).step_by(2) {
-                        let n = (groups - g0).min(2);
-                        let mut natural = [0i8; 2 * Q4_GROUP];
-                        natural[..n * Q4_GROUP]
-                            .copy_from_slice(&cr[g0 * Q4_GROUP..(g0 + n) * Q4_GROUP]);
-                        for (gi, src) in natural[..n * Q4_GROUP].chunks_exact(Q4_GROUP).enumerate()
-                        {
-                            let (even, odd) = q4_halves(g0 + gi, groups);
-                            for i in 0..Q4_GROUP / 2 {
-                                cr[even + i] = src[2 * i];
-                                cr[odd + i] = src[2 * i + 1];
-                            }
-                        }
-                    }
-                }
+                ActivationLayout::Q4Groups => kernels.q4_groups_row(cr, sums),
             }
         };
         if rows >= 4 {

@@ -164,7 +164,7 @@ fn check_q4(rows: usize, k: usize, n: usize, x: &[f32], codes: &[u8], w_scales: 
     );
 }
 
-const ROWS: [usize; 6] = [1, 2, 3, 4, 5, 16];
+const ROWS: [usize; 10] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 16];
 const NS: [usize; 4] = [1, 5, 8, 13];
 
 #[test]
@@ -257,6 +257,60 @@ fn decoder_sized_blocks_match_the_oracle() {
         .map(|_| bf16::from_f32(rng.unit() * 0.05))
         .collect();
     check_q4(rows, k, n, &x, &codes4, &scales4);
+}
+
+#[test]
+fn q4_gemv_at_the_down_projections_k_matches_the_oracle() {
+    // K = 6144 (24 blocks of 8 groups, a panel of 24 KB: the GEMV prefetches a whole panel ahead)
+    // and K = 6176 (one group past the blocks), few rows, a short last panel, from block offsets.
+    let mut rng = Rng(7);
+    for (k, n) in [(6144, 17), (6176, 9)] {
+        for rows in [1, 2, 3] {
+            let x = activations(&mut rng, rows, k);
+            let codes: Vec<u8> = (0..n * k / 2).map(|_| rng.byte()).collect();
+            let scales: Vec<bf16> = (0..n * k / Q4_GROUP)
+                .map(|_| bf16::from_f32(rng.unit() * 0.05))
+                .collect();
+            check_q4(rows, k, n, &x, &codes, &scales);
+        }
+    }
+}
+
+#[test]
+fn the_q4_group_order_matters_so_the_gemv_check_can_fail() {
+    // Control for the q4 GEMV tests: adding each block of 8 scaled groups first and then the blocks
+    // (an order a lanes-are-groups kernel would find natural) gives other bits than the ascending
+    // chain on such rows, so matching the oracle checks the chain's order per output.
+    let mut rng = Rng(8);
+    let k = 6144;
+    let mut differs = 0;
+    for _ in 0..16 {
+        let x = activations(&mut rng, 1, k);
+        let (a, _) = quantize_oracle(&x, 1, k);
+        let codes: Vec<u8> = (0..k / 2).map(|_| rng.byte()).collect();
+        let scales: Vec<bf16> = (0..k / Q4_GROUP)
+            .map(|_| bf16::from_f32(rng.unit() * 0.05))
+            .collect();
+        let scaled: Vec<f32> = (0..k / Q4_GROUP)
+            .map(|g| {
+                let acc: i32 = (g * Q4_GROUP..(g + 1) * Q4_GROUP)
+                    .map(|j| a[j] as i32 * quant::q4_code(&codes, j) as i32)
+                    .sum();
+                acc as f32 * scales[g].to_f32()
+            })
+            .collect();
+        let chain = scaled.iter().fold(0f32, |s, &v| s + v);
+        assert_eq!(
+            chain.to_bits(),
+            quant::q4_row_scaled_sum(&a, &codes, &scales).to_bits()
+        );
+        let blocked = scaled
+            .chunks(8)
+            .map(|b| b.iter().fold(0f32, |s, &v| s + v))
+            .fold(0f32, |s, v| s + v);
+        differs += usize::from(blocked.to_bits() != chain.to_bits());
+    }
+    assert!(differs > 4, "{differs}");
 }
 
 #[test]
@@ -364,6 +418,37 @@ fn quantizer_rows() -> Vec<Vec<f32>> {
             .collect(),
     );
     rows
+}
+
+#[test]
+fn the_q4_layout_is_the_same_on_every_path() {
+    // Every instruction set reorders codes and sums groups as the portable form does: extreme and
+    // random codes, K from one group to an unpaired last group past the 2B shapes.
+    let mut rng = Rng(10);
+    for groups in [1usize, 2, 3, 8, 9, 64, 193] {
+        for fill in 0..3 {
+            let codes: Vec<i8> = (0..groups * Q4_GROUP)
+                .map(|i| match fill {
+                    0 => rng.byte() as i8,
+                    1 => 127,
+                    _ => [-127, -128, 127][i % 3],
+                })
+                .collect();
+            let mut want = codes.clone();
+            let mut want_sums = vec![0i32; groups];
+            activations::q4_groups_row_scalar(&mut want, &mut want_sums);
+            for kern in Isa::available()
+                .into_iter()
+                .map(|i| Kernels::new(i).unwrap())
+            {
+                let mut got = codes.clone();
+                let mut sums = vec![1i32; groups];
+                kern.q4_groups_row(&mut got, &mut sums);
+                assert_eq!(got, want, "{kern:?} {groups} groups fill {fill}");
+                assert_eq!(sums, want_sums, "{kern:?} {groups} groups fill {fill}");
+            }
+        }
+    }
 }
 
 #[test]
@@ -524,5 +609,64 @@ fn kern_timing() {
                 (rows * n * k) as f64 / best / 1e9
             );
         }
+    }
+}
+
+/// Not a check: single-thread timings of preparing one decode row (q4 layout) and of its parts.
+/// `cargo test --release -p forward prep_timing -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn prep_timing() {
+    let kern = Kernels::best();
+    let mut rng = Rng(3);
+    for k in [2048usize, 6144] {
+        let mut x = activations(&mut rng, 1, k);
+        let mut acts = Activations::default();
+        let t = std::time::Instant::now();
+        for i in 0..2000 {
+            x[i % k] += 1e-3;
+            acts.prepare(kern, ActivationLayout::Q4Groups, &x, 1, k);
+        }
+        println!(
+            "prepare q4 1 x {k}: {:.2} us",
+            t.elapsed().as_secs_f64() / 2000.0 * 1e6
+        );
+        let mut c = vec![0i8; k];
+        let t = std::time::Instant::now();
+        for i in 0..2000 {
+            x[i % k] += 1e-3;
+            kern.quantize_row(&x, &mut c);
+        }
+        println!(
+            "quantize 1 x {k}: {:.2} us",
+            t.elapsed().as_secs_f64() / 2000.0 * 1e6
+        );
+        let mut sums = vec![0i32; k / 32];
+        let t = std::time::Instant::now();
+        for _ in 0..2000 {
+            kern.q4_groups_row(&mut c, &mut sums);
+        }
+        println!(
+            "layout 1 x {k}: {:.2} us",
+            t.elapsed().as_secs_f64() / 2000.0 * 1e6
+        );
+        let t = std::time::Instant::now();
+        for _ in 0..2000 {
+            acts.prepare(kern, ActivationLayout::Q4Groups, &x, 1, k);
+        }
+        println!(
+            "prepare unchanged 1 x {k}: {:.2} us",
+            t.elapsed().as_secs_f64() / 2000.0 * 1e6
+        );
+        let t = std::time::Instant::now();
+        for i in 0..2000 {
+            acts.invalidate();
+            x[i % k] += 1e-3;
+            acts.prepare(kern, ActivationLayout::Q4Groups, &x, 1, k);
+        }
+        println!(
+            "prepare invalidated 1 x {k}: {:.2} us",
+            t.elapsed().as_secs_f64() / 2000.0 * 1e6
+        );
     }
 }

@@ -601,9 +601,105 @@ fn gemm_bench(
                 }
             }
         }
+        for &isa in isas.iter().filter(|&&i| i != Isa::Scalar) {
+            let kernels = Kernels::new(isa).expect("available");
+            let (t, ratio, read, part) = gemv_sequence(&pool, kernels, &pack, c.threads, 12);
+            let ms = part.map(|p| round2(p * 1e3));
+            if !c.json {
+                println!(
+                    "  {:10} decode GEMVs of a token  {:8.3} ms  {:5.1}% of a read pass beside it ({read:.1} GB/s); \
+                     q/k/v {} o {} gate/up {} down {} head {} ms",
+                    isa.name(),
+                    t * 1e3,
+                    100.0 * ratio,
+                    ms[0],
+                    ms[1],
+                    ms[2],
+                    ms[3],
+                    ms[4]
+                );
+            }
+            kind_json.push(json!({
+                "isa": isa.name(), "gemm": "decode sequence", "rows": 1, "ms": t * 1e3,
+                "read_pct": round2(100.0 * ratio), "read_gb_s": round2(read),
+                "ms_qkv_o_gateup_down_head": ms,
+            }));
+        }
         out.insert(kind.to_string(), Value::Array(kind_json));
     }
     json!({ "shape": shape.name, "threads": c.threads, "read_gb_s": round2(read_gb_s), "gemm": out })
+}
+
+/// The decoder's GEMVs of one token in its order and grouping (q/k/v, o, gate/up, down per layer,
+/// then the head), run from a pool thread as the decoder does, over `steps` tokens: median seconds
+/// per token, median of `moved GB/s / read GB/s of a probe pass just before`, median read GB/s, and
+/// median seconds per token spent in q/k/v, o, gate/up, down and the head.
+fn gemv_sequence(
+    pool: &Arc<rayon::ThreadPool>,
+    kernels: Kernels,
+    pack: &Pack,
+    threads: usize,
+    steps: usize,
+) -> (f64, f64, f64, [f64; 5]) {
+    use packs::names::{proj, Proj};
+    let layers = pack.semantics().num_layers;
+    let wref = |name: String| WeightRef {
+        id: 0,
+        linear: pack.linear(&name).unwrap_or_else(|e| refuse(e)),
+    };
+    let groups: Vec<Vec<WeightRef<'_>>> = (0..layers)
+        .flat_map(|l| {
+            [
+                vec![Proj::Q, Proj::K, Proj::V],
+                vec![Proj::O],
+                vec![Proj::Gate, Proj::Up],
+                vec![Proj::Down],
+            ]
+            .into_iter()
+            .map(move |ps| ps.into_iter().map(|p| wref(proj(l, p))).collect())
+        })
+        .chain(std::iter::once(vec![WeightRef {
+            id: 0,
+            linear: pack.head(),
+        }]))
+        .collect();
+    let bytes: u64 = groups.iter().flatten().map(weight_bytes).sum();
+    let mut outs: Vec<Vec<Vec<f32>>> = groups
+        .iter()
+        .map(|g| g.iter().map(|w| vec![0f32; w.linear.n]).collect())
+        .collect();
+    let mut host = HostGemm::with_kernels(pool.clone(), kernels);
+    let probe = ReadProbe::new(threads);
+    let (mut times, mut ratios, mut reads) = (Vec::new(), Vec::new(), Vec::new());
+    let mut parts: Vec<[f64; 5]> = Vec::new();
+    for step in 0..steps + 1 {
+        let read = probe.pass();
+        let t = Instant::now();
+        let mut per = [0f64; 5];
+        pool.install(|| {
+            for (gi, (g, out)) in groups.iter().zip(outs.iter_mut()).enumerate() {
+                let tg = Instant::now();
+                let k = g[0].linear.k;
+                let x: Vec<f32> = (0..k)
+                    .map(|i| ((i * 37 + step) % 101) as f32 / 50.0 - 1.0)
+                    .collect();
+                let mut ys: Vec<&mut [f32]> = out.iter_mut().map(|y| y.as_mut_slice()).collect();
+                host.gemm_group(g, &x, 1, &mut ys)
+                    .unwrap_or_else(|e| refuse(e));
+                per[if gi == groups.len() - 1 { 4 } else { gi % 4 }] += secs(tg.elapsed());
+            }
+        });
+        let dt = secs(t.elapsed());
+        if step > 0 {
+            // The first token warms up the pool and the buffers.
+            times.push(dt);
+            parts.push(per);
+            ratios.push(bytes as f64 / dt / 1e9 / read);
+            reads.push(read);
+        }
+    }
+    let part = std::array::from_fn(|i| median(parts.iter().map(|p| p[i]).collect()));
+    (median(times), median(ratios), median(reads), part)
 }
 
 /// Cycles through `weights` (one per layer, so the working set is far beyond the caches) with a

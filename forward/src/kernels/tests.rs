@@ -72,6 +72,15 @@ fn activations(rng: &mut Rng, rows: usize, k: usize) -> Vec<f32> {
     (0..rows * k).map(|_| rng.unit() * 3.0).collect()
 }
 
+/// A random q4 weight of `n` rows of `k`: codes (every nibble) and bf16 group scales.
+fn q4_weight(rng: &mut Rng, n: usize, k: usize) -> (Vec<u8>, Vec<bf16>) {
+    let codes = (0..n * k / 2).map(|_| rng.byte()).collect();
+    let scales = (0..n * k / Q4_GROUP)
+        .map(|_| bf16::from_f32(rng.unit() * 0.05))
+        .collect();
+    (codes, scales)
+}
+
 fn quantize_oracle(x: &[f32], rows: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
     let mut codes = vec![0i8; rows * k];
     let mut scales = vec![0f32; rows];
@@ -210,10 +219,7 @@ fn q4_random_matches_the_oracle_on_every_path() {
         for rows in ROWS {
             for n in NS {
                 let x = activations(&mut rng, rows, k);
-                let codes: Vec<u8> = (0..n * k / 2).map(|_| rng.byte()).collect();
-                let scales: Vec<bf16> = (0..n * k / Q4_GROUP)
-                    .map(|_| bf16::from_f32(rng.unit() * 0.05))
-                    .collect();
+                let (codes, scales) = q4_weight(&mut rng, n, k);
                 check_q4(rows, k, n, &x, &codes, &scales);
             }
         }
@@ -252,10 +258,7 @@ fn decoder_sized_blocks_match_the_oracle() {
     let codes: Vec<i8> = (0..n * k).map(|_| (rng.byte() as i8).max(-127)).collect();
     let scales: Vec<f32> = (0..n).map(|_| rng.unit().abs() * 0.02).collect();
     check_i8(rows, k, n, &x, &codes, &scales);
-    let codes4: Vec<u8> = (0..n * k / 2).map(|_| rng.byte()).collect();
-    let scales4: Vec<bf16> = (0..n * k / Q4_GROUP)
-        .map(|_| bf16::from_f32(rng.unit() * 0.05))
-        .collect();
+    let (codes4, scales4) = q4_weight(&mut rng, n, k);
     check_q4(rows, k, n, &x, &codes4, &scales4);
 }
 
@@ -267,10 +270,7 @@ fn q4_gemv_at_the_down_projections_k_matches_the_oracle() {
     for (k, n) in [(6144, 17), (6176, 9)] {
         for rows in [1, 2, 3] {
             let x = activations(&mut rng, rows, k);
-            let codes: Vec<u8> = (0..n * k / 2).map(|_| rng.byte()).collect();
-            let scales: Vec<bf16> = (0..n * k / Q4_GROUP)
-                .map(|_| bf16::from_f32(rng.unit() * 0.05))
-                .collect();
+            let (codes, scales) = q4_weight(&mut rng, n, k);
             check_q4(rows, k, n, &x, &codes, &scales);
         }
     }
@@ -287,10 +287,7 @@ fn the_q4_group_order_matters_so_the_gemv_check_can_fail() {
     for _ in 0..16 {
         let x = activations(&mut rng, 1, k);
         let (a, _) = quantize_oracle(&x, 1, k);
-        let codes: Vec<u8> = (0..k / 2).map(|_| rng.byte()).collect();
-        let scales: Vec<bf16> = (0..k / Q4_GROUP)
-            .map(|_| bf16::from_f32(rng.unit() * 0.05))
-            .collect();
+        let (codes, scales) = q4_weight(&mut rng, 1, k);
         let scaled: Vec<f32> = (0..k / Q4_GROUP)
             .map(|g| {
                 let acc: i32 = (g * Q4_GROUP..(g + 1) * Q4_GROUP)

@@ -247,10 +247,7 @@ mod simd {
         }
         let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-        let mut sum = lanes[0];
-        for &l in &lanes[1..] {
-            sum += l;
-        }
+        let mut sum = crate::mathf::sum_lanes(&lanes);
         for j in 8 * blocks..q.len() {
             sum += q[j] * L::widen(k[j]);
         }
@@ -405,7 +402,7 @@ mod simd {
             }
             for i in 0..b.rows {
                 for h in 0..r {
-                    super::softmax_rows(&mut scores[at(i, h)..][..b.slots(i)], b.slots(i));
+                    super::softmax(&mut scores[at(i, h)..][..b.slots(i)]);
                 }
             }
             let v = kv.v_head(b.g0 + g, max);
@@ -432,18 +429,16 @@ mod simd {
     }
 }
 
-/// Softmax of each head's `slots` scores in place, in f32: each score becomes
-/// `exp(score - max) * (1 / sum)`, with [`crate::mathf`]'s exp and its order of the sum.
-fn softmax_rows(scores: &mut [f32], slots: usize) {
-    for head in scores.chunks_exact_mut(slots.max(1)) {
-        let mut max = f32::NEG_INFINITY;
-        for &v in head.iter() {
-            max = max.max(v);
-        }
-        let inv = 1.0 / crate::mathf::exp_shifted_sum(head, max);
-        for p in head.iter_mut() {
-            *p *= inv;
-        }
+/// Softmax of one head's scores in place, in f32: each score becomes `exp(score - max) * (1 / sum)`,
+/// with [`crate::mathf`]'s exp and its order of the sum.
+fn softmax(scores: &mut [f32]) {
+    let mut max = f32::NEG_INFINITY;
+    for &v in scores.iter() {
+        max = max.max(v);
+    }
+    let inv = 1.0 / crate::mathf::exp_shifted_sum(scores, max);
+    for p in scores.iter_mut() {
+        *p *= inv;
     }
 }
 
@@ -472,7 +467,7 @@ fn attend<T: KvElem>(
             for (score, ks) in scores.iter_mut().zip(k.chunks_exact(d)) {
                 *score = dot(qh, ks) * scale;
             }
-            softmax_rows(scores, slots);
+            softmax(scores);
             let v = kv.v_head(b.g0 + h / r, slots);
             oh.fill(0.0);
             for (&w, vs) in scores.iter().zip(v.chunks_exact(d)) {
@@ -496,10 +491,7 @@ fn dot<T: KvElem>(q: &[f32], k: &[T]) -> f32 {
             acc[i] += a[i] * b[i].to_f32();
         }
     }
-    let mut sum = acc[0];
-    for &l in &acc[1..] {
-        sum += l;
-    }
+    let mut sum = crate::mathf::sum_lanes(&acc);
     for (a, b) in qc.remainder().iter().zip(kc.remainder()) {
         sum += a * b.to_f32();
     }

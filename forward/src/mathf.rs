@@ -40,6 +40,18 @@ pub fn exp(x: f32) -> f32 {
     y * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
+/// The sum of 8 lane sums in the crate's fixed order: lane 0, then lanes 1 to 7 added one by one.
+/// Every 8-lane sum of the decoder (softmax denominators, attention dots) ends this way; the SIMD
+/// paths store their lanes and call this, so they give the portable bits.
+#[inline(always)]
+pub fn sum_lanes(lanes: &[f32; 8]) -> f32 {
+    let mut sum = lanes[0];
+    for &l in &lanes[1..] {
+        sum += l;
+    }
+    sum
+}
+
 /// `x / (1 + e^−x)`.
 #[inline(always)]
 pub fn silu(x: f32) -> f32 {
@@ -81,10 +93,7 @@ pub fn exp_shifted_sum(x: &mut [f32], m: f32) -> f32 {
             *l += *v;
         }
     }
-    let mut sum = lanes[0];
-    for &l in &lanes[1..] {
-        sum += l;
-    }
+    let mut sum = sum_lanes(&lanes);
     for v in chunks.into_remainder() {
         *v = exp(*v - m);
         sum += *v;
@@ -155,10 +164,7 @@ pub(crate) mod simd {
         }
         let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-        let mut sum = lanes[0];
-        for &l in &lanes[1..] {
-            sum += l;
-        }
+        let mut sum = sum_lanes(&lanes);
         for v in &mut x[n..] {
             *v = exp(*v - m);
             sum += *v;

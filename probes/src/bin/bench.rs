@@ -673,18 +673,25 @@ fn gemv_sequence(
     let (mut times, mut ratios, mut reads) = (Vec::new(), Vec::new(), Vec::new());
     let mut parts: Vec<[f64; 5]> = Vec::new();
     for step in 0..steps + 1 {
+        // Every group's input differs (as in the decoder, where only q/k/v and gate/up share one),
+        // so no GEMM reuses the last prepared activations; made before the clock starts.
+        let xs: Vec<Vec<f32>> = groups
+            .iter()
+            .enumerate()
+            .map(|(gi, g)| {
+                (0..g[0].linear.k)
+                    .map(|i| ((i * 37 + step * 7 + gi) % 101) as f32 / 50.0 - 1.0)
+                    .collect()
+            })
+            .collect();
         let read = probe.pass();
         let t = Instant::now();
         let mut per = [0f64; 5];
         pool.install(|| {
-            for (gi, (g, out)) in groups.iter().zip(outs.iter_mut()).enumerate() {
+            for (gi, ((g, out), x)) in groups.iter().zip(outs.iter_mut()).zip(&xs).enumerate() {
                 let tg = Instant::now();
-                let k = g[0].linear.k;
-                let x: Vec<f32> = (0..k)
-                    .map(|i| ((i * 37 + step) % 101) as f32 / 50.0 - 1.0)
-                    .collect();
                 let mut ys: Vec<&mut [f32]> = out.iter_mut().map(|y| y.as_mut_slice()).collect();
-                host.gemm_group(g, &x, 1, &mut ys)
+                host.gemm_group(g, x, 1, &mut ys)
                     .unwrap_or_else(|e| refuse(e));
                 per[if gi == groups.len() - 1 { 4 } else { gi % 4 }] += secs(tg.elapsed());
             }

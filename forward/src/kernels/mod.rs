@@ -13,6 +13,7 @@
 
 mod activations;
 pub mod scalar;
+mod self_check;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -31,6 +32,7 @@ use std::str::FromStr;
 use std::sync::OnceLock;
 
 pub use activations::{q4_halves, ActivationLayout, Activations};
+pub use self_check::Mismatch;
 
 /// Weight rows per panel: the SIMD tiles work on this many weight rows at once (a short last panel
 /// repeats its last row and drops the extra lanes).
@@ -77,10 +79,52 @@ impl Isa {
         Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
     }
 
-    /// The fastest path this CPU can run (detected once).
+    /// The run-time self-check of a path this CPU runs (`self_check.rs`): `Err` names the first
+    /// case where its bits differed from the portable path's. Run once per process and path; the
+    /// portable path is the reference and passes. `None` for a path this CPU cannot run.
+    pub fn self_check(self) -> Option<Result<(), Mismatch>> {
+        static CHECKS: [OnceLock<Result<(), Mismatch>>; 3] =
+            [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+        if !self.is_available() {
+            return None;
+        }
+        let slot = match self {
+            Isa::Scalar => return Some(Ok(())),
+            Isa::Avx2 => &CHECKS[1],
+            Isa::Avx512Vnni => &CHECKS[2],
+        };
+        Some(slot.get_or_init(|| self_check::check_isa(self)).clone())
+    }
+
+    /// Whether the CPU runs the path and the path passed its self-check.
+    pub fn is_usable(self) -> bool {
+        matches!(self.self_check(), Some(Ok(())))
+    }
+
+    /// The fastest usable path (decided once). A path the CPU runs but that failed its self-check
+    /// is skipped, with one line on stderr saying which and why.
     pub fn best() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
-        *BEST.get_or_init(|| Isa::available()[0])
+        *BEST.get_or_init(|| {
+            let mut refused = Vec::new();
+            for isa in Isa::available() {
+                match isa.self_check() {
+                    Some(Ok(())) => {
+                        for (bad, why) in refused {
+                            eprintln!(
+                                "xdna-vl: not using the {bad} kernels: they {why}; using {isa} \
+                                 instead (slower, same results). Please report this with your CPU model."
+                            );
+                        }
+                        return isa;
+                    }
+                    Some(Err(why)) => refused.push((isa, why)),
+                    None => {}
+                }
+            }
+            // Not reached: the portable path is always available and always passes.
+            Isa::Scalar
+        })
     }
 }
 
@@ -100,16 +144,18 @@ impl FromStr for Isa {
 }
 
 /// The kernels of one instruction set. A value exists only for a path the CPU can run, which is what
-/// makes calling the SIMD code sound.
+/// makes calling the SIMD code sound (and, outside the self-check itself, only for one that passed
+/// its self-check).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Kernels {
     isa: Isa,
 }
 
 impl Kernels {
-    /// The kernels of `isa`, or `None` when this CPU cannot run it.
+    /// The kernels of `isa`, or `None` when this CPU cannot run it or it failed its self-check
+    /// ([`Isa::self_check`]).
     pub fn new(isa: Isa) -> Option<Kernels> {
-        isa.is_available().then_some(Kernels { isa })
+        isa.is_usable().then_some(Kernels { isa })
     }
 
     /// The fastest kernels this CPU can run.

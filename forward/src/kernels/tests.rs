@@ -5,25 +5,7 @@ use super::*;
 use half::bf16;
 use packs::quant::{self, Q4_GROUP};
 
-/// splitmix64: reproducible inputs without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    fn byte(&mut self) -> u8 {
-        self.next() as u8
-    }
-}
+use super::self_check::{check_path, Rng};
 
 /// A way to run `gemm_block`: a real path, or the VNNI bodies with `vpdpbusd` emulated.
 #[derive(Clone, Copy, Debug)]
@@ -36,7 +18,7 @@ enum Path {
 fn paths() -> Vec<Path> {
     let mut p: Vec<Path> = Isa::available()
         .into_iter()
-        .map(|i| Path::Real(Kernels::new(i).unwrap()))
+        .map(|i| Path::Real(Kernels::new(i).expect("every path passes its self-check")))
         .collect();
     #[cfg(target_arch = "x86_64")]
     if Isa::Avx2.is_available() {
@@ -530,4 +512,76 @@ fn the_adversarial_i8_inputs_would_saturate_an_unsigned_offset_on_avx2() {
     let got = unsafe { offset_pairs(127, 127) };
     assert_eq!(got, i16::MAX, "saturated: 2 * 255 * 127 does not fit");
     assert_ne!(got as i32, 2 * 255 * 127);
+}
+
+#[test]
+fn every_path_this_cpu_runs_passes_its_self_check() {
+    for isa in Isa::available() {
+        assert_eq!(isa.self_check(), Some(Ok(())), "{isa}");
+    }
+    assert_eq!(Isa::best(), Isa::available()[0]);
+    // The VNNI bodies, with the instruction emulated, pass the same check.
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.is_available() {
+        let kern = Kernels::new(Isa::Avx2).unwrap();
+        check_path(kern, &|w, k, n0, x, acts, out| {
+            let block = WeightBlock::new(w, k, n0, out[0].len());
+            // SAFETY: AVX2 + FMA checked above; the self-check builds matching shapes.
+            unsafe { x86::gemm_block_emulated_vnni(&block, k, x, acts, out) }
+        })
+        .unwrap();
+    }
+}
+
+#[test]
+fn the_self_check_refuses_one_wrong_bit_and_names_the_case() {
+    // Control: the portable path with the last bit of one q4 output flipped (9 rows, the last
+    // row's last column) is refused, so the check reads every output of every case.
+    let scalar = Kernels::new(Isa::Scalar).unwrap();
+    let err = check_path(scalar, &|w, k, n0, x, acts, out| {
+        scalar.gemm_block(w, k, n0, x, acts, out);
+        if matches!(w, LinearData::Q4 { .. }) && out.len() == 9 && k == 288 {
+            let last = out[8].len() - 1;
+            out[8][last] = f32::from_bits(out[8][last].to_bits() ^ 1);
+        }
+    })
+    .unwrap_err();
+    assert!(
+        err.case
+            .starts_with("q4 rows 9 k 288 weight rows 0..13: output row 8 column 12"),
+        "{err}"
+    );
+    // And the unmodified portable path passes.
+    check_path(scalar, &|w, k, n0, x, acts, out| {
+        scalar.gemm_block(w, k, n0, x, acts, out)
+    })
+    .unwrap();
+}
+
+#[test]
+fn the_self_check_refuses_a_saturating_i8_offset() {
+    // Control: i8 done as `vpmaddubsw` would do the VNNI offset form — pair sums of (w + 128) * a
+    // saturated to i16 — is refused at the first i8 case, so a VNNI instruction (or an emulation
+    // of one) that saturated would not be used.
+    let scalar = Kernels::new(Isa::Scalar).unwrap();
+    let err = check_path(scalar, &|w, k, n0, x, acts, out| {
+        let LinearData::I8 { codes, scales } = *w else {
+            return scalar.gemm_block(w, k, n0, x, acts, out);
+        };
+        for (r, o) in out.iter_mut().enumerate() {
+            let a = acts.codes(r);
+            for (j, o) in o.iter_mut().enumerate() {
+                let wr = &codes[(n0 + j) * k..(n0 + j + 1) * k];
+                let pair = |i: usize| {
+                    let p = |t: usize| wr.get(t).map_or(0, |&c| (c as i32 + 128) * a[t] as i32);
+                    (p(2 * i) + p(2 * i + 1)).clamp(i16::MIN as i32, i16::MAX as i32)
+                };
+                let sum_a: i32 = a.iter().map(|&c| c as i32).sum();
+                let acc = (0..k.div_ceil(2)).map(pair).sum::<i32>() - 128 * sum_a;
+                *o = quant::finish_i8(acc, acts.scale(r), scales[n0 + j]);
+            }
+        }
+    })
+    .unwrap_err();
+    assert!(err.case.starts_with("i8 rows 1 k 17"), "{err}");
 }

@@ -118,12 +118,17 @@ fn main() {
         Some(Mode::Gemm { rows, isa }) => {
             let isas: Vec<Isa> = if isa.is_empty() {
                 Isa::available()
+                    .into_iter()
+                    .filter(|i| i.is_usable())
+                    .collect()
             } else {
                 isa.iter()
                     .map(|i| {
                         let isa: Isa = i.parse().unwrap_or_else(|e| refuse(format!("--isa: {e}")));
-                        if !isa.is_available() {
-                            refuse(format!("--isa: this CPU cannot run {isa}"));
+                        match isa.self_check() {
+                            None => refuse(format!("--isa: this CPU cannot run {isa}")),
+                            Some(Err(why)) => refuse(format!("--isa: the {isa} kernels {why}")),
+                            Some(Ok(())) => {}
                         }
                         isa
                     })
@@ -566,7 +571,7 @@ fn gemm_bench(
             }],
         ));
         for &isa in isas {
-            let kernels = Kernels::new(isa).expect("available");
+            let kernels = Kernels::new(isa).expect("usable: checked above");
             let mut host = HostGemm::with_kernels(pool.clone(), kernels);
             for (label, weights) in &shapes {
                 let batches: &[usize] = if rows == 1 { &[1] } else { &[1, rows] };
@@ -602,7 +607,7 @@ fn gemm_bench(
             }
         }
         for &isa in isas.iter().filter(|&&i| i != Isa::Scalar) {
-            let kernels = Kernels::new(isa).expect("available");
+            let kernels = Kernels::new(isa).expect("usable: checked above");
             let (t, ratio, read, part) = gemv_sequence(&pool, kernels, &pack, c.threads, 12);
             let ms = part.map(|p| round2(p * 1e3));
             if !c.json {

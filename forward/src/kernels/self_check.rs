@@ -91,7 +91,8 @@ struct Case {
     n: usize,
 }
 
-/// Rows that take the GEMV, the first row tile, a tile plus a remainder; N with a short last panel.
+/// Rows that take the GEMV, the first row tile, a tile plus a remainder; N with a short last panel
+/// (and 37 for q4: several panels of 8 and of 16 rows).
 const ROWS: [usize; 4] = [1, 3, 8, 9];
 const N: usize = 13;
 
@@ -128,11 +129,12 @@ fn cases() -> Vec<Case> {
             });
         }
         // q4: one group, a pair plus an unpaired group, a whole block of 8 groups and one more;
-        // random nibbles.
+        // random nibbles; 37 weight rows: two whole 16-row panels and a short one.
         for k in [32, 96, 288] {
+            let n = 37;
             let x = random_x(&mut rng, rows, k);
-            let codes = (0..N * k / 2).map(|_| rng.byte()).collect();
-            let scales = (0..N * k / Q4_GROUP)
+            let codes = (0..n * k / 2).map(|_| rng.byte()).collect();
+            let scales = (0..n * k / Q4_GROUP)
                 .map(|_| bf16::from_f32(rng.unit() * 0.05))
                 .collect();
             cases.push(Case {
@@ -140,7 +142,7 @@ fn cases() -> Vec<Case> {
                 x,
                 rows,
                 k,
-                n: N,
+                n,
             });
         }
         // q4 extremes: every nibble -8 or 7 against activation codes all ±127.

@@ -209,6 +209,22 @@ fn q4_random_matches_the_oracle_on_every_path() {
 }
 
 #[test]
+fn q4_many_rows_across_several_panels_match_the_oracle() {
+    // The packed kernels (4+ rows) over several panels of 8 and of 16 weight rows (the wide VNNI
+    // kernel, emulated here), whole and short, from block offsets.
+    let mut rng = Rng(9);
+    for k in [32, 96, 288] {
+        for rows in [4, 5, 8, 9, 16] {
+            for n in [16, 17, 37, 48] {
+                let x = activations(&mut rng, rows, k);
+                let (codes, scales) = q4_weight(&mut rng, n, k);
+                check_q4(rows, k, n, &x, &codes, &scales);
+            }
+        }
+    }
+}
+
+#[test]
 fn q4_extreme_nibbles_are_exact() {
     // Every nibble -8 (0x88) or 7 (0x77), activations all ±127: the largest group dots, and the
     // largest i16 sums the packed AVX2 kernel accumulates.
@@ -548,7 +564,7 @@ fn the_self_check_refuses_one_wrong_bit_and_names_the_case() {
     .unwrap_err();
     assert!(
         err.case
-            .starts_with("q4 rows 9 k 288 weight rows 0..13: output row 8 column 12"),
+            .starts_with("q4 rows 9 k 288 weight rows 0..37: output row 8 column 36"),
         "{err}"
     );
     // And the unmodified portable path passes.

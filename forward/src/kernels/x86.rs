@@ -27,6 +27,8 @@ use packs::quant::{self, Q4_GROUP};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
+mod wide;
+
 pub(super) fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
 }
@@ -69,6 +71,20 @@ pub(crate) trait Dot {
     /// One q4 group of a packed panel: lane c is `Σ_j wp[j][c] · a_j` over the 8 chunks, where chunk
     /// j < 4 reads `even[4j..]` and chunk j >= 4 reads `odd[4(j-4)..]`.
     unsafe fn u4_group_packed(wp: *const u8, even: *const i8, odd: *const i8) -> __m256i;
+    /// q4 against [`Q4_PACKED_MIN_ROWS`] or more activation rows, K at least one group: the 8-lane
+    /// packed panels, unless the instruction set has wider ones.
+    #[inline(always)]
+    unsafe fn q4_block_many(
+        codes: &[u8],
+        scales: &[bf16],
+        k: usize,
+        acts: &Activations,
+        out: &mut [&mut [f32]],
+    ) where
+        Self: Sized,
+    {
+        q4_block_packed::<Self>(codes, scales, k, acts, out)
+    }
 }
 
 /// AVX2: `vpmaddubsw` (u8 x i8 pairs to i16) then `vpmaddwd` by ones (i16 pairs to i32).
@@ -221,12 +237,17 @@ impl Dot for VnniDot {
     }
     #[inline(always)]
     unsafe fn u4_group_packed(wp: *const u8, even: *const i8, odd: *const i8) -> __m256i {
-        let mut acc = _mm256_setzero_si256();
-        for j in 0..8 {
-            let w = _mm256_loadu_si256(wp.add(32 * j) as *const __m256i);
-            acc = _mm256_dpbusd_epi32(acc, w, _mm256_set1_epi32(chunk(even, odd, j)));
-        }
-        acc
+        vnni_group_packed::<VnniDot>(wp, even, odd)
+    }
+    #[inline(always)]
+    unsafe fn q4_block_many(
+        codes: &[u8],
+        scales: &[bf16],
+        k: usize,
+        acts: &Activations,
+        out: &mut [&mut [f32]],
+    ) {
+        wide::q4_block_packed16::<wide::Zmm>(codes, scales, k, acts, out)
     }
 }
 
@@ -271,6 +292,21 @@ unsafe fn vnni_rows8<P: Dpbusd>(
     ]
 }
 
+/// `u4_group_packed` over a `vpdpbusd`: the even and the odd chunks in two accumulators, added at
+/// the end. `vpdpbusd` has a latency of several cycles and a throughput of more than one per cycle
+/// on the AVX-512 cores (Zen 4: 4 cycles, 2 per cycle at 256 bits, per uops.info), so one chain per
+/// activation row (4 in a tile) could not keep it busy; two per row can. The sums are integers, so
+/// the split changes no value.
+#[inline(always)]
+unsafe fn vnni_group_packed<P: Dpbusd>(wp: *const u8, even: *const i8, odd: *const i8) -> __m256i {
+    let mut acc = [_mm256_setzero_si256(); 2];
+    for j in 0..8 {
+        let w = _mm256_loadu_si256(wp.add(32 * j) as *const __m256i);
+        acc[j % 2] = P::dpbusd(acc[j % 2], w, _mm256_set1_epi32(chunk(even, odd, j)));
+    }
+    _mm256_add_epi32(acc[0], acc[1])
+}
+
 /// `VnniDot` with `vpdpbusd` emulated exactly in AVX2 (bytes widened to i16, `vpmaddwd` on the even
 /// and the odd bytes): runs the VNNI bodies on machines without AVX-512.
 #[cfg(test)]
@@ -305,12 +341,17 @@ impl Dot for EmuVnniDot {
     }
     #[inline(always)]
     unsafe fn u4_group_packed(wp: *const u8, even: *const i8, odd: *const i8) -> __m256i {
-        let mut acc = _mm256_setzero_si256();
-        for j in 0..8 {
-            let w = _mm256_loadu_si256(wp.add(32 * j) as *const __m256i);
-            acc = dpbusd_emulated(acc, w, _mm256_set1_epi32(chunk(even, odd, j)));
-        }
-        acc
+        vnni_group_packed::<EmuVnniDot>(wp, even, odd)
+    }
+    #[inline(always)]
+    unsafe fn q4_block_many(
+        codes: &[u8],
+        scales: &[bf16],
+        k: usize,
+        acts: &Activations,
+        out: &mut [&mut [f32]],
+    ) {
+        wide::q4_block_packed16::<wide::EmuZmm>(codes, scales, k, acts, out)
     }
 }
 
@@ -373,8 +414,8 @@ unsafe fn gemm_block_generic<D: Dot>(
         WeightBlock::Bf16(w) => f32_block(w, k, x, out),
         WeightBlock::I8 { codes, scales } => i8_block::<D>(codes, scales, k, acts, out),
         WeightBlock::Q4 { codes, scales } => {
-            if out.len() >= Q4_PACKED_MIN_ROWS {
-                q4_block_packed::<D>(codes, scales, k, acts, out)
+            if out.len() >= Q4_PACKED_MIN_ROWS && k >= Q4_GROUP {
+                D::q4_block_many(codes, scales, k, acts, out)
             } else {
                 q4_block_rows::<D>(codes, scales, k, acts, out)
             }
@@ -666,18 +707,22 @@ thread_local! {
     static Q4_PANEL: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Unpacks weight rows `js` into `wp` (`groups x 256` bytes) and their scales into `sp`
-/// (`groups x 8`).
+/// Unpacks the 8 weight rows `js` into lanes `8 * half ..` of a packed panel `lanes` rows wide:
+/// `wp` holds per group and chunk j (4 codes) the `lanes` rows' 4 bytes side by side
+/// (`groups x 8 x 4 * lanes` bytes), `sp` per group the rows' scales (`groups x lanes`). The 8-lane
+/// kernels use one half; the 16-lane (`wide`) ones two.
 #[inline(always)]
 unsafe fn q4_pack_panel(
     codes: &[u8],
     scales: &[bf16],
     k: usize,
     js: [usize; PANEL],
+    (lanes, half): (usize, usize),
     wp: &mut [u8],
     sp: &mut [f32],
 ) {
     let groups = k / Q4_GROUP;
+    debug_assert!(wp.len() >= groups * 32 * lanes && sp.len() >= groups * lanes);
     for g in 0..groups {
         let mut e = [_mm256_setzero_ps(); PANEL];
         for c in 0..PANEL {
@@ -686,10 +731,11 @@ unsafe fn q4_pack_panel(
         }
         // Chunk j (4 codes) of every row side by side.
         for (j, t) in transpose8(e).into_iter().enumerate() {
-            _mm256_storeu_ps(wp.as_mut_ptr().add(g * 256 + 32 * j) as *mut f32, t);
+            let at = g * 32 * lanes + 4 * lanes * j + 32 * half;
+            _mm256_storeu_ps(wp.as_mut_ptr().add(at) as *mut f32, t);
         }
         for (c, &jr) in js.iter().enumerate() {
-            sp[g * PANEL + c] = scales[jr * groups + g].to_f32();
+            sp[g * lanes + PANEL * half + c] = scales[jr * groups + g].to_f32();
         }
     }
 }
@@ -745,7 +791,7 @@ unsafe fn q4_block_packed<D: Dot>(
         sp.resize(groups * PANEL, 0.0);
         for j0 in (0..nb).step_by(PANEL) {
             let js = panel_rows::<PANEL>(j0, nb);
-            q4_pack_panel(codes, scales, k, js, &mut wp, &mut sp);
+            q4_pack_panel(codes, scales, k, js, (PANEL, 0), &mut wp, &mut sp);
             let live = (nb - j0).min(PANEL);
             let mut r = 0;
             while r + Q4_TILE_ROWS <= rows {

@@ -1,0 +1,281 @@
+//! 16-lane (512-bit) VNNI kernels for q4 against many activation rows (prefill): the packed-panel
+//! kernel of `x86.rs` with panels of 16 weight rows, one `vpdpbusd` on a `zmm` register per 4 codes
+//! of all 16 rows.
+//!
+//! Why 512 bits: on the Zen 5 cores of Strix Point laptops, 128- and 256-bit integer vector
+//! operations issue at half the rate per clock of Zen 4's while 512-bit ones keep Zen 4's rate
+//! (David Huang's measurements), so a 512-bit `vpdpbusd` does twice the multiply-adds per cycle of
+//! a 256-bit one there. Not measured here: this machine has no AVX-512.
+//!
+//! The body is written once over [`Lanes16`], a 16-lane vector: the real `zmm` registers, or (in
+//! tests) two `ymm` halves with `vpdpbusd` emulated in AVX2, so every line but the `zmm`
+//! intrinsics runs on AVX2 machines against the oracles. Each output keeps the 8-lane kernel's
+//! arithmetic: exact integer group dots, then `sum + acc as f32 * scale` per group in ascending
+//! order (multiply, then add), then `finish_q4`, in its own lane.
+
+use super::{chunk, map_n, panel_rows, q4_pack_panel, Activations, Q4_TILE_ROWS};
+use crate::kernels::{q4_halves, PANEL};
+use half::bf16;
+use packs::quant::Q4_GROUP;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+/// Weight rows of a wide panel.
+const WIDE: usize = 2 * PANEL;
+
+/// A 16-lane vector of i32 (`I`) and f32 (`F`) and the operations the wide kernel uses.
+pub(crate) trait Lanes16 {
+    type I: Copy;
+    type F: Copy;
+    unsafe fn zero_i() -> Self::I;
+    unsafe fn zero_f() -> Self::F;
+    /// 64 bytes.
+    unsafe fn load_i(p: *const u8) -> Self::I;
+    unsafe fn load_f(p: *const f32) -> Self::F;
+    unsafe fn set1_i(x: i32) -> Self::I;
+    unsafe fn set1_f(x: f32) -> Self::F;
+    /// `vpdpbusd`: per lane, `acc` plus the 4 products of `u`'s unsigned and `s`'s signed bytes.
+    unsafe fn dpbusd(acc: Self::I, u: Self::I, s: Self::I) -> Self::I;
+    unsafe fn add_i(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn sub_i(a: Self::I, b: Self::I) -> Self::I;
+    /// i32 to f32, rounded to nearest (as `as f32`).
+    unsafe fn cvt(a: Self::I) -> Self::F;
+    unsafe fn mul_f(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn add_f(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn store_f(p: *mut f32, v: Self::F);
+}
+
+/// The `zmm` registers (AVX-512 F + VNNI; the caller's entry point enables them).
+pub(crate) struct Zmm;
+
+impl Lanes16 for Zmm {
+    type I = __m512i;
+    type F = __m512;
+    #[inline(always)]
+    unsafe fn zero_i() -> __m512i {
+        _mm512_setzero_si512()
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load_i(p: *const u8) -> __m512i {
+        _mm512_loadu_si512(p as *const _)
+    }
+    #[inline(always)]
+    unsafe fn load_f(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn set1_i(x: i32) -> __m512i {
+        _mm512_set1_epi32(x)
+    }
+    #[inline(always)]
+    unsafe fn set1_f(x: f32) -> __m512 {
+        _mm512_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
+        _mm512_dpbusd_epi32(acc, u, s)
+    }
+    #[inline(always)]
+    unsafe fn add_i(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn sub_i(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_sub_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn cvt(a: __m512i) -> __m512 {
+        _mm512_cvtepi32_ps(a)
+    }
+    #[inline(always)]
+    unsafe fn mul_f(a: __m512, b: __m512) -> __m512 {
+        _mm512_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn add_f(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn store_f(p: *mut f32, v: __m512) {
+        _mm512_storeu_ps(p, v)
+    }
+}
+
+/// Two `ymm` halves (lanes 0..8, 8..16) with `vpdpbusd` emulated exactly: the wide body on AVX2.
+#[cfg(test)]
+pub(crate) struct EmuZmm;
+
+#[cfg(test)]
+impl Lanes16 for EmuZmm {
+    type I = [__m256i; 2];
+    type F = [__m256; 2];
+    #[inline(always)]
+    unsafe fn zero_i() -> Self::I {
+        [_mm256_setzero_si256(); 2]
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> Self::F {
+        [_mm256_setzero_ps(); 2]
+    }
+    #[inline(always)]
+    unsafe fn load_i(p: *const u8) -> Self::I {
+        [
+            _mm256_loadu_si256(p as *const __m256i),
+            _mm256_loadu_si256(p.add(32) as *const __m256i),
+        ]
+    }
+    #[inline(always)]
+    unsafe fn load_f(p: *const f32) -> Self::F {
+        [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))]
+    }
+    #[inline(always)]
+    unsafe fn set1_i(x: i32) -> Self::I {
+        [_mm256_set1_epi32(x); 2]
+    }
+    #[inline(always)]
+    unsafe fn set1_f(x: f32) -> Self::F {
+        [_mm256_set1_ps(x); 2]
+    }
+    #[inline(always)]
+    unsafe fn dpbusd(acc: Self::I, u: Self::I, s: Self::I) -> Self::I {
+        [
+            super::dpbusd_emulated(acc[0], u[0], s[0]),
+            super::dpbusd_emulated(acc[1], u[1], s[1]),
+        ]
+    }
+    #[inline(always)]
+    unsafe fn add_i(a: Self::I, b: Self::I) -> Self::I {
+        [_mm256_add_epi32(a[0], b[0]), _mm256_add_epi32(a[1], b[1])]
+    }
+    #[inline(always)]
+    unsafe fn sub_i(a: Self::I, b: Self::I) -> Self::I {
+        [_mm256_sub_epi32(a[0], b[0]), _mm256_sub_epi32(a[1], b[1])]
+    }
+    #[inline(always)]
+    unsafe fn cvt(a: Self::I) -> Self::F {
+        [_mm256_cvtepi32_ps(a[0]), _mm256_cvtepi32_ps(a[1])]
+    }
+    #[inline(always)]
+    unsafe fn mul_f(a: Self::F, b: Self::F) -> Self::F {
+        [_mm256_mul_ps(a[0], b[0]), _mm256_mul_ps(a[1], b[1])]
+    }
+    #[inline(always)]
+    unsafe fn add_f(a: Self::F, b: Self::F) -> Self::F {
+        [_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1])]
+    }
+    #[inline(always)]
+    unsafe fn store_f(p: *mut f32, v: Self::F) {
+        _mm256_storeu_ps(p, v[0]);
+        _mm256_storeu_ps(p.add(8), v[1]);
+    }
+}
+
+thread_local! {
+    static Q4_WIDE_PANEL: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// One q4 group of a wide packed panel against one activation row: lane c is
+/// `Σ_j wp[j][c] · a_j` over the 8 chunks (chunk j < 4 reads `even[4j..]`, j >= 4 `odd[4(j-4)..]`),
+/// the even and odd chunks in two accumulators so that consecutive `vpdpbusd` do not wait on each
+/// other (integer sums: the split changes no value).
+#[inline(always)]
+unsafe fn group_dot<V: Lanes16>(wg: *const u8, even: *const i8, odd: *const i8) -> V::I {
+    let mut acc = [V::zero_i(); 2];
+    for j in 0..8 {
+        let w = V::load_i(wg.add(4 * WIDE * j));
+        acc[j % 2] = V::dpbusd(acc[j % 2], w, V::set1_i(chunk(even, odd, j)));
+    }
+    V::add_i(acc[0], acc[1])
+}
+
+/// R activation rows against a wide packed panel, finished (`finish_q4`); lanes are weight rows.
+#[inline(always)]
+unsafe fn tile<V: Lanes16, const R: usize>(
+    wp: &[u8],
+    sp: &[f32],
+    a: [&[i8]; R],
+    corr: [&[i32]; R],
+    a_scale: [f32; R],
+    groups: usize,
+) -> [[f32; WIDE]; R] {
+    let mut sum = [V::zero_f(); R];
+    for g in 0..groups {
+        let scale = V::load_f(sp.as_ptr().add(g * WIDE));
+        let wg = wp.as_ptr().add(g * 32 * WIDE);
+        let (even, odd) = q4_halves(g, groups);
+        for r in 0..R {
+            let ar = a[r].as_ptr();
+            let acc = group_dot::<V>(wg, ar.add(even), ar.add(odd));
+            let acc = V::sub_i(acc, V::set1_i(corr[r][g]));
+            sum[r] = V::add_f(sum[r], V::mul_f(V::cvt(acc), scale));
+        }
+    }
+    let mut done = [[0f32; WIDE]; R];
+    for r in 0..R {
+        V::store_f(
+            done[r].as_mut_ptr(),
+            V::mul_f(sum[r], V::set1_f(a_scale[r])),
+        );
+    }
+    done
+}
+
+/// q4 weight rows (`codes`, `scales`, K a multiple of 32, at least one group) against every
+/// activation row of `acts`, 16 weight rows a panel; `out[r]` is row r's outputs.
+#[inline(always)]
+pub(super) unsafe fn q4_block_packed16<V: Lanes16>(
+    codes: &[u8],
+    scales: &[bf16],
+    k: usize,
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    let groups = k / Q4_GROUP;
+    let (rows, nb) = (out.len(), out[0].len());
+    // The buffers leave the thread-local while the kernel runs: no SIMD code inside a closure
+    // (closures do not inherit the entry point's target features).
+    let (mut wp, mut sp) = Q4_WIDE_PANEL.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    wp.resize(groups * 32 * WIDE, 0);
+    sp.resize(groups * WIDE, 0.0);
+    for j0 in (0..nb).step_by(WIDE) {
+        let js = panel_rows::<WIDE>(j0, nb);
+        for half in 0..2 {
+            let rows8: [usize; PANEL] = std::array::from_fn(|c| js[PANEL * half + c]);
+            q4_pack_panel(codes, scales, k, rows8, (WIDE, half), &mut wp, &mut sp);
+        }
+        let live = (nb - j0).min(WIDE);
+        let mut r = 0;
+        while r + Q4_TILE_ROWS <= rows {
+            let rs: [usize; Q4_TILE_ROWS] = std::array::from_fn(|i| r + i);
+            let done = tile::<V, Q4_TILE_ROWS>(
+                &wp,
+                &sp,
+                map_n(rs, |i| acts.codes(i)),
+                map_n(rs, |i| acts.sums(i)),
+                map_n(rs, |i| acts.scale(i)),
+                groups,
+            );
+            for (i, d) in done.iter().enumerate() {
+                out[r + i][j0..j0 + live].copy_from_slice(&d[..live]);
+            }
+            r += Q4_TILE_ROWS;
+        }
+        while r < rows {
+            let [d] = tile::<V, 1>(
+                &wp,
+                &sp,
+                [acts.codes(r)],
+                [acts.sums(r)],
+                [acts.scale(r)],
+                groups,
+            );
+            out[r][j0..j0 + live].copy_from_slice(&d[..live]);
+            r += 1;
+        }
+    }
+    Q4_WIDE_PANEL.with(|cell| *cell.borrow_mut() = (wp, sp));
+}

@@ -71,6 +71,20 @@ pub(crate) trait Dot {
     /// One q4 group of a packed panel: lane c is `Σ_j wp[j][c] · a_j` over the 8 chunks, where chunk
     /// j < 4 reads `even[4j..]` and chunk j >= 4 reads `odd[4(j-4)..]`.
     unsafe fn u4_group_packed(wp: *const u8, even: *const i8, odd: *const i8) -> __m256i;
+    /// [`i8_tile`] for [`I8_TILE_ROWS`] or more activation rows, unless the instruction set has a
+    /// wider form.
+    #[inline(always)]
+    unsafe fn i8_tile_many<const R: usize, const C: usize>(
+        a: [&[i8]; R],
+        w: [&[i8]; C],
+        k: usize,
+        offsets: [i32; R],
+    ) -> [[i32; C]; R]
+    where
+        Self: Sized,
+    {
+        i8_tile::<Self, R, C>(a, w, k, offsets)
+    }
     /// q4 against [`Q4_PACKED_MIN_ROWS`] or more activation rows, K at least one group: the 8-lane
     /// packed panels, unless the instruction set has wider ones.
     #[inline(always)]
@@ -249,6 +263,15 @@ impl Dot for VnniDot {
     ) {
         wide::q4_block_packed16::<wide::Zmm>(codes, scales, k, acts, out)
     }
+    #[inline(always)]
+    unsafe fn i8_tile_many<const R: usize, const C: usize>(
+        a: [&[i8]; R],
+        w: [&[i8]; C],
+        k: usize,
+        offsets: [i32; R],
+    ) -> [[i32; C]; R] {
+        wide::i8_tile16::<wide::Zmm, R, C>(a, w, k, offsets)
+    }
 }
 
 /// `vpdpbusd`, real or emulated (a trait, not a closure: closures do not inherit target features).
@@ -352,6 +375,15 @@ impl Dot for EmuVnniDot {
         out: &mut [&mut [f32]],
     ) {
         wide::q4_block_packed16::<wide::EmuZmm>(codes, scales, k, acts, out)
+    }
+    #[inline(always)]
+    unsafe fn i8_tile_many<const R: usize, const C: usize>(
+        a: [&[i8]; R],
+        w: [&[i8]; C],
+        k: usize,
+        offsets: [i32; R],
+    ) -> [[i32; C]; R] {
+        wide::i8_tile16::<wide::EmuZmm, R, C>(a, w, k, offsets)
     }
 }
 
@@ -569,7 +601,7 @@ unsafe fn i8_block<D: Dot>(
         while r < rows {
             // A short last tile repeats its last row.
             let rs: [usize; I8_TILE_ROWS] = std::array::from_fn(|i| (r + i).min(rows - 1));
-            let acc = i8_tile::<D, I8_TILE_ROWS, 2>(
+            let acc = D::i8_tile_many::<I8_TILE_ROWS, 2>(
                 map_n(rs, |rr| acts.codes(rr)),
                 map_n(js, wrow),
                 k,

@@ -1,6 +1,6 @@
-//! 16-lane (512-bit) VNNI kernels for q4 against many activation rows (prefill): the packed-panel
+//! 16-lane (512-bit) VNNI kernels for many activation rows (prefill): for q4 the packed-panel
 //! kernel of `x86.rs` with panels of 16 weight rows, one `vpdpbusd` on a `zmm` register per 4 codes
-//! of all 16 rows.
+//! of all 16 rows; for i8 the 4 x 2 register tiles of `x86.rs` taking 64 codes a step.
 //!
 //! Why 512 bits: on the Zen 5 cores of Strix Point laptops, 128- and 256-bit integer vector
 //! operations issue at half the rate per clock of Zen 4's while 512-bit ones keep Zen 4's rate
@@ -14,6 +14,7 @@
 //! order (multiply, then add), then `finish_q4`, in its own lane.
 
 use super::{chunk, map_n, panel_rows, q4_pack_panel, Activations, Q4_TILE_ROWS};
+use crate::kernels::activations::SIMD_BYTES;
 use crate::kernels::{q4_halves, PANEL};
 use half::bf16;
 use packs::quant::Q4_GROUP;
@@ -38,6 +39,9 @@ pub(crate) trait Lanes16 {
     unsafe fn dpbusd(acc: Self::I, u: Self::I, s: Self::I) -> Self::I;
     unsafe fn add_i(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn sub_i(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn xor_i(a: Self::I, b: Self::I) -> Self::I;
+    /// The sum of the 16 lanes.
+    unsafe fn hsum_i(a: Self::I) -> i32;
     /// i32 to f32, rounded to nearest (as `as f32`).
     unsafe fn cvt(a: Self::I) -> Self::F;
     unsafe fn mul_f(a: Self::F, b: Self::F) -> Self::F;
@@ -86,6 +90,14 @@ impl Lanes16 for Zmm {
     #[inline(always)]
     unsafe fn sub_i(a: __m512i, b: __m512i) -> __m512i {
         _mm512_sub_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn xor_i(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_xor_si512(a, b)
+    }
+    #[inline(always)]
+    unsafe fn hsum_i(a: __m512i) -> i32 {
+        _mm512_reduce_add_epi32(a)
     }
     #[inline(always)]
     unsafe fn cvt(a: __m512i) -> __m512 {
@@ -154,6 +166,14 @@ impl Lanes16 for EmuZmm {
     #[inline(always)]
     unsafe fn sub_i(a: Self::I, b: Self::I) -> Self::I {
         [_mm256_sub_epi32(a[0], b[0]), _mm256_sub_epi32(a[1], b[1])]
+    }
+    #[inline(always)]
+    unsafe fn xor_i(a: Self::I, b: Self::I) -> Self::I {
+        [_mm256_xor_si256(a[0], b[0]), _mm256_xor_si256(a[1], b[1])]
+    }
+    #[inline(always)]
+    unsafe fn hsum_i(a: Self::I) -> i32 {
+        super::hsum_epi32(a[0]) + super::hsum_epi32(a[1])
     }
     #[inline(always)]
     unsafe fn cvt(a: Self::I) -> Self::F {
@@ -278,4 +298,49 @@ pub(super) unsafe fn q4_block_packed16<V: Lanes16>(
         }
     }
     Q4_WIDE_PANEL.with(|cell| *cell.borrow_mut() = (wp, sp));
+}
+
+/// Codes per step of the wide i8 tiles.
+const WIDE_BYTES: usize = 64;
+
+/// `x86::i8_tile` for the VNNI offset form on 64 codes a step: the exact i8 dots of R activation
+/// rows by C weight rows, element `[r][c]`. `offsets[r]` is row r's code sum over the 32-code SIMD
+/// part of K (`Activations`); the offset form here covers the 64-code steps only, so the codes of a
+/// last 32-code step come off it and join the scalar tail.
+#[inline(always)]
+pub(super) unsafe fn i8_tile16<V: Lanes16, const R: usize, const C: usize>(
+    a: [&[i8]; R],
+    w: [&[i8]; C],
+    k: usize,
+    offsets: [i32; R],
+) -> [[i32; C]; R] {
+    let steps = k / WIDE_BYTES;
+    // `w ^ 0x80` is `w + 128` as an unsigned byte.
+    let flip = V::set1_i(0x8080_8080u32 as i32);
+    let mut acc = [[V::zero_i(); C]; R];
+    for s in 0..steps {
+        let off = s * WIDE_BYTES;
+        for c in 0..C {
+            let wu = V::xor_i(V::load_i(w[c].as_ptr().add(off) as *const u8), flip);
+            for r in 0..R {
+                let av = V::load_i(a[r].as_ptr().add(off) as *const u8);
+                acc[r][c] = V::dpbusd(acc[r][c], wu, av);
+            }
+        }
+    }
+    let wide_end = steps * WIDE_BYTES;
+    let simd_end = k - k % SIMD_BYTES;
+    let mut sums = [[0i32; C]; R];
+    for r in 0..R {
+        let past: i32 = a[r][wide_end..simd_end].iter().map(|&x| x as i32).sum();
+        let covered = offsets[r] - past;
+        for c in 0..C {
+            let mut v = V::hsum_i(acc[r][c]) - 128 * covered;
+            for j in wide_end..k {
+                v += a[r][j] as i32 * w[c][j] as i32;
+            }
+            sums[r][c] = v;
+        }
+    }
+    sums
 }

@@ -232,10 +232,32 @@ unsafe fn chunk(even: *const i8, odd: *const i8, j: usize) -> i32 {
     (p as *const i32).read_unaligned()
 }
 
-/// AVX-512 VNNI: `vpdpbusd` (u8 x i8, 4 products per i32 lane, accumulated, no saturation).
-pub(crate) struct VnniDot;
+/// AVX-512 VNNI: `vpdpbusd` (u8 x i8, 4 products per i32 lane, accumulated, no saturation), 256-bit
+/// for the GEMVs and 512-bit (`wide`) for many rows. One implementation for the real instructions
+/// ([`VnniDot`]) and, in the tests, their exact AVX2 emulation ([`EmuVnniDot`]), so the tests run the
+/// very bodies the VNNI entry point compiles.
+pub(crate) struct Vnni<P>(std::marker::PhantomData<P>);
 
-impl Dot for VnniDot {
+/// The real instructions.
+pub(crate) struct RealVnni;
+pub(crate) type VnniDot = Vnni<RealVnni>;
+
+/// `vpdpbusd` at 256 bits and the 16-lane vector of a VNNI flavour (a trait, not a closure:
+/// closures do not inherit target features).
+pub(crate) trait Dpbusd {
+    type Wide: wide::Lanes16;
+    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
+}
+
+impl Dpbusd for RealVnni {
+    type Wide = wide::Zmm;
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, u, s)
+    }
+}
+
+impl<P: Dpbusd> Dot for Vnni<P> {
     const I8_OFFSET: i32 = 128;
     #[inline(always)]
     unsafe fn i8_weight(w: __m256i) -> __m256i {
@@ -243,15 +265,15 @@ impl Dot for VnniDot {
     }
     #[inline(always)]
     unsafe fn i8_dot(acc: __m256i, wu: __m256i, _w: __m256i, a: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(acc, wu, a)
+        P::dpbusd(acc, wu, a)
     }
     #[inline(always)]
     unsafe fn u4_rows8(w: [*const u8; PANEL], a_even: __m256i, a_odd: __m256i) -> [__m256i; 2] {
-        vnni_rows8::<VnniDot>(w, a_even, a_odd)
+        vnni_rows8::<P>(w, a_even, a_odd)
     }
     #[inline(always)]
     unsafe fn u4_group_packed(wp: *const u8, even: *const i8, odd: *const i8) -> __m256i {
-        vnni_group_packed::<VnniDot>(wp, even, odd)
+        vnni_group_packed::<P>(wp, even, odd)
     }
     #[inline(always)]
     unsafe fn q4_block_many(
@@ -261,7 +283,7 @@ impl Dot for VnniDot {
         acts: &Activations,
         out: &mut [&mut [f32]],
     ) {
-        wide::q4_block_packed16::<wide::Zmm>(codes, scales, k, acts, out)
+        wide::q4_block_packed16::<P::Wide>(codes, scales, k, acts, out)
     }
     #[inline(always)]
     unsafe fn i8_tile_many<const R: usize, const C: usize>(
@@ -270,27 +292,7 @@ impl Dot for VnniDot {
         k: usize,
         offsets: [i32; R],
     ) -> [[i32; C]; R] {
-        wide::i8_tile16::<wide::Zmm, R, C>(a, w, k, offsets)
-    }
-}
-
-/// `vpdpbusd`, real or emulated (a trait, not a closure: closures do not inherit target features).
-trait Dpbusd {
-    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
-}
-
-impl Dpbusd for VnniDot {
-    #[inline(always)]
-    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(acc, u, s)
-    }
-}
-
-#[cfg(test)]
-impl Dpbusd for EmuVnniDot {
-    #[inline(always)]
-    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        dpbusd_emulated(acc, u, s)
+        wide::i8_tile16::<P::Wide, R, C>(a, w, k, offsets)
     }
 }
 
@@ -316,10 +318,9 @@ unsafe fn vnni_rows8<P: Dpbusd>(
 }
 
 /// `u4_group_packed` over a `vpdpbusd`: the even and the odd chunks in two accumulators, added at
-/// the end. `vpdpbusd` has a latency of several cycles and a throughput of more than one per cycle
-/// on the AVX-512 cores (Zen 4: 4 cycles, 2 per cycle at 256 bits, per uops.info), so one chain per
-/// activation row (4 in a tile) could not keep it busy; two per row can. The sums are integers, so
-/// the split changes no value.
+/// the end, so that a tile of 4 rows has 8 independent chains instead of 4 for an instruction of
+/// several cycles' latency that can issue more than once per cycle. The sums are integers: the split
+/// changes no value.
 #[inline(always)]
 unsafe fn vnni_group_packed<P: Dpbusd>(wp: *const u8, even: *const i8, odd: *const i8) -> __m256i {
     let mut acc = [_mm256_setzero_si256(); 2];
@@ -330,10 +331,21 @@ unsafe fn vnni_group_packed<P: Dpbusd>(wp: *const u8, even: *const i8, odd: *con
     _mm256_add_epi32(acc[0], acc[1])
 }
 
-/// `VnniDot` with `vpdpbusd` emulated exactly in AVX2 (bytes widened to i16, `vpmaddwd` on the even
-/// and the odd bytes): runs the VNNI bodies on machines without AVX-512.
+/// `vpdpbusd` emulated exactly in AVX2 (bytes widened to i16, `vpmaddwd` on the even and the odd
+/// bytes): runs the VNNI bodies on machines without AVX-512.
 #[cfg(test)]
-pub(crate) struct EmuVnniDot;
+pub(crate) struct EmulatedVnni;
+#[cfg(test)]
+pub(crate) type EmuVnniDot = Vnni<EmulatedVnni>;
+
+#[cfg(test)]
+impl Dpbusd for EmulatedVnni {
+    type Wide = wide::EmuZmm;
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        dpbusd_emulated(acc, u, s)
+    }
+}
 
 #[cfg(test)]
 #[inline(always)]
@@ -345,46 +357,6 @@ unsafe fn dpbusd_emulated(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
     let even = _mm256_madd_epi16(u_even, s_even);
     let odd = _mm256_madd_epi16(u_odd, s_odd);
     _mm256_add_epi32(acc, _mm256_add_epi32(even, odd))
-}
-
-#[cfg(test)]
-impl Dot for EmuVnniDot {
-    const I8_OFFSET: i32 = VnniDot::I8_OFFSET;
-    #[inline(always)]
-    unsafe fn i8_weight(w: __m256i) -> __m256i {
-        VnniDot::i8_weight(w)
-    }
-    #[inline(always)]
-    unsafe fn i8_dot(acc: __m256i, wu: __m256i, _w: __m256i, a: __m256i) -> __m256i {
-        dpbusd_emulated(acc, wu, a)
-    }
-    #[inline(always)]
-    unsafe fn u4_rows8(w: [*const u8; PANEL], a_even: __m256i, a_odd: __m256i) -> [__m256i; 2] {
-        vnni_rows8::<EmuVnniDot>(w, a_even, a_odd)
-    }
-    #[inline(always)]
-    unsafe fn u4_group_packed(wp: *const u8, even: *const i8, odd: *const i8) -> __m256i {
-        vnni_group_packed::<EmuVnniDot>(wp, even, odd)
-    }
-    #[inline(always)]
-    unsafe fn q4_block_many(
-        codes: &[u8],
-        scales: &[bf16],
-        k: usize,
-        acts: &Activations,
-        out: &mut [&mut [f32]],
-    ) {
-        wide::q4_block_packed16::<wide::EmuZmm>(codes, scales, k, acts, out)
-    }
-    #[inline(always)]
-    unsafe fn i8_tile_many<const R: usize, const C: usize>(
-        a: [&[i8]; R],
-        w: [&[i8]; C],
-        k: usize,
-        offsets: [i32; R],
-    ) -> [[i32; C]; R] {
-        wide::i8_tile16::<wide::EmuZmm, R, C>(a, w, k, offsets)
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

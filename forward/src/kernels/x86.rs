@@ -97,7 +97,7 @@ pub(crate) trait Dot {
     ) where
         Self: Sized,
     {
-        q4_block_packed::<Self>(codes, scales, k, acts, out)
+        q4_block_packed::<Packed8<Self>>(codes, scales, k, acts, out)
     }
 }
 
@@ -283,7 +283,7 @@ impl<P: Dpbusd> Dot for Vnni<P> {
         acts: &Activations,
         out: &mut [&mut [f32]],
     ) {
-        wide::q4_block_packed16::<P::Wide>(codes, scales, k, acts, out)
+        q4_block_packed::<wide::Packed16<P::Wide>>(codes, scales, k, acts, out)
     }
     #[inline(always)]
     unsafe fn i8_tile_many<const R: usize, const C: usize>(
@@ -774,8 +774,52 @@ unsafe fn q4_packed_tile<D: Dot, const R: usize>(
     done
 }
 
+/// Most weight rows of a packed panel (the 512-bit kernels').
+const MAX_LANES: usize = 2 * PANEL;
+
+/// A packed-panel q4 kernel: `LANES` weight rows per panel (8 on 256-bit vectors, 16 on 512-bit),
+/// packed by [`q4_pack_panel`] 8 rows at a time.
+trait PackedQ4 {
+    const LANES: usize;
+    /// R activation rows against a packed panel, finished (`finish_q4`): `done[r][c]` for weight
+    /// row c of the panel (c < `LANES`).
+    unsafe fn tile<const R: usize>(
+        wp: &[u8],
+        sp: &[f32],
+        a: [&[i8]; R],
+        corr: [&[i32]; R],
+        a_scale: [f32; R],
+        groups: usize,
+    ) -> [[f32; MAX_LANES]; R];
+}
+
+/// The 8-lane packed kernel of a [`Dot`].
+struct Packed8<D>(std::marker::PhantomData<D>);
+
+impl<D: Dot> PackedQ4 for Packed8<D> {
+    const LANES: usize = PANEL;
+    #[inline(always)]
+    unsafe fn tile<const R: usize>(
+        wp: &[u8],
+        sp: &[f32],
+        a: [&[i8]; R],
+        corr: [&[i32]; R],
+        a_scale: [f32; R],
+        groups: usize,
+    ) -> [[f32; MAX_LANES]; R] {
+        let done = q4_packed_tile::<D, R>(wp, sp, a, corr, a_scale, groups);
+        let mut wide = [[0f32; MAX_LANES]; R];
+        for (w, d) in wide.iter_mut().zip(&done) {
+            w[..PANEL].copy_from_slice(d);
+        }
+        wide
+    }
+}
+
+/// q4 weight rows against every activation row of `acts` (K at least one group), a packed panel of
+/// `K::LANES` weight rows at a time: tiles of [`Q4_TILE_ROWS`] rows, then one row at a time.
 #[inline(always)]
-unsafe fn q4_block_packed<D: Dot>(
+unsafe fn q4_block_packed<K: PackedQ4>(
     codes: &[u8],
     scales: &[bf16],
     k: usize,
@@ -784,42 +828,45 @@ unsafe fn q4_block_packed<D: Dot>(
 ) {
     let groups = k / Q4_GROUP;
     let (rows, nb) = (out.len(), out[0].len());
-    if groups == 0 {
-        return q4_block_rows::<D>(codes, scales, k, acts, out);
-    }
+    let lanes = K::LANES;
     // The buffers leave the thread-local while the kernel runs: no SIMD code inside a closure
     // (closures do not inherit the entry point's target features).
     let (mut wp, mut sp) = Q4_PANEL.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
-    {
-        wp.resize(groups * 256, 0);
-        sp.resize(groups * PANEL, 0.0);
-        for j0 in (0..nb).step_by(PANEL) {
-            let js = panel_rows::<PANEL>(j0, nb);
-            q4_pack_panel(codes, scales, k, js, (PANEL, 0), &mut wp, &mut sp);
-            let live = (nb - j0).min(PANEL);
-            let mut r = 0;
-            while r + Q4_TILE_ROWS <= rows {
-                let a: [&[i8]; Q4_TILE_ROWS] = std::array::from_fn(|i| acts.codes(r + i));
-                let corr: [&[i32]; Q4_TILE_ROWS] = std::array::from_fn(|i| acts.sums(r + i));
-                let s: [f32; Q4_TILE_ROWS] = std::array::from_fn(|i| acts.scale(r + i));
-                let done = q4_packed_tile::<D, Q4_TILE_ROWS>(&wp, &sp, a, corr, s, groups);
-                for (i, d) in done.iter().enumerate() {
-                    out[r + i][j0..j0 + live].copy_from_slice(&d[..live]);
-                }
-                r += Q4_TILE_ROWS;
+    wp.resize(groups * 32 * lanes, 0);
+    sp.resize(groups * lanes, 0.0);
+    for j0 in (0..nb).step_by(lanes) {
+        for half in 0..lanes / PANEL {
+            let js = panel_rows::<PANEL>(j0 + PANEL * half, nb);
+            q4_pack_panel(codes, scales, k, js, (lanes, half), &mut wp, &mut sp);
+        }
+        let live = (nb - j0).min(lanes);
+        let mut r = 0;
+        while r + Q4_TILE_ROWS <= rows {
+            let rs: [usize; Q4_TILE_ROWS] = std::array::from_fn(|i| r + i);
+            let done = K::tile::<Q4_TILE_ROWS>(
+                &wp,
+                &sp,
+                map_n(rs, |i| acts.codes(i)),
+                map_n(rs, |i| acts.sums(i)),
+                map_n(rs, |i| acts.scale(i)),
+                groups,
+            );
+            for (i, d) in done.iter().enumerate() {
+                out[r + i][j0..j0 + live].copy_from_slice(&d[..live]);
             }
-            while r < rows {
-                let [d] = q4_packed_tile::<D, 1>(
-                    &wp,
-                    &sp,
-                    [acts.codes(r)],
-                    [acts.sums(r)],
-                    [acts.scale(r)],
-                    groups,
-                );
-                out[r][j0..j0 + live].copy_from_slice(&d[..live]);
-                r += 1;
-            }
+            r += Q4_TILE_ROWS;
+        }
+        while r < rows {
+            let [d] = K::tile::<1>(
+                &wp,
+                &sp,
+                [acts.codes(r)],
+                [acts.sums(r)],
+                [acts.scale(r)],
+                groups,
+            );
+            out[r][j0..j0 + live].copy_from_slice(&d[..live]);
+            r += 1;
         }
     }
     Q4_PANEL.with(|cell| *cell.borrow_mut() = (wp, sp));

@@ -13,16 +13,13 @@
 //! arithmetic: exact integer group dots, then `sum + acc as f32 * scale` per group in ascending
 //! order (multiply, then add), then `finish_q4`, in its own lane.
 
-use super::{chunk, map_n, panel_rows, q4_pack_panel, Activations, Q4_TILE_ROWS};
+use super::{chunk, PackedQ4, MAX_LANES};
 use crate::kernels::activations::SIMD_BYTES;
-use crate::kernels::{q4_halves, PANEL};
-use half::bf16;
-use packs::quant::Q4_GROUP;
+use crate::kernels::q4_halves;
 use std::arch::x86_64::*;
-use std::cell::RefCell;
 
 /// Weight rows of a wide panel.
-const WIDE: usize = 2 * PANEL;
+const WIDE: usize = MAX_LANES;
 
 /// A 16-lane vector of i32 (`I`) and f32 (`F`) and the operations the wide kernel uses.
 pub(crate) trait Lanes16 {
@@ -194,10 +191,6 @@ impl Lanes16 for EmuZmm {
     }
 }
 
-thread_local! {
-    static Q4_WIDE_PANEL: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
-}
-
 /// One q4 group of a wide packed panel against one activation row: lane c is
 /// `Σ_j wp[j][c] · a_j` over the 8 chunks (chunk j < 4 reads `even[4j..]`, j >= 4 `odd[4(j-4)..]`),
 /// the even and odd chunks in two accumulators so that consecutive `vpdpbusd` do not wait on each
@@ -244,60 +237,22 @@ unsafe fn tile<V: Lanes16, const R: usize>(
     done
 }
 
-/// q4 weight rows (`codes`, `scales`, K a multiple of 32, at least one group) against every
-/// activation row of `acts`, 16 weight rows a panel; `out[r]` is row r's outputs.
-#[inline(always)]
-pub(super) unsafe fn q4_block_packed16<V: Lanes16>(
-    codes: &[u8],
-    scales: &[bf16],
-    k: usize,
-    acts: &Activations,
-    out: &mut [&mut [f32]],
-) {
-    let groups = k / Q4_GROUP;
-    let (rows, nb) = (out.len(), out[0].len());
-    // The buffers leave the thread-local while the kernel runs: no SIMD code inside a closure
-    // (closures do not inherit the entry point's target features).
-    let (mut wp, mut sp) = Q4_WIDE_PANEL.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
-    wp.resize(groups * 32 * WIDE, 0);
-    sp.resize(groups * WIDE, 0.0);
-    for j0 in (0..nb).step_by(WIDE) {
-        let js = panel_rows::<WIDE>(j0, nb);
-        for half in 0..2 {
-            let rows8: [usize; PANEL] = std::array::from_fn(|c| js[PANEL * half + c]);
-            q4_pack_panel(codes, scales, k, rows8, (WIDE, half), &mut wp, &mut sp);
-        }
-        let live = (nb - j0).min(WIDE);
-        let mut r = 0;
-        while r + Q4_TILE_ROWS <= rows {
-            let rs: [usize; Q4_TILE_ROWS] = std::array::from_fn(|i| r + i);
-            let done = tile::<V, Q4_TILE_ROWS>(
-                &wp,
-                &sp,
-                map_n(rs, |i| acts.codes(i)),
-                map_n(rs, |i| acts.sums(i)),
-                map_n(rs, |i| acts.scale(i)),
-                groups,
-            );
-            for (i, d) in done.iter().enumerate() {
-                out[r + i][j0..j0 + live].copy_from_slice(&d[..live]);
-            }
-            r += Q4_TILE_ROWS;
-        }
-        while r < rows {
-            let [d] = tile::<V, 1>(
-                &wp,
-                &sp,
-                [acts.codes(r)],
-                [acts.sums(r)],
-                [acts.scale(r)],
-                groups,
-            );
-            out[r][j0..j0 + live].copy_from_slice(&d[..live]);
-            r += 1;
-        }
+/// The 16-lane packed q4 kernel on `V`.
+pub(super) struct Packed16<V>(std::marker::PhantomData<V>);
+
+impl<V: Lanes16> PackedQ4 for Packed16<V> {
+    const LANES: usize = WIDE;
+    #[inline(always)]
+    unsafe fn tile<const R: usize>(
+        wp: &[u8],
+        sp: &[f32],
+        a: [&[i8]; R],
+        corr: [&[i32]; R],
+        a_scale: [f32; R],
+        groups: usize,
+    ) -> [[f32; WIDE]; R] {
+        tile::<V, R>(wp, sp, a, corr, a_scale, groups)
     }
-    Q4_WIDE_PANEL.with(|cell| *cell.borrow_mut() = (wp, sp));
 }
 
 /// Codes per step of the wide i8 tiles.

@@ -101,30 +101,64 @@ impl Isa {
         matches!(self.self_check(), Some(Ok(())))
     }
 
-    /// The fastest usable path (decided once). A path the CPU runs but that failed its self-check
-    /// is skipped, with one line on stderr saying which and why.
+    /// The kernels every host GEMM runs on (decided once): the fastest usable path, or the one
+    /// [`KERNELS_ENV`] names. A path the CPU runs but that failed its self-check is skipped, with
+    /// one line on stderr saying which and why; so is a [`KERNELS_ENV`] this CPU cannot honour.
     pub fn best() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
         *BEST.get_or_init(|| {
-            let mut refused = Vec::new();
+            let mut fastest = Isa::Scalar; // the portable path is always available and passes
             for isa in Isa::available() {
                 match isa.self_check() {
                     Some(Ok(())) => {
-                        for (bad, why) in refused {
-                            eprintln!(
-                                "xdna-vl: not using the {bad} kernels: they {why}; using {isa} \
-                                 instead (slower, same results). Please report this with your CPU model."
-                            );
-                        }
-                        return isa;
+                        fastest = isa;
+                        break;
                     }
-                    Some(Err(why)) => refused.push((isa, why)),
+                    Some(Err(why)) => eprintln!(
+                        "xdna-vl: not using the {isa} kernels: they {why}. The next path gives the \
+                         same results, slower. Please report this with your CPU model."
+                    ),
                     None => {}
                 }
             }
-            // Not reached: the portable path is always available and always passes.
-            Isa::Scalar
+            let requested = std::env::var(KERNELS_ENV).ok();
+            let (isa, warning) = choose(requested.as_deref(), Isa::is_usable, fastest);
+            if let Some(w) = warning {
+                eprintln!("xdna-vl: {w}");
+            }
+            isa
         })
+    }
+}
+
+/// Environment variable that picks the host kernels (`avx512vnni`, `avx2` or `scalar`) instead
+/// of the fastest usable ones: every path gives the same bits, so it only changes speed (to
+/// compare paths end to end, e.g. `XDNA_VL_KERNELS=avx2 bench`).
+pub const KERNELS_ENV: &str = "XDNA_VL_KERNELS";
+
+/// The path to use: `requested` (the value of [`KERNELS_ENV`]) when it names a usable one, else
+/// `fastest`, with the warning that says why the request was not followed.
+fn choose(
+    requested: Option<&str>,
+    usable: impl Fn(Isa) -> bool,
+    fastest: Isa,
+) -> (Isa, Option<String>) {
+    let Some(name) = requested else {
+        return (fastest, None);
+    };
+    match name.parse::<Isa>() {
+        Ok(isa) if usable(isa) => (isa, None),
+        Ok(isa) => (
+            fastest,
+            Some(format!(
+                "{KERNELS_ENV}={name}: this CPU cannot use the {isa} kernels (missing \
+                 instructions or a failed self-check); using {fastest}"
+            )),
+        ),
+        Err(e) => (
+            fastest,
+            Some(format!("{KERNELS_ENV}: {e}; using {fastest}")),
+        ),
     }
 }
 

@@ -331,12 +331,13 @@ fn compare(
 ) {
     if !args.json {
         println!(
-            "hybrid_prompt_probe  {}  {}  ({} rows, {} image rows)  vs  {}",
+            "hybrid_prompt_probe  {}  {}  ({} rows, {} image rows)  vs  {}  (host kernels {})",
             pack.display(),
             inputs.path.display(),
             inputs.rows(),
             inputs.image_rows().len(),
-            reference.path.display()
+            reference.path.display(),
+            forward::kernels::Isa::best()
         );
     }
     let mut t = Instant::now();
@@ -376,6 +377,7 @@ fn compare(
             "inputs": inputs.path.display().to_string(),
             "reference": reference.path.display().to_string(),
             "gemm": args.gemm.gemm,
+            "kernels": forward::kernels::Isa::best().name(),
             "rows": inputs.rows(),
             "image_rows": inputs.image_rows().len(),
             "greedy_ids": r.greedy_ids,

@@ -2,7 +2,8 @@
 //! on the instruction set chosen at run time.
 //!
 //! Three paths produce the same bytes: portable scalar, AVX2, and AVX-512 VNNI (`vpdpbusd` at 256-bit
-//! width through AVX512-VL). The arithmetic is `packs::quant`'s:
+//! width through AVX512-VL for the GEMVs, 512-bit for many rows: `x86/wide.rs`). A SIMD path is
+//! used only after its run-time self-check (`self_check.rs`). The arithmetic is `packs::quant`'s:
 //! - i8: the integer dot of activation codes and weight codes is exact (any summation order), then
 //!   `finish_i8(acc, s_a, s_w)`.
 //! - q4: per group of 32, the exact integer dot, then `sum += acc as f32 * scale` in ascending group
@@ -45,7 +46,8 @@ pub enum Isa {
     Scalar,
     /// AVX2 + FMA (`vpmaddubsw`/`vpmaddwd` integer dots).
     Avx2,
-    /// AVX-512 VNNI + VL + BW (`vpdpbusd` on 256-bit vectors), on top of AVX2.
+    /// AVX-512 F + VL + BW + VNNI (`vpdpbusd` on 256-bit vectors, 512-bit for many rows), on top of
+    /// AVX2.
     Avx512Vnni,
 }
 

@@ -3,8 +3,9 @@
 //! Every kernel has one generic body (`#[inline(always)]`) parameterised by a [`Dot`] primitive — the
 //! AVX2 `vpmaddubsw` + `vpmaddwd` pair or VNNI `vpdpbusd` — and is instantiated inside a
 //! `#[target_feature]` entry point, so each instantiation is compiled for its instruction set. Tests
-//! also instantiate the VNNI bodies with an exact AVX2 emulation of `vpdpbusd` (`EmuVnniDot`), which
-//! runs every line of the VNNI path except the instruction itself on an AVX2-only machine.
+//! also instantiate the VNNI bodies with an exact AVX2 emulation of `vpdpbusd` (`EmuVnniDot`, and
+//! for the 512-bit kernels of `wide.rs` two 256-bit halves), which runs every line of the VNNI path
+//! except the instructions themselves on an AVX2-only machine.
 //!
 //! Exactness (the `packs::quant` arithmetic, see `kernels/mod.rs`):
 //! - AVX2 i8 uses the sign trick `maddubs(|w|, sign(a, w))`. `|w| <= 128` as an unsigned byte (even for

@@ -12,10 +12,18 @@ fn fixtures() -> PathBuf {
 }
 
 fn probe(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_hybrid_prompt_probe"))
-        .args(args)
-        .output()
-        .unwrap();
+    probe_with(args, None)
+}
+
+/// The probe with `XDNA_VL_KERNELS` set to `kernels` (or removed).
+fn probe_with(args: &[&str], kernels: Option<&str>) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hybrid_prompt_probe"));
+    cmd.args(args);
+    match kernels {
+        Some(k) => cmd.env("XDNA_VL_KERNELS", k),
+        None => cmd.env_remove("XDNA_VL_KERNELS"),
+    };
+    let out = cmd.output().unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -74,6 +82,45 @@ fn a_q4_pack_matches_its_reference_in_json() {
 }
 
 /// `libnpu_emu.so`, built next to the test binaries by the npu-emu dev-dependency.
+#[test]
+fn the_kernels_variable_picks_the_host_kernels_and_a_bad_one_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = build(dir.path(), "odd", "q4");
+    let args = [
+        pack.as_str(),
+        &fixture("odd", "inputs.safetensors"),
+        "--reference",
+        &fixture("odd", "reference-q4.safetensors"),
+        "--json",
+    ];
+    let run = |kernels| {
+        let (code, out, err) = probe_with(&args, kernels);
+        let v: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|_| panic!("{out}{err}"));
+        (code, v, err)
+    };
+    let (code, fastest, err) = run(None);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.is_empty(), "{err}");
+    // The portable path, asked for by name, gives the same logits bit for bit.
+    let (code, scalar, err) = run(Some("scalar"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(scalar["kernels"], "scalar");
+    assert_eq!(
+        scalar["per_row_max_abs_diff"],
+        fastest["per_row_max_abs_diff"]
+    );
+    assert_eq!(scalar["greedy_ids"], fastest["greedy_ids"]);
+    // Control: a name that is no instruction set keeps the fastest path and says so.
+    let (code, bogus, err) = run(Some("avx-3"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(bogus["kernels"], fastest["kernels"]);
+    assert!(
+        err.contains("XDNA_VL_KERNELS: unknown instruction set \"avx-3\""),
+        "{err}"
+    );
+}
+
 fn emu_library() -> String {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();

@@ -20,7 +20,10 @@ use std::time::{Duration, Instant};
 #[derive(Parser)]
 #[command(
     version,
-    about = "Host decoder and GEMM speed against the bandwidth roofline"
+    about = "Host decoder and GEMM speed against the bandwidth roofline",
+    after_help = "The decoder runs on the fastest host kernels that pass their self-check; \
+                  XDNA_VL_KERNELS=avx512vnni|avx2|scalar picks one (same results, to compare speed). \
+                  `bench gemm --isa` times each instruction set's GEMMs alone."
 )]
 struct Args {
     #[command(subcommand)]

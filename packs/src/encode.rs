@@ -29,7 +29,13 @@ where
 {
     let (rows, cols) = (weight.rows, weight.cols);
     let storage = weight.storage(quant);
-    let rows_per_block = (BLOCK_VALUES / cols.max(1)).clamp(1, rows.max(1));
+    let mut rows_per_block = (BLOCK_VALUES / cols.max(1)).clamp(1, rows.max(1));
+    if storage == Storage::Q4 {
+        // Whole panels per block (the last block may end with the weight's partial panel), so
+        // that each block's panels are the weight's.
+        rows_per_block = (rows_per_block - rows_per_block % quant::Q4_PANEL)
+            .max(quant::Q4_PANEL.min(rows.max(1)));
+    }
     let mut values = vec![0f32; rows_per_block * cols];
     let mut scales_bytes: Vec<u8> = Vec::new();
     writer.begin(&weight.name)?;
@@ -84,7 +90,7 @@ where
                             quant::quantize_q4_row(r, c, s);
                         }
                     });
-                writer.write(&codes)?;
+                writer.write(&quant::q4_to_panels(&codes, block_rows, cols))?;
                 scales_bytes.extend_from_slice(bytemuck::cast_slice(&scales));
             }
         }

@@ -24,7 +24,7 @@ pub enum PackError {
     },
     #[error("{path}: not a pack: {source}")]
     Header { path: PathBuf, source: HeaderError },
-    #[error("{path}: __metadata__.format is {found:?}, expected {FORMAT:?}")]
+    #[error("{path}: __metadata__.format is {found:?}, expected {FORMAT:?} (a pack from another version of packs: build it again with this one)")]
     Format {
         path: PathBuf,
         found: Option<String>,
@@ -106,7 +106,8 @@ pub enum LinearData<'a> {
         codes: &'a [i8],
         scales: &'a [f32],
     },
-    /// codes [n * k/2] (element 2i low nibble, 2i+1 high), scales [n * k/32].
+    /// codes [n * k/2] (element 2i low nibble, 2i+1 high) in the panel layout
+    /// ([`crate::quant::Q4_PANEL`], [`crate::quant::q4_group_offset`]), scales [n * k/32] row-major.
     Q4 {
         codes: &'a [u8],
         scales: &'a [bf16],

@@ -231,6 +231,62 @@ pub fn quantize_q4(w: &[f32], n: usize, k: usize) -> Result<(Vec<u8>, Vec<bf16>)
     Ok((codes, scales))
 }
 
+/// Rows of a q4 *panel*: how a pack stores q4 codes (FORMAT.md). The quantization above works on
+/// row-major codes (`n x k/2`, row after row); a pack keeps each whole panel of 8 consecutive rows
+/// interleaved group pair by group pair — for pair p (groups 2p and 2p+1, 32 bytes of a row), the
+/// 8 rows' 32 bytes one after another; then, when K has an odd number of groups, the 8 rows'
+/// 16 bytes of the last group — so that a kernel working on the 8 rows at once reads one
+/// address-ordered stream. Rows past the last whole panel (`n % 8`) stay row-major. The scales stay
+/// row-major.
+pub const Q4_PANEL: usize = 8;
+
+/// Where row `j`'s group `g` (16 bytes) starts in the pack layout of a q4 weight of `n` rows of `k`.
+#[inline]
+pub fn q4_group_offset(n: usize, k: usize, j: usize, g: usize) -> usize {
+    let row_bytes = k / 2;
+    let half_group = Q4_GROUP / 2;
+    if j >= n / Q4_PANEL * Q4_PANEL {
+        return j * row_bytes + g * half_group;
+    }
+    let base = j / Q4_PANEL * Q4_PANEL * row_bytes;
+    let c = j % Q4_PANEL;
+    let pairs = k / Q4_GROUP / 2;
+    if g < 2 * pairs {
+        base + (g / 2) * Q4_PANEL * Q4_GROUP + c * Q4_GROUP + (g % 2) * half_group
+    } else {
+        base + pairs * Q4_PANEL * Q4_GROUP + c * half_group
+    }
+}
+
+/// Row-major q4 codes (`n x k/2`) in the pack layout ([`Q4_PANEL`]).
+pub fn q4_to_panels(row_major: &[u8], n: usize, k: usize) -> Vec<u8> {
+    q4_permute(row_major, n, k, true)
+}
+
+/// Pack-layout q4 codes back to row-major (`n x k/2`).
+pub fn q4_from_panels(panels: &[u8], n: usize, k: usize) -> Vec<u8> {
+    q4_permute(panels, n, k, false)
+}
+
+fn q4_permute(src: &[u8], n: usize, k: usize, to_panels: bool) -> Vec<u8> {
+    assert_eq!(src.len(), n * k / 2, "q4 layout: codes are not {n} x {k}/2");
+    let half_group = Q4_GROUP / 2;
+    let mut out = vec![0u8; src.len()];
+    for j in 0..n {
+        for g in 0..k / Q4_GROUP {
+            let row_major = j * k / 2 + g * half_group;
+            let panel = q4_group_offset(n, k, j, g);
+            let (from, to) = if to_panels {
+                (row_major, panel)
+            } else {
+                (panel, row_major)
+            };
+            out[to..to + half_group].copy_from_slice(&src[from..from + half_group]);
+        }
+    }
+    out
+}
+
 /// Element j of a packed q4 row, sign-extended.
 #[inline]
 pub fn q4_code(codes_row: &[u8], j: usize) -> i8 {

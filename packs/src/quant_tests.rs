@@ -228,3 +228,39 @@ fn round_clamp_matches_f32_round() {
     }
     assert!(checked > 70_000_000);
 }
+
+#[test]
+fn q4_panels_interleave_whole_panels_by_group_pair() {
+    // 9 rows of K = 96 (48 bytes a row: one group pair and an unpaired group): one whole panel of 8
+    // rows, then a partial panel of 1 row that stays row-major.
+    let (n, k) = (9, 96);
+    let at = |j, g| q4_group_offset(n, k, j, g);
+    assert_eq!(
+        [at(0, 0), at(0, 1), at(1, 0), at(7, 1)],
+        [0, 16, 32, 7 * 32 + 16]
+    );
+    // The unpaired group: the 8 rows' 16 bytes after the pairs.
+    assert_eq!([at(0, 2), at(3, 2), at(7, 2)], [256, 256 + 48, 256 + 112]);
+    // The partial panel: row-major after the whole panels.
+    assert_eq!([at(8, 0), at(8, 2)], [8 * 48, 8 * 48 + 32]);
+    // Control: the row-major offset of row 1's group 0 is where row 0's group 2 lives here.
+    assert_ne!(at(1, 0), 48);
+    // Every group lands somewhere once, and the two directions undo each other.
+    let mut seen = vec![false; n * k / 2 / 16];
+    for j in 0..n {
+        for g in 0..k / 32 {
+            let o = at(j, g);
+            assert_eq!(o % 16, 0);
+            assert!(
+                !std::mem::replace(&mut seen[o / 16], true),
+                "row {j} group {g}"
+            );
+        }
+    }
+    assert!(seen.iter().all(|&s| s));
+    let row_major: Vec<u8> = (0..n * k / 2).map(|i| (i * 7 + 3) as u8).collect();
+    let panels = q4_to_panels(&row_major, n, k);
+    assert_ne!(panels, row_major);
+    assert_eq!(&panels[32..48], &row_major[48..64], "row 1's group 0");
+    assert_eq!(q4_from_panels(&panels, n, k), row_major);
+}

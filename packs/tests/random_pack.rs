@@ -82,6 +82,7 @@ fn check_linear(data: &LinearData, w: &[f32], n: usize, k: usize) {
         }
         LinearData::Q4 { codes, scales } => {
             let (c, s) = quant::quantize_q4(w, n, k).unwrap();
+            let c = quant::q4_to_panels(&c, n, k);
             assert!(
                 *codes == &c[..] && *scales == &s[..],
                 "quantized bytes differ from the oracle"

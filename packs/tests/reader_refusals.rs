@@ -293,8 +293,8 @@ fn wrong_format_or_semantics() {
     let f = fixture(QuantKind::F32);
     f.refuse(
         "format.pack",
-        &f.edited(|h| h["__metadata__"]["format"] = json!("xdna-vl-pack/2")),
-        &["xdna-vl-pack/2", "expected \"xdna-vl-pack/1\""],
+        &f.edited(|h| h["__metadata__"]["format"] = json!("xdna-vl-pack/1")),
+        &["xdna-vl-pack/1", "expected \"xdna-vl-pack/2\""],
     );
     f.refuse(
         "plain-safetensors.pack",

@@ -294,6 +294,7 @@ pub fn check_pack(pack: &Pack, stored: &HashMap<String, Vec<f32>>) {
                     }
                     LinearData::Q4 { codes, scales } => {
                         let (c, s) = quant::quantize_q4(values, lin.n, lin.k).unwrap();
+                        let c = quant::q4_to_panels(&c, lin.n, lin.k);
                         codes == &c[..] && scales == &s[..]
                     }
                 };

@@ -208,6 +208,12 @@ mod tests {
             .iter()
             .map(|&n| (0..n * k / 2).map(|_| next() as u8).collect())
             .collect();
+        // The kernels read the pack layout; the oracle, row-major codes.
+        let q4_panels: Vec<Vec<u8>> = q4_codes
+            .iter()
+            .zip(&ns)
+            .map(|(c, &n)| quant::q4_to_panels(c, n, k))
+            .collect();
         let q4_scales: Vec<Vec<bf16>> = ns
             .iter()
             .map(|&n| {
@@ -233,7 +239,7 @@ mod tests {
                     .map(|i| {
                         let data = if q4 {
                             LinearData::Q4 {
-                                codes: &q4_codes[i],
+                                codes: &q4_panels[i],
                                 scales: &q4_scales[i],
                             }
                         } else {

@@ -308,11 +308,64 @@ pub(crate) enum WeightBlock<'a> {
         codes: &'a [i8],
         scales: &'a [f32],
     },
-    /// codes `nb x k/2`, scales `nb x k/32`.
+    /// The block's rows of the whole weight's codes (pack layout), scales `nb x k/32`.
     Q4 {
-        codes: &'a [u8],
+        codes: Q4Codes<'a>,
         scales: &'a [half::bf16],
     },
+}
+
+/// A q4 weight's codes in the pack layout (`packs::quant::Q4_PANEL`), seen from a block whose first
+/// row is `n0`: row numbers below are the block's.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Q4Codes<'a> {
+    /// The whole weight's codes.
+    all: &'a [u8],
+    /// The weight's rows and K.
+    n: usize,
+    k: usize,
+    n0: usize,
+}
+
+impl<'a> Q4Codes<'a> {
+    /// Where the block's row `j`, group `g` (16 bytes) starts in the whole weight's codes.
+    #[inline(always)]
+    pub(crate) fn offset(&self, j: usize, g: usize) -> usize {
+        packs::quant::q4_group_offset(self.n, self.k, self.n0 + j, g)
+    }
+
+    /// The block's row `j`, group `g`: 16 bytes.
+    #[inline(always)]
+    pub(crate) fn group(&self, j: usize, g: usize) -> &'a [u8] {
+        let at = self.offset(j, g);
+        &self.all[at..at + packs::quant::Q4_GROUP / 2]
+    }
+
+    /// Where the block's row `j`'s group pairs start and the byte step from one to the next (the
+    /// pairs of a row in a whole panel are a panel's pair apart; a row-major row's are adjacent).
+    #[inline(always)]
+    pub(crate) fn pairs(&self, j: usize) -> (usize, usize) {
+        let whole = (self.n0 + j) < self.n / packs::quant::Q4_PANEL * packs::quant::Q4_PANEL;
+        let pair = packs::quant::Q4_GROUP;
+        let step = if whole {
+            packs::quant::Q4_PANEL * pair
+        } else {
+            pair
+        };
+        (self.offset(j, 0), step)
+    }
+
+    /// The whole weight's codes.
+    pub(crate) fn all(&self) -> &'a [u8] {
+        self.all
+    }
+
+    /// Where the block's row `j` starts in memory order: whole panels keep their rows' bytes
+    /// together, so this is where the panel holding it starts when `j` begins one (prefetch
+    /// distances are counted from it).
+    pub(crate) fn row_start(&self, j: usize) -> usize {
+        (self.n0 + j) * self.k / 2
+    }
 }
 
 impl<'a> WeightBlock<'a> {
@@ -328,8 +381,15 @@ impl<'a> WeightBlock<'a> {
             LinearData::Q4 { codes, scales } => {
                 let g = k / packs::quant::Q4_GROUP;
                 assert_eq!(g * packs::quant::Q4_GROUP, k, "q4 weight with K = {k}");
+                let n = if k == 0 { 0 } else { codes.len() / (k / 2) };
+                assert!(rows.end <= n, "q4 block rows {rows:?} of {n}");
                 WeightBlock::Q4 {
-                    codes: &codes[rows.start * k / 2..rows.end * k / 2],
+                    codes: Q4Codes {
+                        all: codes,
+                        n,
+                        k,
+                        n0,
+                    },
                     scales: &scales[rows.start * g..rows.end * g],
                 }
             }

@@ -41,11 +41,15 @@ pub(crate) fn gemm_block(
         }
         WeightBlock::Q4 { codes, scales } => {
             let groups = k / Q4_GROUP;
+            let mut wr = vec![0u8; k / 2];
             for j in 0..out[0].len() {
-                let wr = &codes[j * k / 2..(j + 1) * k / 2];
+                // The row, row-major, out of the pack layout.
+                for (g, dst) in wr.chunks_exact_mut(Q4_GROUP / 2).enumerate() {
+                    dst.copy_from_slice(codes.group(j, g));
+                }
                 let sr = &scales[j * groups..(j + 1) * groups];
                 for (r, o) in out.iter_mut().enumerate() {
-                    let sum = q4_scaled_sum_grouped(acts.codes(r), wr, sr);
+                    let sum = q4_scaled_sum_grouped(acts.codes(r), &wr, sr);
                     o[j] = quant::finish_q4(sum, acts.scale(r));
                 }
             }

@@ -9,7 +9,7 @@
 
 use super::{ActivationLayout, Activations, Isa, Kernels};
 use half::bf16;
-use packs::quant::Q4_GROUP;
+use packs::quant::{q4_to_panels, Q4_GROUP};
 use packs::LinearData;
 use std::fmt;
 
@@ -48,7 +48,7 @@ impl fmt::Display for Mismatch {
 
 impl std::error::Error for Mismatch {}
 
-/// The weight of one case, owned.
+/// The weight of one case, owned (q4 codes in the pack layout).
 enum Weight {
     F32(Vec<f32>),
     Bf16(Vec<bf16>),
@@ -133,12 +133,12 @@ fn cases() -> Vec<Case> {
         for k in [32, 96, 288] {
             let n = 37;
             let x = random_x(&mut rng, rows, k);
-            let codes = (0..n * k / 2).map(|_| rng.byte()).collect();
+            let codes: Vec<u8> = (0..n * k / 2).map(|_| rng.byte()).collect();
             let scales = (0..n * k / Q4_GROUP)
                 .map(|_| bf16::from_f32(rng.unit() * 0.05))
                 .collect();
             cases.push(Case {
-                weight: Weight::Q4(codes, scales),
+                weight: Weight::Q4(q4_to_panels(&codes, n, k), scales),
                 x,
                 rows,
                 k,

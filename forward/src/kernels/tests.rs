@@ -139,8 +139,10 @@ fn check_q4(rows: usize, k: usize, n: usize, x: &[f32], codes: &[u8], w_scales: 
     let (a, a_s) = quantize_oracle(x, rows, k);
     let mut expect = vec![0f32; rows * n];
     quant::gemm_q4_ref(&a, &a_s, rows, k, codes, w_scales, n, &mut expect);
+    // The kernels read the pack layout; the oracle, row-major codes.
+    let panels = quant::q4_to_panels(codes, n, k);
     let w = LinearData::Q4 {
-        codes,
+        codes: &panels,
         scales: w_scales,
     };
     check_all_paths(

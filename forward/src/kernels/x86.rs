@@ -22,7 +22,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::activations::SIMD_BYTES;
-use super::{q4_halves, Activations, WeightBlock, PANEL};
+use super::{q4_halves, Activations, Q4Codes, WeightBlock, PANEL};
 use half::bf16;
 use packs::quant::{self, Q4_GROUP};
 use std::arch::x86_64::*;
@@ -90,7 +90,7 @@ pub(crate) trait Dot {
     /// packed panels, unless the instruction set has wider ones.
     #[inline(always)]
     unsafe fn q4_block_many(
-        codes: &[u8],
+        codes: Q4Codes<'_>,
         scales: &[bf16],
         k: usize,
         acts: &Activations,
@@ -278,7 +278,7 @@ impl<P: Dpbusd> Dot for Vnni<P> {
     }
     #[inline(always)]
     unsafe fn q4_block_many(
-        codes: &[u8],
+        codes: Q4Codes<'_>,
         scales: &[bf16],
         k: usize,
         acts: &Activations,
@@ -602,7 +602,7 @@ unsafe fn i8_block<D: Dot>(
 unsafe fn q4_row_panel<D: Dot>(
     a: &[i8],
     corr: &[i32],
-    w: [&[u8]; PANEL],
+    w: Q4PanelRows<'_>,
     s: [&[bf16]; PANEL],
     groups: usize,
     pf: (usize, usize),
@@ -625,7 +625,7 @@ unsafe fn q4_row_panel<D: Dot>(
             let a_odd = _mm256_loadu_si256(ap.add(g * Q4_GROUP + 32) as *const __m256i);
             let mut wp = [std::ptr::null::<u8>(); PANEL];
             for c in 0..PANEL {
-                wp[c] = w[c].as_ptr().add(g * Q4_GROUP / 2);
+                wp[c] = w.base.add(w.start[c] + (g / 2) * w.step[c]);
             }
             // A block of the panel is 1 KB of codes and 128 bytes of scales: fetch the same amount
             // `pf` ahead in address order (a prefetch never faults, even past the weight).
@@ -649,7 +649,7 @@ unsafe fn q4_row_panel<D: Dot>(
     for g in 8 * blocks..groups {
         let (even, odd) = q4_halves(g, groups);
         for c in 0..PANEL {
-            let wg = &w[c][g * Q4_GROUP / 2..(g + 1) * Q4_GROUP / 2];
+            let wg = w.codes.group(w.rows[c], g);
             let acc = q4_group_dot_scalar(&a[even..even + 16], &a[odd..odd + 16], wg);
             sums[c] += acc as f32 * s[c][g].to_f32();
         }
@@ -666,9 +666,34 @@ fn q4_group_dot_scalar(even: &[i8], odd: &[i8], w: &[u8]) -> i32 {
     acc
 }
 
+/// 8 weight rows of a block, where their group pairs live: row c's pair p at
+/// `base + start[c] + p * step[c]` (`Q4Codes::pairs`).
+#[derive(Clone, Copy)]
+struct Q4PanelRows<'a> {
+    codes: Q4Codes<'a>,
+    rows: [usize; PANEL],
+    base: *const u8,
+    start: [usize; PANEL],
+    step: [usize; PANEL],
+}
+
+impl<'a> Q4PanelRows<'a> {
+    #[inline(always)]
+    fn new(codes: Q4Codes<'a>, rows: [usize; PANEL]) -> Q4PanelRows<'a> {
+        let pairs = map_n(rows, |j| codes.pairs(j));
+        Q4PanelRows {
+            codes,
+            rows,
+            base: codes.all().as_ptr(),
+            start: map_n(pairs, |p| p.0),
+            step: map_n(pairs, |p| p.1),
+        }
+    }
+}
+
 #[inline(always)]
 unsafe fn q4_block_rows<D: Dot>(
-    codes: &[u8],
+    codes: Q4Codes<'_>,
     scales: &[bf16],
     k: usize,
     acts: &Activations,
@@ -684,13 +709,13 @@ unsafe fn q4_block_rows<D: Dot>(
     }
     for j0 in (0..nb).step_by(PANEL) {
         let js = panel_rows::<PANEL>(j0, nb);
-        let w = map_n(js, |j| &codes[j * k / 2..(j + 1) * k / 2]);
+        let w = Q4PanelRows::new(codes, js);
         let s = map_n(js, |j| &scales[j * groups..(j + 1) * groups]);
         // Addresses to prefetch from (codes, scales): this panel's start plus the distance (scales
         // are 1/8 of the codes' bytes).
         let dist = Q4_PREFETCH.max(PANEL * k / 2);
         let pf = (
-            codes.as_ptr() as usize + j0 * k / 2 + dist,
+            codes.all().as_ptr() as usize + codes.row_start(j0) + dist,
             scales.as_ptr() as usize + j0 * groups * 2 + dist / 8,
         );
         for (r, o) in out.iter_mut().enumerate() {
@@ -718,7 +743,7 @@ thread_local! {
 /// kernels use one half; the 16-lane (`wide`) ones two.
 #[inline(always)]
 unsafe fn q4_pack_panel(
-    codes: &[u8],
+    codes: Q4Codes<'_>,
     scales: &[bf16],
     k: usize,
     js: [usize; PANEL],
@@ -731,7 +756,7 @@ unsafe fn q4_pack_panel(
     for g in 0..groups {
         let mut e = [_mm256_setzero_ps(); PANEL];
         for c in 0..PANEL {
-            let p = codes.as_ptr().add(js[c] * k / 2 + g * Q4_GROUP / 2);
+            let p = codes.group(js[c], g).as_ptr();
             e[c] = _mm256_castsi256_ps(expand_q4(p));
         }
         // Chunk j (4 codes) of every row side by side.
@@ -821,7 +846,7 @@ impl<D: Dot> PackedQ4 for Packed8<D> {
 /// `K::LANES` weight rows at a time: tiles of [`Q4_TILE_ROWS`] rows, then one row at a time.
 #[inline(always)]
 unsafe fn q4_block_packed<K: PackedQ4>(
-    codes: &[u8],
+    codes: Q4Codes<'_>,
     scales: &[bf16],
     k: usize,
     acts: &Activations,

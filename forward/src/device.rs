@@ -117,10 +117,22 @@ impl DeviceGemm {
                 "it is stored unquantized; device designs exist for i8 and q4 packs only (build the pack with --quant i8 or q4, or use --gemm host)".into(),
             )
         })?;
+        // The designs take q4 codes row-major; the pack keeps them in panels.
+        let row_major;
+        let stored = match &l.data {
+            LinearData::Q4 { codes, scales } => {
+                row_major = quant::q4_from_panels(codes, l.n, l.k);
+                LinearData::Q4 {
+                    codes: &row_major,
+                    scales,
+                }
+            }
+            other => *other,
+        };
         let plant = self.config.plant;
         let planted_data;
-        let data = match (&l.data, plant) {
-            (_, PlantedLayout::None) => &l.data,
+        let data = match (&stored, plant) {
+            (_, PlantedLayout::None) => &stored,
             (LinearData::I8 { codes, scales }, _) => {
                 planted_data = (planted(plant, codes, l.n, l.k, |c| c), Vec::new());
                 &LinearData::I8 {

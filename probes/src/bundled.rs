@@ -51,7 +51,9 @@ pub fn bundled(case: &str, kind: QuantKind) -> Result<Bundled, String> {
         .and_then(|p| {
             Ok(p.modified()? >= std::fs::metadata(checkpoint.join("config.json"))?.modified()?)
         })
-        .unwrap_or(false);
+        .unwrap_or(false)
+        // A pack from another version of the format is built again.
+        && packs::Pack::open(&pack).is_ok();
     if !fresh {
         eprintln!("building the bundled pack {} ...", pack.display());
         let opts = packs::build::BuildOptions {

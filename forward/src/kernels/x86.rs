@@ -47,11 +47,11 @@ const Q4_PACKED_MIN_ROWS: usize = 4;
 /// Activation rows per packed q4 tile.
 const Q4_TILE_ROWS: usize = 4;
 /// How far ahead (bytes of q4 codes, in address order) the GEMV prefetches at least; it prefetches
-/// one whole panel ahead (`PANEL * K / 2` bytes) when that is more. A panel's 8 rows are read side by
-/// side, 8 streams the hardware prefetcher follows poorly; fetching the next panel's bytes in
-/// address order while this one is read took one thread from ~10.5 to ~16-17 GB/s out of DRAM
-/// (K = 2048), and the down projection (K = 6144) from ~8.2 to ~6.9 ms per token against a fixed
-/// 8 KB distance.
+/// one whole panel ahead (`PANEL * K / 2` bytes) when that is more. (Measured with row-major codes,
+/// when a panel's 8 rows were 8 streams the hardware prefetcher followed poorly: one thread went
+/// from ~10.5 to ~16-17 GB/s out of DRAM at K = 2048, and the down projection from ~8.2 to ~6.9 ms
+/// per token against a fixed 8 KB distance. The pack's panel layout now makes each whole panel one
+/// address-ordered stream, which the prefetch runs ahead of.)
 const Q4_PREFETCH: usize = 8192;
 /// Weight rows per f32/bf16 tile.
 const F_TILE: usize = 4;

@@ -381,7 +381,12 @@ impl<'a> WeightBlock<'a> {
             LinearData::Q4 { codes, scales } => {
                 let g = k / packs::quant::Q4_GROUP;
                 assert_eq!(g * packs::quant::Q4_GROUP, k, "q4 weight with K = {k}");
-                let n = if k == 0 { 0 } else { codes.len() / (k / 2) };
+                // K = 0 has no codes to place: any row count fits.
+                let n = if k == 0 {
+                    rows.end
+                } else {
+                    codes.len() / (k / 2)
+                };
                 assert!(rows.end <= n, "q4 block rows {rows:?} of {n}");
                 WeightBlock::Q4 {
                     codes: Q4Codes {

@@ -227,6 +227,14 @@ fn q4_many_rows_across_several_panels_match_the_oracle() {
 }
 
 #[test]
+fn q4_with_no_groups_gives_zeros_on_every_path() {
+    // K = 0: no codes at all, any row count (a block must not ask the codes for its rows).
+    for rows in [1, 4] {
+        check_q4(rows, 0, 9, &[], &[], &[]);
+    }
+}
+
+#[test]
 fn q4_extreme_nibbles_are_exact() {
     // Every nibble -8 (0x88) or 7 (0x77), activations all ±127: the largest group dots, and the
     // largest i16 sums the packed AVX2 kernel accumulates.

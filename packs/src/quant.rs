@@ -240,21 +240,31 @@ pub fn quantize_q4(w: &[f32], n: usize, k: usize) -> Result<(Vec<u8>, Vec<bf16>)
 /// row-major.
 pub const Q4_PANEL: usize = 8;
 
+/// Where row `j`'s first group pair starts in the pack layout of a q4 weight of `n` rows of `k`,
+/// and the byte step from one of its pairs to the next: a panel's worth of pairs (256 bytes) in a
+/// whole panel, one pair (32 bytes) in the row-major rows after the last one.
+#[inline]
+pub fn q4_row_pairs(n: usize, k: usize, j: usize) -> (usize, usize) {
+    let row_bytes = k / 2;
+    if j >= n / Q4_PANEL * Q4_PANEL {
+        return (j * row_bytes, Q4_GROUP);
+    }
+    let base = j / Q4_PANEL * Q4_PANEL * row_bytes;
+    (base + j % Q4_PANEL * Q4_GROUP, Q4_PANEL * Q4_GROUP)
+}
+
 /// Where row `j`'s group `g` (16 bytes) starts in the pack layout of a q4 weight of `n` rows of `k`.
 #[inline]
 pub fn q4_group_offset(n: usize, k: usize, j: usize, g: usize) -> usize {
-    let row_bytes = k / 2;
     let half_group = Q4_GROUP / 2;
-    if j >= n / Q4_PANEL * Q4_PANEL {
-        return j * row_bytes + g * half_group;
-    }
-    let base = j / Q4_PANEL * Q4_PANEL * row_bytes;
-    let c = j % Q4_PANEL;
     let pairs = k / Q4_GROUP / 2;
-    if g < 2 * pairs {
-        base + (g / 2) * Q4_PANEL * Q4_GROUP + c * Q4_GROUP + (g % 2) * half_group
+    let (start, step) = q4_row_pairs(n, k, j);
+    if g < 2 * pairs || j >= n / Q4_PANEL * Q4_PANEL {
+        start + (g / 2) * step + (g % 2) * half_group
     } else {
-        base + pairs * Q4_PANEL * Q4_GROUP + c * half_group
+        // A whole panel's unpaired last group: the 8 rows' 16 bytes after the pairs.
+        let base = j / Q4_PANEL * Q4_PANEL * (k / 2);
+        base + pairs * Q4_PANEL * Q4_GROUP + j % Q4_PANEL * half_group
     }
 }
 

@@ -243,6 +243,9 @@ fn q4_panels_interleave_whole_panels_by_group_pair() {
     assert_eq!([at(0, 2), at(3, 2), at(7, 2)], [256, 256 + 48, 256 + 112]);
     // The partial panel: row-major after the whole panels.
     assert_eq!([at(8, 0), at(8, 2)], [8 * 48, 8 * 48 + 32]);
+    // A row's pairs: a panel's pairs apart in a whole panel, adjacent in the partial one.
+    assert_eq!(q4_row_pairs(n, k, 1), (32, 256));
+    assert_eq!(q4_row_pairs(n, k, 8), (8 * 48, 32));
     // Control: the row-major offset of row 1's group 0 is where row 0's group 2 lives here.
     assert_ne!(at(1, 0), 48);
     // Every group lands somewhere once, and the two directions undo each other.

@@ -85,15 +85,15 @@ impl Isa {
     /// case where its bits differed from the portable path's. Run once per process and path; the
     /// portable path is the reference and passes. `None` for a path this CPU cannot run.
     pub fn self_check(self) -> Option<Result<(), Mismatch>> {
-        static CHECKS: [OnceLock<Result<(), Mismatch>>; 3] =
-            [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+        static AVX2: OnceLock<Result<(), Mismatch>> = OnceLock::new();
+        static AVX512_VNNI: OnceLock<Result<(), Mismatch>> = OnceLock::new();
         if !self.is_available() {
             return None;
         }
         let slot = match self {
             Isa::Scalar => return Some(Ok(())),
-            Isa::Avx2 => &CHECKS[1],
-            Isa::Avx512Vnni => &CHECKS[2],
+            Isa::Avx2 => &AVX2,
+            Isa::Avx512Vnni => &AVX512_VNNI,
         };
         Some(slot.get_or_init(|| self_check::check_isa(self)).clone())
     }
@@ -341,18 +341,11 @@ impl<'a> Q4Codes<'a> {
         &self.all[at..at + packs::quant::Q4_GROUP / 2]
     }
 
-    /// Where the block's row `j`'s group pairs start and the byte step from one to the next (the
-    /// pairs of a row in a whole panel are a panel's pair apart; a row-major row's are adjacent).
+    /// Where the block's row `j`'s group pairs start and the byte step from one to the next
+    /// (`packs::quant::q4_row_pairs`).
     #[inline(always)]
     pub(crate) fn pairs(&self, j: usize) -> (usize, usize) {
-        let whole = (self.n0 + j) < self.n / packs::quant::Q4_PANEL * packs::quant::Q4_PANEL;
-        let pair = packs::quant::Q4_GROUP;
-        let step = if whole {
-            packs::quant::Q4_PANEL * pair
-        } else {
-            pair
-        };
-        (self.offset(j, 0), step)
+        packs::quant::q4_row_pairs(self.n, self.k, self.n0 + j)
     }
 
     /// The whole weight's codes.

@@ -127,8 +127,8 @@ impl Dot for Avx2Dot {
             v[c] = u4_pair_i16(w[c], a_even, a_odd);
         }
         let ones = _mm256_set1_epi16(1);
-        let lo = fold_epi32_lanes(fold_epi32_lanes(v[0], v[2]), fold_epi32_lanes(v[1], v[3]));
-        let hi = fold_epi32_lanes(fold_epi32_lanes(v[4], v[6]), fold_epi32_lanes(v[5], v[7]));
+        let lo = fold_epi32_i16(fold_epi32_i16(v[0], v[2]), fold_epi32_i16(v[1], v[3]));
+        let hi = fold_epi32_i16(fold_epi32_i16(v[4], v[6]), fold_epi32_i16(v[5], v[7]));
         let lo = _mm256_madd_epi16(lo, ones);
         let hi = _mm256_madd_epi16(hi, ones);
         [
@@ -161,13 +161,13 @@ unsafe fn u4_pair_i16(p: *const u8, a_even: __m256i, a_odd: __m256i) -> __m256i 
 
 /// Per 128 bits: the 32-bit lanes `[x0 + x2, y0 + y2, x1 + x3, y1 + y3]` (added as i16 pairs).
 #[inline(always)]
-unsafe fn fold_epi32_lanes(x: __m256i, y: __m256i) -> __m256i {
+unsafe fn fold_epi32_i16(x: __m256i, y: __m256i) -> __m256i {
     _mm256_add_epi16(_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y))
 }
 
 /// Per 128 bits, i32 lanes: `[x0 + x2, y0 + y2, x1 + x3, y1 + y3]`.
 #[inline(always)]
-unsafe fn fold_epi32_add(x: __m256i, y: __m256i) -> __m256i {
+unsafe fn fold_epi32_i32(x: __m256i, y: __m256i) -> __m256i {
     _mm256_add_epi32(_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y))
 }
 
@@ -310,8 +310,8 @@ unsafe fn vnni_rows8<P: Dpbusd>(
         let (lo, hi) = split_q4_pair(w[c]);
         v[c] = P::dpbusd(P::dpbusd(_mm256_setzero_si256(), lo, a_even), hi, a_odd);
     }
-    let lo = fold_epi64_lanes(fold_epi32_add(v[0], v[1]), fold_epi32_add(v[2], v[3]));
-    let hi = fold_epi64_lanes(fold_epi32_add(v[4], v[5]), fold_epi32_add(v[6], v[7]));
+    let lo = fold_epi64_lanes(fold_epi32_i32(v[0], v[1]), fold_epi32_i32(v[2], v[3]));
+    let hi = fold_epi64_lanes(fold_epi32_i32(v[4], v[5]), fold_epi32_i32(v[6], v[7]));
     [
         _mm256_permute2x128_si256::<0x20>(lo, hi),
         _mm256_permute2x128_si256::<0x31>(lo, hi),

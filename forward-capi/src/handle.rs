@@ -34,7 +34,7 @@ impl XvlForward {
             hidden_size: sem.hidden_size,
             vocab_size: sem.vocab_size,
             deepstack_sets: sem.deepstack_sets,
-            capacity: forward.kv().capacity,
+            capacity: forward.kv().capacity(),
             kv_bytes: forward.kv_bytes(),
             forward: Mutex::new(forward),
         }

@@ -154,7 +154,7 @@ fn rust_run(pack: &Path, p: &PromptInputs, run: &Run) -> (String, Vec<u8>) {
         text,
         "next_slot={} capacity={} kv_bytes={} hidden={hidden} vocab={vocab} deepstack_sets={sets}",
         f.next_slot(),
-        f.kv().capacity,
+        f.kv().capacity(),
         f.kv_bytes()
     )
     .unwrap();

@@ -98,8 +98,6 @@ pub enum KvData {
 #[derive(Debug)]
 pub struct KvCache {
     pub data: KvData,
-    pub capacity: usize,
-    pub kv_dim: usize,
     len: usize,
 }
 
@@ -133,11 +131,22 @@ impl KvCache {
             KvDtype::F32 => KvData::F32(store(layers, capacity, kv_heads, head_dim)),
             KvDtype::Bf16 => KvData::Bf16(store(layers, capacity, kv_heads, head_dim)),
         };
-        KvCache {
-            data,
-            capacity,
-            kv_dim: kv_heads * head_dim,
-            len: 0,
+        KvCache { data, len: 0 }
+    }
+
+    /// Slots per layer.
+    pub fn capacity(&self) -> usize {
+        match &self.data {
+            KvData::F32(s) => s.capacity,
+            KvData::Bf16(s) => s.capacity,
+        }
+    }
+
+    /// Values of one token's K (or V) in one layer: KV heads x head_dim.
+    pub fn kv_dim(&self) -> usize {
+        match &self.data {
+            KvData::F32(s) => s.kv_heads * s.head_dim,
+            KvData::Bf16(s) => s.kv_heads * s.head_dim,
         }
     }
 
@@ -152,7 +161,7 @@ impl KvCache {
 
     /// Marks slots `len..new_len` as filled (after a step succeeded).
     pub(crate) fn commit(&mut self, new_len: usize) {
-        debug_assert!(new_len <= self.capacity);
+        debug_assert!(new_len <= self.capacity());
         self.len = new_len;
     }
 
@@ -179,12 +188,12 @@ impl KvCache {
             KvData::F32(s) => (s.k.len(), 4),
             KvData::Bf16(s) => (s.k.len(), 2),
         };
-        2 * layers * self.kv_dim * elem
+        2 * layers * self.kv_dim() * elem
     }
 
     /// Bytes the cache holds allocated (all slots).
     pub fn bytes_allocated(&self) -> usize {
-        self.bytes_per_token() * self.capacity
+        self.bytes_per_token() * self.capacity()
     }
 }
 

@@ -481,7 +481,7 @@ impl Forward {
         start_slot: usize,
         which: Logits,
     ) -> Result<(), ForwardError> {
-        let cap = self.kv.capacity;
+        let cap = self.kv.capacity();
         if start_slot != self.kv.len() {
             return Err(ForwardError::NotNextSlot {
                 slot: start_slot,

@@ -12,6 +12,7 @@ use packs::names::{self, Norm, Proj};
 use packs::{Embedding, Pack, PackError, Semantics};
 use rayon::prelude::*;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
@@ -137,6 +138,8 @@ pub struct Forward {
     scratch: Scratch,
     options: ForwardOptions,
     trace: Vec<Vec<f32>>,
+    /// Wall time spent in attention (cache writes included) since [`Forward::take_attention_time`].
+    attention_time: Duration,
 }
 
 const PROJS: [Proj; 7] = [
@@ -236,6 +239,7 @@ impl Forward {
             scratch: Scratch::default(),
             options,
             trace: Vec::new(),
+            attention_time: Duration::ZERO,
         })
     }
 
@@ -272,6 +276,12 @@ impl Forward {
     }
     pub fn backend_mut(&mut self) -> &mut dyn GemmBackend {
         self.backend.as_mut()
+    }
+    /// Wall time the steps since the last call spent in attention over the cache (the K/V writes
+    /// included), and restarts the count: with the backend's GEMM time it splits a step into GEMMs,
+    /// attention and the rest (`bench` reports the three).
+    pub fn take_attention_time(&mut self) -> Duration {
+        std::mem::take(&mut self.attention_time)
     }
     /// Hidden states after each layer of the last step (`rows x hidden` each), when tracing is on.
     pub fn layer_trace(&self) -> &[Vec<f32>] {
@@ -567,6 +577,7 @@ impl Forward {
                     norm_rotate(w_k, r, row)
                 });
                 let attn = grow(&mut s.attn, rows * q_dim);
+                let attention_start = Instant::now();
                 match &mut self.kv.data {
                     KvData::F32(store) => attend_rows(
                         &self.pool, self.shape, store, layer, start_slot, rows, &s.q, &s.k, &s.v,
@@ -577,6 +588,7 @@ impl Forward {
                         attn,
                     ),
                 }
+                self.attention_time += attention_start.elapsed();
                 self.gemm(
                     id + 3,
                     &s.attn[..rows * q_dim],

@@ -222,3 +222,23 @@ fn an_empty_batch_is_refused() {
     assert!(e.contains("not a positive multiple"), "{e}");
     assert_eq!(f.next_slot(), 0);
 }
+
+#[test]
+fn attention_time_is_counted_per_step_beside_the_gemm_time() {
+    let (_d, pack) = tiny_pack(QuantKind::Q4, true);
+    let mut f = fwd(&pack, 32);
+    assert_eq!(f.take_attention_time(), std::time::Duration::ZERO);
+    f.backend_mut().take_stats();
+    let t = std::time::Instant::now();
+    f.step_batch(&TOKENS, 0, 0, Logits::LastRow).unwrap();
+    let wall = t.elapsed();
+    let attention = f.take_attention_time();
+    let gemm = f.backend_mut().take_stats().host;
+    assert!(attention > std::time::Duration::ZERO, "no attention time");
+    assert!(
+        attention + gemm <= wall,
+        "attention {attention:?} + GEMMs {gemm:?} exceed the step's {wall:?}"
+    );
+    // Taking it restarts the count.
+    assert_eq!(f.take_attention_time(), std::time::Duration::ZERO);
+}

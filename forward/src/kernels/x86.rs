@@ -488,11 +488,16 @@ fn panel_rows<const C: usize>(j0: usize, nb: usize) -> [usize; C] {
     std::array::from_fn(|c| (j0 + c).min(nb - 1))
 }
 
-/// `xs.map(f)`, inlined: `[T; N]::map` stayed an out-of-line call (`try_map`) once per panel of the
-/// GEMVs, 1.5% of a decode step's samples in `perf record`.
+/// `xs.map(f)` as a plain loop, so it inlines: `[T; N]::map`, and then `std::array::from_fn`, each
+/// stayed an out-of-line call (`try_map`, `try_from_fn`) once per panel of the GEMVs, 1.4-1.5% of a
+/// decode step's samples in `perf record`.
 #[inline(always)]
-fn map_n<T: Copy, U, const N: usize>(xs: [T; N], f: impl Fn(T) -> U) -> [U; N] {
-    std::array::from_fn(|i| f(xs[i]))
+fn map_n<T: Copy, U: Copy + Default, const N: usize>(xs: [T; N], f: impl Fn(T) -> U) -> [U; N] {
+    let mut out = [U::default(); N];
+    for (o, &x) in out.iter_mut().zip(&xs) {
+        *o = f(x);
+    }
+    out
 }
 
 // ---------------------------------------------------------------------------------------------

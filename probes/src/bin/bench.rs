@@ -284,6 +284,9 @@ struct Decode {
     times: Vec<f64>,
     /// Share of each step spent outside the GEMMs.
     non_gemm: Vec<f64>,
+    /// Seconds of each step outside the GEMMs, and in attention (cache writes included).
+    non_gemm_s: Vec<f64>,
+    attention_s: Vec<f64>,
     /// The bandwidth pass just before each step (GB/s).
     read: Vec<f64>,
     logits: Vec<Vec<f32>>,
@@ -306,6 +309,13 @@ impl Decode {
     fn non_gemm(&self) -> f64 {
         median(self.non_gemm.clone())
     }
+    /// Median ms per step: (outside the GEMMs, in attention).
+    fn non_gemm_ms(&self) -> (f64, f64) {
+        (
+            1e3 * median(self.non_gemm_s.clone()),
+            1e3 * median(self.attention_s.clone()),
+        )
+    }
 }
 
 fn decode_steps(f: &mut Forward, steps: usize, probe: &ReadProbe) -> Decode {
@@ -313,6 +323,8 @@ fn decode_steps(f: &mut Forward, steps: usize, probe: &ReadProbe) -> Decode {
     let mut d = Decode {
         times: Vec::new(),
         non_gemm: Vec::new(),
+        non_gemm_s: Vec::new(),
+        attention_s: Vec::new(),
         read: Vec::new(),
         logits: Vec::new(),
     };
@@ -320,6 +332,7 @@ fn decode_steps(f: &mut Forward, steps: usize, probe: &ReadProbe) -> Decode {
     for _ in 0..steps {
         d.read.push(probe.pass());
         f.backend_mut().take_stats();
+        f.take_attention_time();
         let slot = f.next_slot();
         let t = Instant::now();
         let out = f
@@ -331,6 +344,8 @@ fn decode_steps(f: &mut Forward, steps: usize, probe: &ReadProbe) -> Decode {
         let gemm = secs(f.backend_mut().take_stats().host);
         d.times.push(dt);
         d.non_gemm.push(((dt - gemm) / dt).max(0.0));
+        d.non_gemm_s.push((dt - gemm).max(0.0));
+        d.attention_s.push(secs(f.take_attention_time()));
     }
     d
 }
@@ -420,8 +435,9 @@ fn decoder_bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value 
                 ("ctx 512 f32 KV ", &d512, kv512),
                 ("ctx 512 bf16 KV", &d512b, kv512b),
             ] {
+                let (non_gemm_ms, attention_ms) = d.non_gemm_ms();
                 println!(
-                    "  decode {label} {:6.2} tok/s  {:5.1} GB/s moved  {:5.1}% of the read bandwidth beside it (median {:.1} GB/s)  non-GEMM {:4.1}%",
+                    "  decode {label} {:6.2} tok/s  {:5.1} GB/s moved  {:5.1}% of the read bandwidth beside it (median {:.1} GB/s)  non-GEMM {:4.1}% ({non_gemm_ms:.2} ms: attention {attention_ms:.2})",
                     d.tok_s(),
                     (bytes + extra) * d.tok_s() / 1e9,
                     100.0 * d.roofline(bytes + extra),
@@ -469,6 +485,12 @@ fn decoder_bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value 
                 "non_gemm_pct_ctx0": round2(100.0 * d0.non_gemm()),
                 "non_gemm_pct_ctx512": round2(100.0 * d512.non_gemm()),
                 "non_gemm_pct_ctx512_kv_bf16": round2(100.0 * d512b.non_gemm()),
+                "non_gemm_ms_ctx0": round_ms(d0.non_gemm_ms().0),
+                "non_gemm_ms_ctx512": round_ms(d512.non_gemm_ms().0),
+                "non_gemm_ms_ctx512_kv_bf16": round_ms(d512b.non_gemm_ms().0),
+                "attention_ms_ctx0": round_ms(d0.non_gemm_ms().1),
+                "attention_ms_ctx512": round_ms(d512.non_gemm_ms().1),
+                "attention_ms_ctx512_kv_bf16": round_ms(d512b.non_gemm_ms().1),
                 "kv_bytes_per_token": kv_per_token,
                 "kv_bf16_bytes_per_token": kv_bf16_per_token,
                 "kv_bf16_max_abs_logit_diff": max_diff,
@@ -509,6 +531,11 @@ fn compare_logits(a: &[Vec<f32>], b: &[Vec<f32>]) -> (f64, f64) {
 
 fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
+}
+
+/// Milliseconds to the microsecond.
+fn round_ms(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -1,0 +1,86 @@
+//! `bench` run as a process on the tiny random shape: the JSON object the host-GEMM issue names
+//! (every key, per kind), the split of a decode step, and a refused bad argument.
+
+use serde_json::Value;
+use std::process::Command;
+
+fn bench(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(args)
+        .env_remove("XDNA_VL_KERNELS")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn number(v: &Value, path: &str) -> f64 {
+    let mut at = v;
+    for key in path.split('.') {
+        at = at
+            .get(key)
+            .unwrap_or_else(|| panic!("no {path:?} (missing {key:?}) in {v}"));
+    }
+    at.as_f64()
+        .unwrap_or_else(|| panic!("{path:?} is not a number: {at}"))
+}
+
+#[test]
+fn json_has_every_figure_per_kind_and_splits_the_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack_dir = dir.path().to_str().unwrap();
+    let args = [
+        "--shape",
+        "tiny",
+        "--kinds",
+        "q4,i8",
+        "--json",
+        "--pack-dir",
+        pack_dir,
+    ];
+    let (code, out, err) = bench(&args);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(number(&v, "read_gb_s") > 0.0);
+    for kind in ["q4", "i8"] {
+        for key in [
+            "decode_tok_s",
+            "decode_tok_s_ctx512",
+            "prefill_tok_s.16",
+            "prefill_tok_s.128",
+            "prefill_tok_s.512",
+            "roofline_pct",
+            "peak_rss_mb",
+            "kv_bytes_per_token",
+        ] {
+            assert!(
+                number(&v, &format!("kinds.{kind}.{key}")) > 0.0,
+                "{kind} {key}"
+            );
+        }
+        // Attention is part of the work outside the GEMMs, never more than it.
+        for ctx in ["ctx0", "ctx512", "ctx512_kv_bf16"] {
+            let non_gemm = number(&v, &format!("kinds.{kind}.non_gemm_ms_{ctx}"));
+            let attention = number(&v, &format!("kinds.{kind}.attention_ms_{ctx}"));
+            assert!(
+                attention > 0.0 && attention <= non_gemm,
+                "{kind} {ctx}: attention {attention} ms, non-GEMM {non_gemm} ms"
+            );
+        }
+        let kv = number(&v, &format!("kinds.{kind}.kv_bytes_per_token"));
+        let kv_bf16 = number(&v, &format!("kinds.{kind}.kv_bf16_bytes_per_token"));
+        assert_eq!(
+            kv,
+            2.0 * kv_bf16,
+            "{kind}: the bf16 cache holds half the bytes"
+        );
+    }
+    // Control: a kind the bench does not know is refused by name, with no JSON.
+    let (code, out, err) = bench(&["--shape", "tiny", "--kinds", "q3", "--json"]);
+    assert_ne!(code, 0);
+    assert!(out.is_empty(), "{out}");
+    assert!(err.contains("q3"), "{err}");
+}

@@ -482,6 +482,23 @@ pub(crate) unsafe fn bf16x8_to_ps(p: *const bf16) -> __m256 {
     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
 }
 
+/// `dst[..live].copy_from_slice(&src[..live])`, where `live` is `full` (a multiple of 4, constant
+/// at every caller) except in a last short tile. A whole tile moves in 128-bit loads and stores: as
+/// `copy_from_slice` LLVM merged both cases into one `memcpy` call of `live` floats, per tile row
+/// (1.9% of a 512-row q4 prefill's samples in `perf record`).
+#[inline(always)]
+unsafe fn copy_live(dst: &mut [f32], src: &[f32], full: usize, live: usize) {
+    if live == full {
+        assert!(full.is_multiple_of(4) && dst.len() >= full && src.len() >= full);
+        for c in (0..full).step_by(4) {
+            // SAFETY: c + 4 <= full <= both lengths (asserted above).
+            _mm_storeu_ps(dst.as_mut_ptr().add(c), _mm_loadu_ps(src.as_ptr().add(c)));
+        }
+    } else {
+        dst[..live].copy_from_slice(&src[..live]);
+    }
+}
+
 /// Weight row indices of a panel starting at `j0`: a short last panel repeats its last row.
 #[inline(always)]
 fn panel_rows<const C: usize>(j0: usize, nb: usize) -> [usize; C] {
@@ -883,7 +900,7 @@ unsafe fn q4_block_packed<K: PackedQ4>(
                 groups,
             );
             for (i, d) in done.iter().enumerate() {
-                out[r + i][j0..j0 + live].copy_from_slice(&d[..live]);
+                copy_live(&mut out[r + i][j0..], d, lanes, live);
             }
             r += Q4_TILE_ROWS;
         }
@@ -896,7 +913,7 @@ unsafe fn q4_block_packed<K: PackedQ4>(
                 [acts.scale(r)],
                 groups,
             );
-            out[r][j0..j0 + live].copy_from_slice(&d[..live]);
+            copy_live(&mut out[r][j0..], &d, lanes, live);
             r += 1;
         }
     }
@@ -973,7 +990,7 @@ unsafe fn f32_block<T: Widen>(w: &[T], k: usize, x: &[f32], out: &mut [&mut [f32
         for (r, o) in out.iter_mut().enumerate() {
             let sums = f32_tile(&x[r * k..(r + 1) * k], wr, k);
             let live = (nb - j0).min(F_TILE);
-            o[j0..j0 + live].copy_from_slice(&sums[..live]);
+            copy_live(&mut o[j0..], &sums, F_TILE, live);
         }
     }
 }

@@ -76,6 +76,49 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// The largest element that is not NaN (`-inf` for none), as [`f32::max`] folds it: NaN elements are
+/// skipped. Taken as 8 lane maxima (`if x > m { x } else { m }`, lane i over elements i, i+8, ...),
+/// combined lane 0 to 7, then the elements past the last multiple of 8: `vmaxps` does the same
+/// comparison, so every build gives the same bits (the sign of a zero maximum included).
+pub fn max(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::Isa::Avx2.is_available() {
+        // SAFETY: the CPU reported AVX2 and FMA.
+        return unsafe { simd::max_avx2(x) };
+    }
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l = greater(v, *l);
+        }
+    }
+    max_tail(&lanes, chunks.remainder())
+}
+
+/// `a` if it is greater than `b`, else `b` (so a NaN `a` is skipped): `vmaxps`'s rule.
+#[inline(always)]
+fn greater(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// The lane maxima combined lane 0 to 7, then the tail in order (both paths end this way).
+#[inline(always)]
+fn max_tail(lanes: &[f32; 8], tail: &[f32]) -> f32 {
+    let mut m = lanes[0];
+    for &l in &lanes[1..] {
+        m = greater(l, m);
+    }
+    for &v in tail {
+        m = greater(v, m);
+    }
+    m
+}
+
 /// `x[i] = e^(x[i] − m)` for every element; returns their sum, taken as 8 lane sums (lane i adds
 /// elements i, i+8, ... in order), the lanes added 0 to 7, then the elements past the last multiple of
 /// 8 in order.
@@ -152,6 +195,18 @@ pub(crate) mod simd {
     }
 
     #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn max_avx2(x: &[f32]) -> f32 {
+        let n = x.len() / 8 * 8;
+        let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+        for i in (0..n).step_by(8) {
+            m = _mm256_max_ps(_mm256_loadu_ps(x.as_ptr().add(i)), m);
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        max_tail(&lanes, &x[n..])
+    }
+
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn exp_shifted_sum_avx2(x: &mut [f32], m: f32) -> f32 {
         let n = x.len() / 8 * 8;
         let mv = _mm256_set1_ps(m);
@@ -202,6 +257,71 @@ mod tests {
         assert!(exp(f32::NAN).is_nan() && silu(f32::NAN).is_nan());
     }
 
+    /// `max` skips NaN like `f32::max` on every path, keeps the lane rule for signed zeros and
+    /// infinities, and reads the tail; the control (`vmaxps` with its operands swapped, which lets a
+    /// NaN through) differs, so the check can fail.
+    #[test]
+    fn max_skips_nan_and_reads_every_element() {
+        let scalar = |x: &[f32]| {
+            let mut lanes = [f32::NEG_INFINITY; 8];
+            let n = x.len() / 8 * 8;
+            for (i, &v) in x[..n].iter().enumerate() {
+                lanes[i % 8] = greater(v, lanes[i % 8]);
+            }
+            max_tail(&lanes, &x[n..])
+        };
+        let cases: Vec<Vec<f32>> = vec![
+            vec![],
+            vec![f32::NAN],
+            vec![f32::NAN, -3.0],
+            vec![-0.0, 0.0, -0.0],
+            (0..9).map(|i| -(i as f32)).collect(),
+            (0..17)
+                .map(|i| if i == 16 { 5.0 } else { i as f32 * 0.1 })
+                .collect(),
+            (0..24)
+                .map(|i| {
+                    if i % 5 == 0 {
+                        f32::NAN
+                    } else {
+                        (i as f32).sin()
+                    }
+                })
+                .collect(),
+            vec![
+                f32::NEG_INFINITY,
+                f32::INFINITY,
+                1.0,
+                f32::NAN,
+                2.0,
+                3.0,
+                4.0,
+                5.0,
+                6.0,
+            ],
+            // A NaN in lane 0 of the last block: the lane the combination starts from.
+            vec![f32::NAN, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 0.5],
+        ];
+        for x in &cases {
+            let want = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let got = max(x);
+            assert!(!got.is_nan(), "NaN let through: {x:?}");
+            assert_eq!(got, want, "{x:?}");
+            assert_eq!(got.to_bits(), scalar(x).to_bits(), "paths differ on {x:?}");
+        }
+        assert_eq!(
+            max(&[-0.0, 0.0]).to_bits(),
+            (-0.0f32).to_bits(),
+            "first zero kept"
+        );
+        // Control: the swapped rule (`m > x ? m : x`) takes a NaN element.
+        let swapped = |x: &[f32]| {
+            x.iter()
+                .fold(f32::NEG_INFINITY, |m, &v| if m > v { m } else { v })
+        };
+        assert!(swapped(&[f32::NAN, 1.0, f32::NAN]).is_nan());
+    }
+
     fn bits(x: &[f32]) -> Vec<u32> {
         x.iter().map(|v| v.to_bits()).collect()
     }
@@ -228,6 +348,7 @@ mod tests {
             assert_eq!(bits(&got), bits(&want), "silu_mul len {len}");
 
             let m = g.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(max(&g).to_bits(), m.to_bits(), "max len {len}");
             let mut got = g.clone();
             let sum = exp_shifted_sum(&mut got, m);
             let want: Vec<f32> = g.iter().map(|&v| exp(v - m)).collect();

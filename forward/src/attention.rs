@@ -254,11 +254,11 @@ mod simd {
         sum
     }
 
-    /// The dots of 8 consecutive slots (`k` starts at the first, rows of `d`), each in [`dot`]'s
-    /// order: the 8 accumulators are transposed so that lanes become slots, then lanes 0..7 of every
-    /// slot are added in order as whole vectors.
+    /// The scores of 8 consecutive slots (`k` starts at the first, rows of `d`) into `out[..8]`:
+    /// each dot in [`dot`]'s order (the 8 accumulators are transposed so that lanes become slots,
+    /// then lanes 0..7 of every slot are added in order as whole vectors), times `scale`.
     #[inline(always)]
-    unsafe fn dot8<L: Lanes>(q: &[f32], k: &[L::Elem], d: usize) -> [f32; SLOT_BLOCK] {
+    unsafe fn scores8<L: Lanes>(q: &[f32], k: &[L::Elem], d: usize, scale: f32, out: &mut [f32]) {
         let blocks = d / 8;
         let mut acc = [_mm256_setzero_ps(); SLOT_BLOCK];
         for b in 0..blocks {
@@ -273,16 +273,18 @@ mod simd {
         for &ti in &t[1..] {
             sum = _mm256_add_ps(sum, ti);
         }
-        let mut out = [0f32; SLOT_BLOCK];
-        _mm256_storeu_ps(out.as_mut_ptr(), sum);
+        let out = &mut out[..SLOT_BLOCK];
         if 8 * blocks < d {
-            for (s, o) in out.iter_mut().enumerate() {
+            let mut dots = [0f32; SLOT_BLOCK];
+            _mm256_storeu_ps(dots.as_mut_ptr(), sum);
+            for (s, o) in dots.iter_mut().enumerate() {
                 for j in 8 * blocks..d {
                     *o += q[j] * L::widen(k[s * d + j]);
                 }
             }
+            sum = _mm256_loadu_ps(dots.as_ptr());
         }
-        out
+        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
     }
 
     /// Adds `Σ_s p[h][s] · v_s` over slots `slots` (in order) to H heads' outputs, for the 8-wide
@@ -385,10 +387,8 @@ mod simd {
                     let slots = b.slots(i);
                     if s0 + SLOT_BLOCK <= slots {
                         for h in 0..r {
-                            let dots = dot8::<L>(qh(i, h), &k[s0 * d..], d);
-                            for (j, v) in dots.into_iter().enumerate() {
-                                scores[at(i, h) + s0 + j] = v * scale;
-                            }
+                            let out = &mut scores[at(i, h) + s0..];
+                            scores8::<L>(qh(i, h), &k[s0 * d..], d, scale, out);
                         }
                     } else {
                         for s in s0..slots.min(s0 + SLOT_BLOCK) {

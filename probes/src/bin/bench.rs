@@ -198,6 +198,13 @@ impl ReadProbe {
         }
     }
 
+    /// The read bandwidth to set beside the step that follows: the better of two passes. Single
+    /// 9 ms passes here dip by up to 40% at random (in either pass), which would inflate that
+    /// step's share of the roofline.
+    fn beside(&self) -> f64 {
+        self.pass().max(self.pass())
+    }
+
     /// One pass over the buffer: GB/s.
     fn pass(&self) -> f64 {
         let per = self.buf.len().div_ceil(self.threads);
@@ -330,9 +337,7 @@ fn decode_steps(f: &mut Forward, steps: usize, probe: &ReadProbe) -> Decode {
     };
     let mut token = 11u32;
     for _ in 0..steps {
-        // The better of two passes: single 9 ms passes here dip by up to 40% at random (seen in
-        // either pass), which would inflate that step's share of the roofline.
-        d.read.push(probe.pass().max(probe.pass()));
+        d.read.push(probe.beside());
         f.backend_mut().take_stats();
         f.take_attention_time();
         let slot = f.next_slot();
@@ -644,7 +649,7 @@ fn gemm_bench(
             let ms = part.map(|p| round2(p * 1e3));
             if !c.json {
                 println!(
-                    "  {:10} decode GEMVs of a token  {:8.3} ms  {:5.1}% of a read pass beside it ({read:.1} GB/s); \
+                    "  {:10} decode GEMVs of a token  {:8.3} ms  {:5.1}% of the read bandwidth beside it ({read:.1} GB/s); \
                      q/k/v {} o {} gate/up {} down {} head {} ms",
                     isa.name(),
                     t * 1e3,
@@ -669,7 +674,7 @@ fn gemm_bench(
 
 /// The decoder's GEMVs of one token in its order and grouping (q/k/v, o, gate/up, down per layer,
 /// then the head), run from a pool thread as the decoder does, over `steps` tokens: median seconds
-/// per token, median of `moved GB/s / read GB/s of a probe pass just before`, median read GB/s, and
+/// per token, median of `moved GB/s / read GB/s just before` ([`ReadProbe::beside`]), median read GB/s, and
 /// median seconds per token spent in q/k/v, o, gate/up, down and the head.
 fn gemv_sequence(
     pool: &Arc<rayon::ThreadPool>,
@@ -721,7 +726,7 @@ fn gemv_sequence(
                     .collect()
             })
             .collect();
-        let read = probe.pass();
+        let read = probe.beside();
         let t = Instant::now();
         let mut per = [0f64; 5];
         pool.install(|| {

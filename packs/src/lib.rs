@@ -19,7 +19,9 @@ pub mod writer;
 
 pub use build::{build_from_hf, BuildError, BuildOptions, BuildReport};
 pub use container::Dtype;
-pub use pack::{Embedding, Linear, LinearData, Pack, PackError, TensorInfo, TensorKind};
+pub use pack::{
+    Embedding, Linear, LinearData, LinearIndex, NormIndex, Pack, PackError, TensorInfo, TensorKind,
+};
 pub use quant::{QuantError, QuantKind};
 pub use random::{write_random, RandomShape};
 pub use semantics::{Semantics, SemanticsError};

@@ -79,6 +79,17 @@ pub struct TensorInfo {
     pub kind: TensorKind,
 }
 
+/// A norm weight's place in a pack's tensor table ([`Pack::norm_index`]).
+#[derive(Clone, Copy, Debug)]
+pub struct NormIndex(usize);
+
+/// A linear weight's place, and its scales' place, in a pack's tensor table ([`Pack::linear_index`]).
+#[derive(Clone, Copy, Debug)]
+pub struct LinearIndex {
+    tensor: usize,
+    scales: Option<usize>,
+}
+
 /// The embedding matrix [vocab x hidden].
 #[derive(Clone, Copy, Debug)]
 pub enum Embedding<'a> {
@@ -347,6 +358,16 @@ impl Pack {
         want: TensorKind,
         what: &'static str,
     ) -> Result<&TensorInfo, PackError> {
+        Ok(&self.tensors[self.index_of(name, want, what)?])
+    }
+
+    /// The table position of tensor `name`, which must have the role `want`.
+    fn index_of(
+        &self,
+        name: &str,
+        want: TensorKind,
+        what: &'static str,
+    ) -> Result<usize, PackError> {
         let &i = self.index.get(name).ok_or_else(|| self.not_found(name))?;
         if self.tensors[i].kind != want {
             return Err(PackError::WrongRole {
@@ -355,7 +376,7 @@ impl Pack {
                 what,
             });
         }
-        Ok(&self.tensors[i])
+        Ok(i)
     }
 
     /// The embedding [vocab x hidden]: f32 in f32 packs, bf16 otherwise.
@@ -371,17 +392,49 @@ impl Pack {
 
     /// A norm weight (f32).
     pub fn norm(&self, name: &str) -> Result<&[f32], PackError> {
-        let t = self.lookup(name, TensorKind::Norm, "norm weight")?;
-        Ok(self.typed(t))
+        Ok(self.norm_at(self.norm_index(name)?))
+    }
+
+    /// Where norm weight `name` sits, for [`Pack::norm_at`].
+    pub fn norm_index(&self, name: &str) -> Result<NormIndex, PackError> {
+        Ok(NormIndex(self.index_of(
+            name,
+            TensorKind::Norm,
+            "norm weight",
+        )?))
+    }
+
+    /// The norm weight at `at` (from this pack's [`Pack::norm_index`]), without a name lookup.
+    pub fn norm_at(&self, at: NormIndex) -> &[f32] {
+        self.typed(&self.tensors[at.0])
     }
 
     /// A linear weight: one of the seven projections of a layer, or the stored head.
     pub fn linear(&self, name: &str) -> Result<Linear<'_>, PackError> {
-        let t = self.lookup(name, TensorKind::Linear, "linear weight")?;
+        Ok(self.linear_at(self.linear_index(name)?))
+    }
+
+    /// Where linear weight `name` and its scales sit, for [`Pack::linear_at`].
+    pub fn linear_index(&self, name: &str) -> Result<LinearIndex, PackError> {
+        let tensor = self.index_of(name, TensorKind::Linear, "linear weight")?;
+        let scales = match self.semantics.quant {
+            QuantKind::F32 | QuantKind::Bf16 => None,
+            QuantKind::I8 | QuantKind::Q4 => {
+                Some(self.index_of(&names::scales_of(name), TensorKind::Scales, "scales tensor")?)
+            }
+        };
+        Ok(LinearIndex { tensor, scales })
+    }
+
+    /// The linear weight at `at` (from this pack's [`Pack::linear_index`]), without a name lookup:
+    /// the decoder resolves its weights once, not at every step.
+    pub fn linear_at(&self, at: LinearIndex) -> Linear<'_> {
+        let t = &self.tensors[at.tensor];
         let n = t.shape[0];
         let scales = || {
-            let s = self.lookup(&names::scales_of(name), TensorKind::Scales, "scales tensor");
-            s.expect("scales validated at open")
+            &self.tensors[at
+                .scales
+                .expect("a quantized weight's index holds its scales")]
         };
         let (k, data) = match self.semantics.quant {
             QuantKind::F32 => (t.shape[1], LinearData::F32(self.typed(t))),
@@ -401,12 +454,12 @@ impl Pack {
                 },
             ),
         };
-        Ok(Linear {
+        Linear {
             name: &t.name,
             n,
             k,
             data,
-        })
+        }
     }
 
     /// The output head: `lm_head.weight` when stored, else (tied f32/bf16 packs) the embedding

@@ -29,6 +29,12 @@ impl std::str::FromStr for KvDtype {
 pub trait KvElem: Copy + Send + Sync + 'static {
     fn from_f32(x: f32) -> Self;
     fn to_f32(self) -> f32;
+    /// `dst[i] = from_f32(src[i])` for a whole run of values.
+    fn from_f32_slice(dst: &mut [Self], src: &[f32]) {
+        for (d, &x) in dst.iter_mut().zip(src) {
+            *d = Self::from_f32(x);
+        }
+    }
 }
 
 impl KvElem for f32 {
@@ -50,6 +56,10 @@ impl KvElem for bf16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
+    }
+    /// 8 at a time on AVX2 ([`crate::kernels::f32_to_bf16`]), the same bits as `from_f32`.
+    fn from_f32_slice(dst: &mut [Self], src: &[f32]) {
+        crate::kernels::f32_to_bf16(dst, src)
     }
 }
 
@@ -211,12 +221,8 @@ impl<T: KvElem> KvStore<T> {
         );
         for g in 0..self.kv_heads {
             let at = (g * self.capacity + slot) * d;
-            for (dst, &src) in self.k[layer][at..at + d].iter_mut().zip(&k[g * d..]) {
-                *dst = T::from_f32(src);
-            }
-            for (dst, &src) in self.v[layer][at..at + d].iter_mut().zip(&v[g * d..]) {
-                *dst = T::from_f32(src);
-            }
+            T::from_f32_slice(&mut self.k[layer][at..at + d], &k[g * d..(g + 1) * d]);
+            T::from_f32_slice(&mut self.v[layer][at..at + d], &v[g * d..(g + 1) * d]);
         }
     }
 

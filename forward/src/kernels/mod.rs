@@ -35,6 +35,21 @@ use std::sync::OnceLock;
 pub use activations::{q4_halves, ActivationLayout, Activations};
 pub use self_check::Mismatch;
 
+/// `dst[i] = bf16::from_f32(src[i])` (round to nearest, ties to even), 8 at a time on AVX2: the bf16
+/// KV cache's writes. Panics unless the lengths match.
+pub fn f32_to_bf16(dst: &mut [half::bf16], src: &[f32]) {
+    assert_eq!(dst.len(), src.len(), "f32_to_bf16: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.is_available() {
+        // SAFETY: the CPU reported AVX2; the lengths were checked above.
+        unsafe { x86::f32_to_bf16_avx2(dst, src) };
+        return;
+    }
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = half::bf16::from_f32(x);
+    }
+}
+
 /// Weight rows per panel: the SIMD tiles work on this many weight rows at once (a short last panel
 /// repeats its last row and drops the extra lanes).
 pub const PANEL: usize = 8;

@@ -630,3 +630,61 @@ fn the_kernels_variable_picks_a_usable_path_and_explains_otherwise() {
     assert_eq!(isa, Isa::Avx2);
     assert!(why.unwrap().contains("unknown instruction set \"avx-2\""));
 }
+
+/// The bf16 cache's writes give `half::bf16::from_f32`'s bits on every element: ties to even either
+/// way, the largest finite values rounding to infinity, infinities, NaNs with payloads, subnormals,
+/// lengths around the 8-lane blocks. The control (plain truncation) differs on these inputs.
+#[test]
+fn f32_to_bf16_gives_halfs_bits() {
+    let special: Vec<u32> = vec![
+        0x0000_0000,
+        0x8000_0000,
+        0x3F80_8000,
+        0x3F81_8000,
+        0x3F80_8001,
+        0x3F80_7FFF,
+        0x7F7F_FFFF,
+        0xFF7F_FFFF,
+        0x7F80_0000,
+        0xFF80_0000,
+        0x7F80_0001,
+        0xFFC1_2345,
+        0x7FFF_FFFF,
+        0x0000_8000,
+        0x0001_8000,
+        0x807F_FFFF,
+    ];
+    let mut rng = Rng(17);
+    let random: Vec<u32> = (0..1000).map(|_| rng.next() as u32).collect();
+    for len in [0, 1, 7, 8, 9, 16, 17, special.len()] {
+        let src: Vec<f32> = special
+            .iter()
+            .cycle()
+            .take(len)
+            .map(|&b| f32::from_bits(b))
+            .collect();
+        let mut got = vec![bf16::ZERO; len];
+        f32_to_bf16(&mut got, &src);
+        let want: Vec<u16> = src.iter().map(|&x| bf16::from_f32(x).to_bits()).collect();
+        let got: Vec<u16> = got.iter().map(|b| b.to_bits()).collect();
+        assert_eq!(got, want, "len {len}");
+    }
+    let src: Vec<f32> = random.iter().map(|&b| f32::from_bits(b)).collect();
+    let mut got = vec![bf16::ZERO; src.len()];
+    f32_to_bf16(&mut got, &src);
+    for (x, g) in src.iter().zip(&got) {
+        assert_eq!(
+            g.to_bits(),
+            bf16::from_f32(*x).to_bits(),
+            "{:#010x}",
+            x.to_bits()
+        );
+    }
+    // Control: truncating instead of rounding gives other bits on the ties and near-ties above.
+    let truncated: Vec<u16> = special.iter().map(|&b| (b >> 16) as u16).collect();
+    let rounded: Vec<u16> = special
+        .iter()
+        .map(|&b| bf16::from_f32(f32::from_bits(b)).to_bits())
+        .collect();
+    assert_ne!(truncated, rounded);
+}

@@ -482,6 +482,40 @@ pub(crate) unsafe fn bf16x8_to_ps(p: *const bf16) -> __m256 {
     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
 }
 
+/// `half::bf16::from_f32` on every element (round to nearest, ties to even; a NaN keeps the high
+/// half of its payload with the quiet bit set), 8 at a time.
+///
+/// # Safety
+/// The CPU must support AVX2; `dst` and `src` have the same length.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn f32_to_bf16_avx2(dst: &mut [bf16], src: &[f32]) {
+    debug_assert_eq!(dst.len(), src.len());
+    let n = src.len() / 8 * 8;
+    let abs_mask = _mm256_set1_epi32(0x7FFF_FFFF);
+    let inf = _mm256_set1_epi32(0x7F80_0000);
+    for i in (0..n).step_by(8) {
+        let x = _mm256_loadu_si256(src.as_ptr().add(i) as *const __m256i);
+        let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
+        let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(
+            _mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)),
+            lsb,
+        ));
+        let quiet = _mm256_or_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(0x40));
+        let nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
+        let h = _mm256_blendv_epi8(rounded, quiet, nan);
+        // 16-bit values in 32-bit lanes: pack within each 128-bit half, then put the halves' low
+        // quadwords side by side.
+        let packed = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(h, h));
+        _mm_storeu_si128(
+            dst.as_mut_ptr().add(i) as *mut __m128i,
+            _mm256_castsi256_si128(packed),
+        );
+    }
+    for (d, &x) in dst[n..].iter_mut().zip(&src[n..]) {
+        *d = bf16::from_f32(x);
+    }
+}
+
 /// `dst[..live].copy_from_slice(&src[..live])`, where `live` is `full` (a multiple of 4, constant
 /// at every caller) except in a last short tile. A whole tile moves in 128-bit loads and stores: as
 /// `copy_from_slice` LLVM merged both cases into one `memcpy` call of `live` floats, per tile row

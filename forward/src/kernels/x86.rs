@@ -69,9 +69,6 @@ pub(crate) trait Dot {
     /// `[first group, second group]`, lane c = weight row c. `w[c]` points at row c's 32 bytes of the
     /// pair; `a_even` and `a_odd` are the pair's 64 activation codes (`Q4Groups` layout).
     unsafe fn u4_rows8(w: [*const u8; PANEL], a_even: __m256i, a_odd: __m256i) -> [__m256i; 2];
-    /// One q4 group of a packed panel: lane c is `Σ_j wp[j][c] · a_j` over the 8 chunks, where chunk
-    /// j < 4 reads `even[4j..]` and chunk j >= 4 reads `odd[4(j-4)..]`.
-    unsafe fn u4_group_packed(wp: *const u8, even: *const i8, odd: *const i8) -> __m256i;
     /// [`i8_tile`] for [`I8_TILE_ROWS`] or more activation rows, unless the instruction set has a
     /// wider form.
     #[inline(always)]
@@ -86,20 +83,15 @@ pub(crate) trait Dot {
     {
         i8_tile::<Self, R, C>(a, w, k, offsets)
     }
-    /// q4 against [`Q4_PACKED_MIN_ROWS`] or more activation rows, K at least one group: the 8-lane
-    /// packed panels, unless the instruction set has wider ones.
-    #[inline(always)]
+    /// q4 against [`Q4_PACKED_MIN_ROWS`] or more activation rows, K at least one group: packed
+    /// panels ([`q4_block_packed`]) on the instruction set's widest [`PanelLanes`].
     unsafe fn q4_block_many(
         codes: Q4Codes<'_>,
         scales: &[bf16],
         k: usize,
         acts: &Activations,
         out: &mut [&mut [f32]],
-    ) where
-        Self: Sized,
-    {
-        q4_block_packed::<Packed8<Self>>(codes, scales, k, acts, out)
-    }
+    );
 }
 
 /// AVX2: `vpmaddubsw` (u8 x i8 pairs to i16) then `vpmaddwd` by ones (i16 pairs to i32).
@@ -137,10 +129,66 @@ impl Dot for Avx2Dot {
         ]
     }
     #[inline(always)]
-    unsafe fn u4_group_packed(wp: *const u8, even: *const i8, odd: *const i8) -> __m256i {
+    unsafe fn q4_block_many(
+        codes: Q4Codes<'_>,
+        scales: &[bf16],
+        k: usize,
+        acts: &Activations,
+        out: &mut [&mut [f32]],
+    ) {
+        q4_block_packed::<Ymm>(codes, scales, k, acts, out)
+    }
+}
+
+/// The `ymm` registers as 8 weight-row lanes of a packed q4 panel (AVX2).
+pub(crate) struct Ymm;
+
+impl PanelLanes for Ymm {
+    const LANES: usize = PANEL;
+    type I = __m256i;
+    type F = __m256;
+    #[inline(always)]
+    unsafe fn zero_f() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load_f(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn set1_i(x: i32) -> __m256i {
+        _mm256_set1_epi32(x)
+    }
+    #[inline(always)]
+    unsafe fn set1_f(x: f32) -> __m256 {
+        _mm256_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn sub_i(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_sub_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn cvt(a: __m256i) -> __m256 {
+        _mm256_cvtepi32_ps(a)
+    }
+    #[inline(always)]
+    unsafe fn mul_f(a: __m256, b: __m256) -> __m256 {
+        _mm256_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn add_f(a: __m256, b: __m256) -> __m256 {
+        _mm256_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn store_f(p: *mut f32, v: __m256) {
+        _mm256_storeu_ps(p, v)
+    }
+    /// `vpmaddubsw` per chunk summed in i16 (at most 8 x 3810 = 30480), then one `vpmaddwd`.
+    #[inline(always)]
+    unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> __m256i {
         let mut acc16 = _mm256_setzero_si256();
         for j in 0..8 {
-            let w = _mm256_loadu_si256(wp.add(32 * j) as *const __m256i);
+            let w = _mm256_loadu_si256(wg.add(32 * j) as *const __m256i);
             let aj = _mm256_set1_epi32(chunk(even, odd, j));
             acc16 = _mm256_add_epi16(acc16, _mm256_maddubs_epi16(w, aj));
         }
@@ -273,10 +321,6 @@ impl<P: Dpbusd> Dot for Vnni<P> {
         vnni_rows8::<P>(w, a_even, a_odd)
     }
     #[inline(always)]
-    unsafe fn u4_group_packed(wp: *const u8, even: *const i8, odd: *const i8) -> __m256i {
-        vnni_group_packed::<P>(wp, even, odd)
-    }
-    #[inline(always)]
     unsafe fn q4_block_many(
         codes: Q4Codes<'_>,
         scales: &[bf16],
@@ -284,7 +328,7 @@ impl<P: Dpbusd> Dot for Vnni<P> {
         acts: &Activations,
         out: &mut [&mut [f32]],
     ) {
-        q4_block_packed::<wide::Packed16<P::Wide>>(codes, scales, k, acts, out)
+        q4_block_packed::<P::Wide>(codes, scales, k, acts, out)
     }
     #[inline(always)]
     unsafe fn i8_tile_many<const R: usize, const C: usize>(
@@ -316,20 +360,6 @@ unsafe fn vnni_rows8<P: Dpbusd>(
         _mm256_permute2x128_si256::<0x20>(lo, hi),
         _mm256_permute2x128_si256::<0x31>(lo, hi),
     ]
-}
-
-/// `u4_group_packed` over a `vpdpbusd`: the even and the odd chunks in two accumulators, added at
-/// the end, so that a tile of 4 rows has 8 independent chains instead of 4 for an instruction of
-/// several cycles' latency that can issue more than once per cycle. The sums are integers: the split
-/// changes no value.
-#[inline(always)]
-unsafe fn vnni_group_packed<P: Dpbusd>(wp: *const u8, even: *const i8, odd: *const i8) -> __m256i {
-    let mut acc = [_mm256_setzero_si256(); 2];
-    for j in 0..8 {
-        let w = _mm256_loadu_si256(wp.add(32 * j) as *const __m256i);
-        acc[j % 2] = P::dpbusd(acc[j % 2], w, _mm256_set1_epi32(chunk(even, odd, j)));
-    }
-    _mm256_add_epi32(acc[0], acc[1])
 }
 
 /// `vpdpbusd` emulated exactly in AVX2 (bytes widened to i16, `vpmaddwd` on the even and the odd
@@ -826,82 +856,71 @@ unsafe fn q4_pack_panel(
     }
 }
 
-/// R activation rows against a packed panel, finished (`finish_q4`); lanes are weight rows.
+/// Most weight rows of a packed panel (the 512-bit kernels').
+const MAX_LANES: usize = 2 * PANEL;
+
+/// A vector of weight-row lanes a packed q4 panel is read in: 8 (`ymm`) or 16 (`zmm`, or two `ymm`
+/// in the tests), packed by [`q4_pack_panel`] 8 rows at a time, and the operations of
+/// [`q4_packed_tile`].
+pub(crate) trait PanelLanes {
+    const LANES: usize;
+    /// i32 lanes.
+    type I: Copy;
+    /// f32 lanes.
+    type F: Copy;
+    unsafe fn zero_f() -> Self::F;
+    unsafe fn load_f(p: *const f32) -> Self::F;
+    unsafe fn set1_i(x: i32) -> Self::I;
+    unsafe fn set1_f(x: f32) -> Self::F;
+    unsafe fn sub_i(a: Self::I, b: Self::I) -> Self::I;
+    /// i32 to f32, rounded to nearest (as `as f32`).
+    unsafe fn cvt(a: Self::I) -> Self::F;
+    unsafe fn mul_f(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn add_f(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn store_f(p: *mut f32, v: Self::F);
+    /// One q4 group of a packed panel against one activation row: lane c is `Σ_j wg[j][c] · a_j`
+    /// over the 8 chunks, where chunk j < 4 reads `even[4j..]` and chunk j >= 4 `odd[4(j-4)..]`.
+    unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> Self::I;
+}
+
+/// R activation rows against a packed panel of `V::LANES` weight rows, finished (`finish_q4`):
+/// `done[r][c]` for weight row c (c < `V::LANES`). Per output: exact integer group dots, then
+/// `sum + acc as f32 * scale` per group in ascending order (multiply, then add), in its own lane.
 #[inline(always)]
-unsafe fn q4_packed_tile<D: Dot, const R: usize>(
+unsafe fn q4_packed_tile<V: PanelLanes, const R: usize>(
     wp: &[u8],
     sp: &[f32],
     a: [&[i8]; R],
     corr: [&[i32]; R],
     a_scale: [f32; R],
     groups: usize,
-) -> [[f32; PANEL]; R] {
-    let mut sum = [_mm256_setzero_ps(); R];
+) -> [[f32; MAX_LANES]; R] {
+    let mut sum = [V::zero_f(); R];
     for g in 0..groups {
-        let scale = _mm256_loadu_ps(sp.as_ptr().add(g * PANEL));
-        let wg = wp.as_ptr().add(g * 256);
+        let scale = V::load_f(sp.as_ptr().add(g * V::LANES));
+        let wg = wp.as_ptr().add(g * 32 * V::LANES);
         let (even, odd) = q4_halves(g, groups);
         for r in 0..R {
             let ar = a[r].as_ptr();
-            let acc = D::u4_group_packed(wg, ar.add(even), ar.add(odd));
-            let acc = _mm256_sub_epi32(acc, _mm256_set1_epi32(corr[r][g]));
-            sum[r] = _mm256_add_ps(sum[r], _mm256_mul_ps(_mm256_cvtepi32_ps(acc), scale));
+            let acc = V::group_dot(wg, ar.add(even), ar.add(odd));
+            let acc = V::sub_i(acc, V::set1_i(corr[r][g]));
+            sum[r] = V::add_f(sum[r], V::mul_f(V::cvt(acc), scale));
         }
     }
-    let mut done = [[0f32; PANEL]; R];
+    let mut done = [[0f32; MAX_LANES]; R];
     for r in 0..R {
-        let v = _mm256_mul_ps(sum[r], _mm256_set1_ps(a_scale[r]));
-        _mm256_storeu_ps(done[r].as_mut_ptr(), v);
+        V::store_f(
+            done[r].as_mut_ptr(),
+            V::mul_f(sum[r], V::set1_f(a_scale[r])),
+        );
     }
     done
 }
 
-/// Most weight rows of a packed panel (the 512-bit kernels').
-const MAX_LANES: usize = 2 * PANEL;
-
-/// A packed-panel q4 kernel: `LANES` weight rows per panel (8 on 256-bit vectors, 16 on 512-bit),
-/// packed by [`q4_pack_panel`] 8 rows at a time.
-trait PackedQ4 {
-    const LANES: usize;
-    /// R activation rows against a packed panel, finished (`finish_q4`): `done[r][c]` for weight
-    /// row c of the panel (c < `LANES`).
-    unsafe fn tile<const R: usize>(
-        wp: &[u8],
-        sp: &[f32],
-        a: [&[i8]; R],
-        corr: [&[i32]; R],
-        a_scale: [f32; R],
-        groups: usize,
-    ) -> [[f32; MAX_LANES]; R];
-}
-
-/// The 8-lane packed kernel of a [`Dot`].
-struct Packed8<D>(std::marker::PhantomData<D>);
-
-impl<D: Dot> PackedQ4 for Packed8<D> {
-    const LANES: usize = PANEL;
-    #[inline(always)]
-    unsafe fn tile<const R: usize>(
-        wp: &[u8],
-        sp: &[f32],
-        a: [&[i8]; R],
-        corr: [&[i32]; R],
-        a_scale: [f32; R],
-        groups: usize,
-    ) -> [[f32; MAX_LANES]; R] {
-        let done = q4_packed_tile::<D, R>(wp, sp, a, corr, a_scale, groups);
-        let mut wide = [[0f32; MAX_LANES]; R];
-        for (w, d) in wide.iter_mut().zip(&done) {
-            w[..PANEL].copy_from_slice(d);
-        }
-        wide
-    }
-}
-
 /// q4 weight rows against every activation row of `acts` (K at least one group), a packed panel of
-/// `K::LANES` weight rows at a time: tiles of [`Q4_TILE_ROWS`] rows, then one row at a time.
+/// `V::LANES` weight rows at a time: tiles of [`Q4_TILE_ROWS`] rows, then one row at a time.
 #[inline(always)]
-unsafe fn q4_block_packed<K: PackedQ4>(
+unsafe fn q4_block_packed<V: PanelLanes>(
     codes: Q4Codes<'_>,
     scales: &[bf16],
     k: usize,
@@ -910,7 +929,7 @@ unsafe fn q4_block_packed<K: PackedQ4>(
 ) {
     let groups = k / Q4_GROUP;
     let (rows, nb) = (out.len(), out[0].len());
-    let lanes = K::LANES;
+    let lanes = V::LANES;
     // The buffers leave the thread-local while the kernel runs: no SIMD code inside a closure
     // (closures do not inherit the entry point's target features).
     let (mut wp, mut sp) = Q4_PANEL.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
@@ -925,7 +944,7 @@ unsafe fn q4_block_packed<K: PackedQ4>(
         let mut r = 0;
         while r + Q4_TILE_ROWS <= rows {
             let rs: [usize; Q4_TILE_ROWS] = std::array::from_fn(|i| r + i);
-            let done = K::tile::<Q4_TILE_ROWS>(
+            let done = q4_packed_tile::<V, Q4_TILE_ROWS>(
                 &wp,
                 &sp,
                 map_n(rs, |i| acts.codes(i)),
@@ -939,7 +958,7 @@ unsafe fn q4_block_packed<K: PackedQ4>(
             r += Q4_TILE_ROWS;
         }
         while r < rows {
-            let [d] = K::tile::<1>(
+            let [d] = q4_packed_tile::<V, 1>(
                 &wp,
                 &sp,
                 [acts.codes(r)],

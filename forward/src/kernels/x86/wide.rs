@@ -7,62 +7,41 @@
 //! (David Huang's measurements), so a 512-bit `vpdpbusd` does twice the multiply-adds per cycle of
 //! a 256-bit one there. Not measured here: this machine has no AVX-512.
 //!
-//! The body is written once over [`Lanes16`], a 16-lane vector: the real `zmm` registers, or (in
-//! tests) two `ymm` halves with `vpdpbusd` emulated in AVX2, so every line but the `zmm`
-//! intrinsics runs on AVX2 machines against the oracles. Each output keeps the 8-lane kernel's
-//! arithmetic: exact integer group dots, then `sum + acc as f32 * scale` per group in ascending
-//! order (multiply, then add), then `finish_q4`, in its own lane.
+//! The q4 tile is `x86.rs`'s one packed-panel tile over [`PanelLanes`]; the i8 tiles are written
+//! over [`Lanes16`]. Both vectors are the real `zmm` registers, or (in tests) two `ymm` halves with
+//! `vpdpbusd` emulated in AVX2, so every line but the `zmm` intrinsics runs on AVX2 machines
+//! against the oracles.
 
-use super::{chunk, PackedQ4, MAX_LANES};
+use super::{chunk, PanelLanes, MAX_LANES};
 use crate::kernels::activations::SIMD_BYTES;
-use crate::kernels::q4_halves;
 use std::arch::x86_64::*;
 
 /// Weight rows of a wide panel.
 const WIDE: usize = MAX_LANES;
 
-/// A 16-lane vector of i32 (`I`) and f32 (`F`) and the operations the wide kernel uses.
-pub(crate) trait Lanes16 {
-    type I: Copy;
-    type F: Copy;
+/// A 16-lane vector: the packed q4 panel's operations ([`PanelLanes`]) and those of the i8 tiles.
+pub(crate) trait Lanes16: PanelLanes {
     unsafe fn zero_i() -> Self::I;
-    unsafe fn zero_f() -> Self::F;
     /// 64 bytes.
     unsafe fn load_i(p: *const u8) -> Self::I;
-    unsafe fn load_f(p: *const f32) -> Self::F;
-    unsafe fn set1_i(x: i32) -> Self::I;
-    unsafe fn set1_f(x: f32) -> Self::F;
     /// `vpdpbusd`: per lane, `acc` plus the 4 products of `u`'s unsigned and `s`'s signed bytes.
     unsafe fn dpbusd(acc: Self::I, u: Self::I, s: Self::I) -> Self::I;
     unsafe fn add_i(a: Self::I, b: Self::I) -> Self::I;
-    unsafe fn sub_i(a: Self::I, b: Self::I) -> Self::I;
     unsafe fn xor_i(a: Self::I, b: Self::I) -> Self::I;
     /// The sum of the 16 lanes.
     unsafe fn hsum_i(a: Self::I) -> i32;
-    /// i32 to f32, rounded to nearest (as `as f32`).
-    unsafe fn cvt(a: Self::I) -> Self::F;
-    unsafe fn mul_f(a: Self::F, b: Self::F) -> Self::F;
-    unsafe fn add_f(a: Self::F, b: Self::F) -> Self::F;
-    unsafe fn store_f(p: *mut f32, v: Self::F);
 }
 
 /// The `zmm` registers (AVX-512 F + VNNI; the caller's entry point enables them).
 pub(crate) struct Zmm;
 
-impl Lanes16 for Zmm {
+impl PanelLanes for Zmm {
+    const LANES: usize = MAX_LANES;
     type I = __m512i;
     type F = __m512;
     #[inline(always)]
-    unsafe fn zero_i() -> __m512i {
-        _mm512_setzero_si512()
-    }
-    #[inline(always)]
     unsafe fn zero_f() -> __m512 {
         _mm512_setzero_ps()
-    }
-    #[inline(always)]
-    unsafe fn load_i(p: *const u8) -> __m512i {
-        _mm512_loadu_si512(p as *const _)
     }
     #[inline(always)]
     unsafe fn load_f(p: *const f32) -> __m512 {
@@ -77,24 +56,8 @@ impl Lanes16 for Zmm {
         _mm512_set1_ps(x)
     }
     #[inline(always)]
-    unsafe fn dpbusd(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
-        _mm512_dpbusd_epi32(acc, u, s)
-    }
-    #[inline(always)]
-    unsafe fn add_i(a: __m512i, b: __m512i) -> __m512i {
-        _mm512_add_epi32(a, b)
-    }
-    #[inline(always)]
     unsafe fn sub_i(a: __m512i, b: __m512i) -> __m512i {
         _mm512_sub_epi32(a, b)
-    }
-    #[inline(always)]
-    unsafe fn xor_i(a: __m512i, b: __m512i) -> __m512i {
-        _mm512_xor_si512(a, b)
-    }
-    #[inline(always)]
-    unsafe fn hsum_i(a: __m512i) -> i32 {
-        _mm512_reduce_add_epi32(a)
     }
     #[inline(always)]
     unsafe fn cvt(a: __m512i) -> __m512 {
@@ -112,6 +75,37 @@ impl Lanes16 for Zmm {
     unsafe fn store_f(p: *mut f32, v: __m512) {
         _mm512_storeu_ps(p, v)
     }
+    #[inline(always)]
+    unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> Self::I {
+        vnni_group_dot::<Self>(wg, even, odd)
+    }
+}
+
+impl Lanes16 for Zmm {
+    #[inline(always)]
+    unsafe fn zero_i() -> __m512i {
+        _mm512_setzero_si512()
+    }
+    #[inline(always)]
+    unsafe fn load_i(p: *const u8) -> __m512i {
+        _mm512_loadu_si512(p as *const _)
+    }
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
+        _mm512_dpbusd_epi32(acc, u, s)
+    }
+    #[inline(always)]
+    unsafe fn add_i(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn xor_i(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_xor_si512(a, b)
+    }
+    #[inline(always)]
+    unsafe fn hsum_i(a: __m512i) -> i32 {
+        _mm512_reduce_add_epi32(a)
+    }
 }
 
 /// Two `ymm` halves (lanes 0..8, 8..16) with `vpdpbusd` emulated exactly: the wide body on AVX2.
@@ -119,23 +113,13 @@ impl Lanes16 for Zmm {
 pub(crate) struct EmuZmm;
 
 #[cfg(test)]
-impl Lanes16 for EmuZmm {
+impl PanelLanes for EmuZmm {
+    const LANES: usize = MAX_LANES;
     type I = [__m256i; 2];
     type F = [__m256; 2];
     #[inline(always)]
-    unsafe fn zero_i() -> Self::I {
-        [_mm256_setzero_si256(); 2]
-    }
-    #[inline(always)]
     unsafe fn zero_f() -> Self::F {
         [_mm256_setzero_ps(); 2]
-    }
-    #[inline(always)]
-    unsafe fn load_i(p: *const u8) -> Self::I {
-        [
-            _mm256_loadu_si256(p as *const __m256i),
-            _mm256_loadu_si256(p.add(32) as *const __m256i),
-        ]
     }
     #[inline(always)]
     unsafe fn load_f(p: *const f32) -> Self::F {
@@ -150,27 +134,8 @@ impl Lanes16 for EmuZmm {
         [_mm256_set1_ps(x); 2]
     }
     #[inline(always)]
-    unsafe fn dpbusd(acc: Self::I, u: Self::I, s: Self::I) -> Self::I {
-        [
-            super::dpbusd_emulated(acc[0], u[0], s[0]),
-            super::dpbusd_emulated(acc[1], u[1], s[1]),
-        ]
-    }
-    #[inline(always)]
-    unsafe fn add_i(a: Self::I, b: Self::I) -> Self::I {
-        [_mm256_add_epi32(a[0], b[0]), _mm256_add_epi32(a[1], b[1])]
-    }
-    #[inline(always)]
     unsafe fn sub_i(a: Self::I, b: Self::I) -> Self::I {
         [_mm256_sub_epi32(a[0], b[0]), _mm256_sub_epi32(a[1], b[1])]
-    }
-    #[inline(always)]
-    unsafe fn xor_i(a: Self::I, b: Self::I) -> Self::I {
-        [_mm256_xor_si256(a[0], b[0]), _mm256_xor_si256(a[1], b[1])]
-    }
-    #[inline(always)]
-    unsafe fn hsum_i(a: Self::I) -> i32 {
-        super::hsum_epi32(a[0]) + super::hsum_epi32(a[1])
     }
     #[inline(always)]
     unsafe fn cvt(a: Self::I) -> Self::F {
@@ -189,70 +154,57 @@ impl Lanes16 for EmuZmm {
         _mm256_storeu_ps(p, v[0]);
         _mm256_storeu_ps(p.add(8), v[1]);
     }
+    #[inline(always)]
+    unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> Self::I {
+        vnni_group_dot::<Self>(wg, even, odd)
+    }
 }
 
-/// One q4 group of a wide packed panel against one activation row: lane c is
-/// `Σ_j wp[j][c] · a_j` over the 8 chunks (chunk j < 4 reads `even[4j..]`, j >= 4 `odd[4(j-4)..]`),
-/// the even and odd chunks in two accumulators so that consecutive `vpdpbusd` do not wait on each
-/// other (integer sums: the split changes no value).
+#[cfg(test)]
+impl Lanes16 for EmuZmm {
+    #[inline(always)]
+    unsafe fn zero_i() -> Self::I {
+        [_mm256_setzero_si256(); 2]
+    }
+    #[inline(always)]
+    unsafe fn load_i(p: *const u8) -> Self::I {
+        [
+            _mm256_loadu_si256(p as *const __m256i),
+            _mm256_loadu_si256(p.add(32) as *const __m256i),
+        ]
+    }
+    #[inline(always)]
+    unsafe fn dpbusd(acc: Self::I, u: Self::I, s: Self::I) -> Self::I {
+        [
+            super::dpbusd_emulated(acc[0], u[0], s[0]),
+            super::dpbusd_emulated(acc[1], u[1], s[1]),
+        ]
+    }
+    #[inline(always)]
+    unsafe fn add_i(a: Self::I, b: Self::I) -> Self::I {
+        [_mm256_add_epi32(a[0], b[0]), _mm256_add_epi32(a[1], b[1])]
+    }
+    #[inline(always)]
+    unsafe fn xor_i(a: Self::I, b: Self::I) -> Self::I {
+        [_mm256_xor_si256(a[0], b[0]), _mm256_xor_si256(a[1], b[1])]
+    }
+    #[inline(always)]
+    unsafe fn hsum_i(a: Self::I) -> i32 {
+        super::hsum_epi32(a[0]) + super::hsum_epi32(a[1])
+    }
+}
+
+/// [`PanelLanes::group_dot`] on a 16-lane VNNI vector: the even and odd chunks in two
+/// accumulators so that consecutive `vpdpbusd` do not wait on each other (integer sums: the split
+/// changes no value).
 #[inline(always)]
-unsafe fn group_dot<V: Lanes16>(wg: *const u8, even: *const i8, odd: *const i8) -> V::I {
+unsafe fn vnni_group_dot<V: Lanes16>(wg: *const u8, even: *const i8, odd: *const i8) -> V::I {
     let mut acc = [V::zero_i(); 2];
     for j in 0..8 {
         let w = V::load_i(wg.add(4 * WIDE * j));
         acc[j % 2] = V::dpbusd(acc[j % 2], w, V::set1_i(chunk(even, odd, j)));
     }
     V::add_i(acc[0], acc[1])
-}
-
-/// R activation rows against a wide packed panel, finished (`finish_q4`); lanes are weight rows.
-#[inline(always)]
-unsafe fn tile<V: Lanes16, const R: usize>(
-    wp: &[u8],
-    sp: &[f32],
-    a: [&[i8]; R],
-    corr: [&[i32]; R],
-    a_scale: [f32; R],
-    groups: usize,
-) -> [[f32; WIDE]; R] {
-    let mut sum = [V::zero_f(); R];
-    for g in 0..groups {
-        let scale = V::load_f(sp.as_ptr().add(g * WIDE));
-        let wg = wp.as_ptr().add(g * 32 * WIDE);
-        let (even, odd) = q4_halves(g, groups);
-        for r in 0..R {
-            let ar = a[r].as_ptr();
-            let acc = group_dot::<V>(wg, ar.add(even), ar.add(odd));
-            let acc = V::sub_i(acc, V::set1_i(corr[r][g]));
-            sum[r] = V::add_f(sum[r], V::mul_f(V::cvt(acc), scale));
-        }
-    }
-    let mut done = [[0f32; WIDE]; R];
-    for r in 0..R {
-        V::store_f(
-            done[r].as_mut_ptr(),
-            V::mul_f(sum[r], V::set1_f(a_scale[r])),
-        );
-    }
-    done
-}
-
-/// The 16-lane packed q4 kernel on `V`.
-pub(super) struct Packed16<V>(std::marker::PhantomData<V>);
-
-impl<V: Lanes16> PackedQ4 for Packed16<V> {
-    const LANES: usize = WIDE;
-    #[inline(always)]
-    unsafe fn tile<const R: usize>(
-        wp: &[u8],
-        sp: &[f32],
-        a: [&[i8]; R],
-        corr: [&[i32]; R],
-        a_scale: [f32; R],
-        groups: usize,
-    ) -> [[f32; WIDE]; R] {
-        tile::<V, R>(wp, sp, a, corr, a_scale, groups)
-    }
 }
 
 /// Codes per step of the wide i8 tiles.

@@ -5,12 +5,8 @@
 //! Cache slot and rotary position are separate numbers everywhere.
 
 pub mod attention;
-pub mod backend;
-pub mod device;
-pub mod host;
 pub mod hybrid;
 pub mod inputs;
-pub mod kernels;
 pub mod kv;
 pub mod mathf;
 pub mod model;
@@ -19,8 +15,10 @@ pub mod rope;
 pub mod sampling;
 pub mod stfile;
 
-pub use backend::{BackendError, GemmBackend, GemmStats, WeightRef};
-pub use device::{AbReport, DeviceConfig};
+// The GEMM seam lives in the `gemm` crate (shared with the vision tower); its modules keep their
+// old paths here (`forward::host::HostGemm`, `forward::kernels::Isa`).
+pub use gemm::{backend, device, host, kernels};
+pub use gemm::{AbReport, BackendError, DeviceConfig, GemmBackend, GemmStats, WeightRef};
 pub use hybrid::HybridInputs;
 pub use inputs::PromptInputs;
 pub use kv::KvDtype;

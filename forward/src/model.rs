@@ -168,13 +168,8 @@ impl Forward {
         if options.threads == 0 {
             return Err(ForwardError::Options("threads must be at least 1".into()));
         }
-        let pool = Arc::new(
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(options.threads)
-                .thread_name(|i| format!("xdna-vl-{i}"))
-                .build()
-                .map_err(|e| ForwardError::Options(format!("cannot start the thread pool: {e}")))?,
-        );
+        let pool =
+            gemm::new_pool(options.threads).map_err(|e| ForwardError::Options(e.to_string()))?;
         let mut backend: Box<dyn GemmBackend> = match backend {
             BackendChoice::Host => Box::new(HostGemm::new(pool.clone())),
             BackendChoice::Device(config) => Box::new(DeviceGemm::open(&config)?),
@@ -269,6 +264,10 @@ impl Forward {
     /// Forget slots `len..` (decoding continues at slot `len`).
     pub fn truncate(&mut self, len: usize) {
         self.kv.truncate(len);
+    }
+    /// The persistent pool the forward's GEMMs and attention fork on (the vision tower runs on it too).
+    pub fn pool(&self) -> &Arc<rayon::ThreadPool> {
+        &self.pool
     }
     pub fn backend(&self) -> &dyn GemmBackend {
         self.backend.as_ref()

@@ -462,8 +462,11 @@ unsafe fn gemm_block_generic<D: Dot>(
 // Shared vector helpers.
 
 /// 8x8 transpose: lane c of output g is lane g of input c.
+///
+/// # Safety
+/// The CPU must support AVX2 (callers check `Isa::Avx2.is_available()`).
 #[inline(always)]
-pub(crate) unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+pub unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     let t0 = _mm256_unpacklo_ps(r[0], r[1]);
     let t1 = _mm256_unpackhi_ps(r[0], r[1]);
     let t2 = _mm256_unpacklo_ps(r[2], r[3]);
@@ -506,8 +509,11 @@ unsafe fn expand_q4(p: *const u8) -> __m256i {
 }
 
 /// 8 bf16 values widened to f32 (exact).
+///
+/// # Safety
+/// The CPU must support AVX2, and `p` must point to 8 readable bf16 values.
 #[inline(always)]
-pub(crate) unsafe fn bf16x8_to_ps(p: *const bf16) -> __m256 {
+pub unsafe fn bf16x8_to_ps(p: *const bf16) -> __m256 {
     let h = _mm_loadu_si128(p as *const __m128i);
     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
 }

@@ -23,8 +23,8 @@ mod tests;
 
 /// Vector helpers other x86 code of the crate (attention) shares with the kernels.
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod simd {
-    pub(crate) use super::x86::{bf16x8_to_ps, transpose8};
+pub mod simd {
+    pub use super::x86::{bf16x8_to_ps, transpose8};
 }
 
 use packs::LinearData;

@@ -265,6 +265,12 @@ impl Forward {
     pub fn truncate(&mut self, len: usize) {
         self.kv.truncate(len);
     }
+    /// How many backend weight ids the decoder uses (`0..weight_ids()`: the layers' projections,
+    /// then the head). Another model part sharing the backend (the vision tower) prepares its
+    /// weights under ids from here on.
+    pub fn weight_ids(&self) -> usize {
+        self.linears.len() + 1
+    }
     /// The persistent pool the forward's GEMMs and attention fork on (the vision tower runs on it too).
     pub fn pool(&self) -> &Arc<rayon::ThreadPool> {
         &self.pool

@@ -39,7 +39,9 @@ pub struct WeightRef<'a> {
 pub trait GemmBackend: Send {
     fn name(&self) -> &'static str;
 
-    /// Called once with every weight before the first step (device backends upload them here).
+    /// Called with weights before their first use (device backends upload them here). It may be
+    /// called again with more weights — the vision tower's after the decoder's, under ids of their
+    /// own — and each call adds to what is resident; an id given again replaces its weight.
     fn prepare(&mut self, _weights: &[WeightRef<'_>]) -> Result<(), BackendError> {
         Ok(())
     }

@@ -206,14 +206,17 @@ impl GemmBackend for DeviceGemm {
     }
 
     fn prepare(&mut self, weights: &[WeightRef<'_>]) -> Result<(), BackendError> {
-        let mut resident: Vec<Option<Resident>> = Vec::new();
-        for w in weights {
-            if resident.len() <= w.id {
-                resident.resize_with(w.id + 1, || None);
+        // Upload all first: a weight that fails leaves the resident set as it was.
+        let uploaded = weights
+            .iter()
+            .map(|w| Ok((w.id, self.upload(w)?)))
+            .collect::<Result<Vec<_>, BackendError>>()?;
+        for (id, r) in uploaded {
+            if self.weights.len() <= id {
+                self.weights.resize_with(id + 1, || None);
             }
-            resident[w.id] = Some(self.upload(w)?);
+            self.weights[id] = Some(r);
         }
-        self.weights = resident;
         Ok(())
     }
 

@@ -66,6 +66,18 @@ impl PromptInputs {
                 "`deepstack` has shape {dshape:?}, expected [sets, {image_rows}, {hidden}]"
             )));
         }
+        for (name, values, shape) in [
+            ("image_embeds", &image_embeds, &ishape),
+            ("deepstack", &deepstack, &dshape),
+        ] {
+            if let Some(i) = packs::first_non_finite(values) {
+                return Err(f.err(format!(
+                    "`{name}` holds {} at {} (shape {shape:?}): image rows and DeepStack sets must be finite",
+                    values[i],
+                    index_in(shape, i)
+                )));
+            }
+        }
         let rope_max = position_ids.iter().copied().max().unwrap_or(0);
         if rope_max + 1 - rows as i64 != rope_delta {
             return Err(f.err(format!(
@@ -140,6 +152,17 @@ impl PromptInputs {
     pub fn next_rotary_pos(&self) -> i64 {
         self.position_ids.iter().copied().max().unwrap_or(-1) + 1
     }
+}
+
+/// A flat index as `[i, j, ...]` in a row-major tensor of `shape`.
+pub fn index_in(shape: &[usize], flat: usize) -> String {
+    let mut rest = flat;
+    let mut idx = vec![0; shape.len()];
+    for (d, &n) in shape.iter().enumerate().rev() {
+        idx[d] = rest % n.max(1);
+        rest /= n.max(1);
+    }
+    format!("{idx:?}")
 }
 
 impl PromptInputs {

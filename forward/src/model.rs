@@ -360,6 +360,25 @@ impl Forward {
         }
         let rows = rows_embeds.len() / hidden;
         self.check_hybrid(hybrid, rows)?;
+        // A NaN row would decode garbage with no error: refuse it here, where every front end passes.
+        if let Some(i) = packs::first_non_finite(rows_embeds) {
+            return Err(ForwardError::Hybrid(format!(
+                "row embeddings hold {} at row {}, column {}: every row must be finite",
+                rows_embeds[i],
+                i / hidden,
+                i % hidden
+            )));
+        }
+        if let Some(i) = packs::first_non_finite(&hybrid.deepstack) {
+            let per_set = (hybrid.image_rows.len() * hidden).max(1);
+            return Err(ForwardError::Hybrid(format!(
+                "DeepStack holds {} at set {}, image row {}, column {}: every set must be finite",
+                hybrid.deepstack[i],
+                i / per_set,
+                i % per_set / hidden,
+                i % hidden
+            )));
+        }
         let mut x = std::mem::take(&mut self.scratch.x);
         grow(&mut x, rows * hidden).copy_from_slice(rows_embeds);
         let result = self.run(&mut x, rows, hybrid, start_slot, logits);

@@ -152,6 +152,21 @@ fn hybrid_inputs_are_refused_by_name() {
     let mut bad = good.clone();
     bad.image_rows = vec![3, 2];
     refuse(&mut f, &bad, "strictly ascending");
+    let mut bad = good.clone();
+    bad.deepstack[h + 5] = f32::NAN;
+    refuse(
+        &mut f,
+        &bad,
+        "DeepStack holds NaN at set 0, image row 1, column 5",
+    );
+    let mut bad_rows = e.clone();
+    bad_rows[2 * h + 7] = f32::INFINITY;
+    let msg = f
+        .step_batch_embeds(&bad_rows, &good, 0, Logits::LastRow)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("inf at row 2, column 7"), "{msg}");
+    assert_eq!(f.next_slot(), 0);
     // Control: the good inputs run.
     f.step_batch_embeds(&e, &good, 0, Logits::LastRow).unwrap();
     assert_eq!(f.next_slot(), rows);

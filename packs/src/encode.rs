@@ -105,7 +105,7 @@ where
 
 /// Index of the first NaN or infinity. Checked a chunk per task: per-element rayon items cost
 /// more than the check itself.
-fn first_non_finite(values: &[f32]) -> Option<usize> {
+pub fn first_non_finite(values: &[f32]) -> Option<usize> {
     const CHUNK: usize = 1 << 14;
     let chunk = values
         .par_chunks(CHUNK)

@@ -19,6 +19,7 @@ pub mod writer;
 
 pub use build::{build_from_hf, BuildError, BuildOptions, BuildReport};
 pub use container::Dtype;
+pub use encode::first_non_finite;
 pub use pack::{
     Embedding, Linear, LinearData, LinearIndex, NormIndex, Pack, PackError, TensorInfo, TensorKind,
 };

@@ -206,6 +206,13 @@ fn write_st(path: &Path, tensors: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)>, meta:
     serialize_to_file(owned.iter().map(|(n, t)| (n.clone(), t)), Some(meta), path).unwrap();
 }
 
+/// A metadata value of a safetensors file.
+fn real_meta(path: &str, key: &str) -> String {
+    let bytes = std::fs::read(path).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    meta.metadata().as_ref().unwrap()[key].clone()
+}
+
 #[test]
 fn bad_input_exits_2_naming_the_file_and_the_reason() {
     let dir = tempfile::tempdir().unwrap();
@@ -310,6 +317,50 @@ fn bad_input_exits_2_naming_the_file_and_the_reason() {
         &[&pack, bad.to_str().unwrap()],
         &["big-id.safetensors", "99999", "outside the vocabulary"],
     );
+    // A NaN in an image row (before this check it decoded garbage ids with exit 0), and an
+    // infinity in a DeepStack set: refused naming the tensor and the index.
+    let real_bytes = std::fs::read(&inputs).unwrap();
+    let real = safetensors::SafeTensors::deserialize(&real_bytes).unwrap();
+    for (name, at, needle) in [
+        ("image_embeds", 3usize, "`image_embeds` holds NaN at [0, 3]"),
+        ("deepstack", 1, "`deepstack` holds inf at [0, 0, 1]"),
+    ] {
+        let mut tensors = Vec::new();
+        for (n, view) in real.tensors() {
+            let mut data = view.data().to_vec();
+            if n == name {
+                let v = if name == "image_embeds" {
+                    f32::NAN
+                } else {
+                    f32::INFINITY
+                };
+                data[at * 4..at * 4 + 4].copy_from_slice(&v.to_le_bytes());
+            }
+            tensors.push((n, view.dtype(), view.shape().to_vec(), data));
+        }
+        let bad = dir.path().join(format!("non-finite-{name}.safetensors"));
+        let meta: Vec<(String, String)> = [("format", "hybrid-inputs/1")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .chain(["image_token_id", "rope_delta"].iter().map(|k| {
+                let v = real_meta(&inputs, k);
+                (k.to_string(), v)
+            }))
+            .collect();
+        let meta: Vec<(&str, &str)> = meta.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        write_st(
+            &bad,
+            tensors
+                .iter()
+                .map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone()))
+                .collect(),
+            &meta,
+        );
+        refuse(
+            &[&pack, bad.to_str().unwrap()],
+            &[&format!("non-finite-{name}"), needle],
+        );
+    }
     // Not a safetensors file at all.
     let bad = dir.path().join("garbage.safetensors");
     std::fs::write(&bad, b"\xff\xff\xff\xff\xff\xff\xff\xffgarbage").unwrap();

@@ -20,6 +20,7 @@ pub mod hold;
 pub mod plan;
 pub mod runtime;
 pub mod session;
+pub mod tiling;
 pub mod verify;
 
 pub use designs::{DesignEntry, Designs, DesignsError};

@@ -332,6 +332,8 @@ pub fn parse_config(
         tie_word_embeddings: tie,
         source: String::new(),
         quant: QuantKind::F32,
+        vision: None,
+        preprocess: None,
     };
     Ok(ConfigFacts {
         semantics,

@@ -57,6 +57,8 @@ impl RandomShape {
                 tie_word_embeddings: true,
                 source: String::new(),
                 quant: QuantKind::F32,
+                vision: None,
+                preprocess: None,
             },
         }
     }
@@ -88,6 +90,8 @@ impl RandomShape {
                 tie_word_embeddings: true,
                 source: String::new(),
                 quant: QuantKind::F32,
+                vision: None,
+                preprocess: None,
             },
         }
     }

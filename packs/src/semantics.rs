@@ -33,6 +33,74 @@ pub struct Semantics {
     /// Checkpoint dir / generator it came from.
     pub source: String,
     pub quant: QuantKind,
+    /// The vision tower, when the pack carries one (`model.visual.*`).
+    pub vision: Option<VisionSemantics>,
+    /// What image preprocessing needs (`preprocessor_config.json`), with the tower.
+    pub preprocess: Option<ImagePreprocess>,
+}
+
+/// The vision tower's facts (`vision_config`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VisionSemantics {
+    pub depth: usize,
+    pub hidden_size: usize,
+    pub num_heads: usize,
+    pub intermediate_size: usize,
+    /// The merger's output width: the decoder's hidden size.
+    pub out_hidden_size: usize,
+    pub in_channels: usize,
+    pub patch_size: usize,
+    pub spatial_merge_size: usize,
+    pub temporal_patch_size: usize,
+    /// Rows of the learned position table (a square: sqrt(n) x sqrt(n)).
+    pub num_position_embeddings: usize,
+    /// Tower blocks after which DeepStack sets are tapped.
+    pub deepstack_visual_indexes: Vec<usize>,
+    /// The blocks' MLP activation as the config names it ("gelu_pytorch_tanh").
+    pub hidden_act: String,
+    /// Theta of the tower's 2-D rotary.
+    pub rope_theta: f64,
+    /// The tower's LayerNorm epsilon (transformers fixes 1e-6).
+    pub layer_norm_eps: f64,
+    /// How the tower's linears are stored (norms, biases and the position table stay f32).
+    pub quant: QuantKind,
+}
+
+impl VisionSemantics {
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_heads
+    }
+    /// Values in one patch row: channels x temporal x patch x patch (1536 in Qwen3-VL).
+    pub fn patch_row_len(&self) -> usize {
+        self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size
+    }
+    /// The merger's input width: merge^2 patches concatenated.
+    pub fn merged_hidden(&self) -> usize {
+        self.hidden_size * self.spatial_merge_size * self.spatial_merge_size
+    }
+}
+
+/// What the image processor needs (`preprocessor_config.json`), parsed at build.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImagePreprocess {
+    pub patch_size: usize,
+    pub merge_size: usize,
+    pub temporal_patch_size: usize,
+    /// `size.shortest_edge` (or `min_pixels`): the least pixels after resize.
+    pub min_pixels: u64,
+    /// `size.longest_edge` (or `max_pixels`): the most pixels after resize.
+    pub max_pixels: u64,
+    pub image_mean: [f64; 3],
+    pub image_std: [f64; 3],
+    pub rescale_factor: f64,
+    pub do_resize: bool,
+    pub do_rescale: bool,
+    pub do_normalize: bool,
+    pub do_convert_rgb: bool,
+    /// PIL resample filter code (3 = bicubic).
+    pub resample: u32,
 }
 
 pub const ARCH_QWEN3_VL: &str = "qwen3_vl";

@@ -88,6 +88,8 @@ pub fn expected_semantics(spec: &HfSpec, quant: QuantKind, dir: &Path) -> Semant
         tie_word_embeddings: spec.tied,
         source: dir.display().to_string(),
         quant,
+        vision: None,
+        preprocess: None,
     }
 }
 

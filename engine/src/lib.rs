@@ -1,0 +1,1 @@
+//! The session every front end calls: messages in, streamed text out.

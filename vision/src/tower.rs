@@ -12,7 +12,6 @@ pub mod layer_norm;
 mod pos_embed;
 pub mod positions;
 mod rotary;
-mod shim;
 mod weights;
 
 use std::sync::Arc;

@@ -2,8 +2,7 @@
 //! ids: local id 0 the patch embedding, then per block qkv, proj, fc1, fc2, then the merger's fc1,
 //! fc2, then each DeepStack merger's fc1, fc2; the backend sees `first_id + local id`.
 
-use super::shim::visual;
-use super::shim::F32Tensor;
+use packs::names::visual;
 use packs::semantics::VisionSemantics;
 use packs::{LinearIndex, Pack};
 

@@ -124,7 +124,10 @@ pub fn encode_on(
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "lengths differ");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 pub fn max_abs(a: &[f32]) -> f32 {
@@ -140,7 +143,12 @@ pub fn worst_relative(out: &VisionOutput, r: &Reference) -> (f32, Vec<f32>) {
     let rows = rel(&out.image_embeds, &r.image_embeds);
     let per = r.tokens * r.out_hidden;
     let sets = (0..r.sets)
-        .map(|j| rel(&out.deepstack[j * per..(j + 1) * per], &r.deepstack[j * per..(j + 1) * per]))
+        .map(|j| {
+            rel(
+                &out.deepstack[j * per..(j + 1) * per],
+                &r.deepstack[j * per..(j + 1) * per],
+            )
+        })
         .collect();
     (rows, sets)
 }

@@ -281,7 +281,7 @@ impl Tower {
         let side = weights::isqrt(v.num_position_embeddings);
         let frame_of: Vec<(usize, usize)> = grids
             .iter()
-            .flat_map(|&[t, gh, gw]| std::iter::repeat((gh, gw)).take(t * gh * gw))
+            .flat_map(|&[t, gh, gw]| std::iter::repeat_n((gh, gw), t * gh * gw))
             .collect();
         let pos = grow(&mut s.pos, tasks * h);
         let per_task = n.div_ceil(tasks).max(1);
@@ -486,13 +486,13 @@ impl Tower {
 
 /// Refuses vision facts the tower cannot run.
 fn check_semantics(v: &VisionSemantics) -> Result<(), String> {
-    if v.num_heads == 0 || v.hidden_size % v.num_heads != 0 {
+    if v.num_heads == 0 || !v.hidden_size.is_multiple_of(v.num_heads) {
         return Err(format!(
             "vision hidden_size {} is not a multiple of num_heads {}",
             v.hidden_size, v.num_heads
         ));
     }
-    if v.head_dim() % 4 != 0 {
+    if !v.head_dim().is_multiple_of(4) {
         return Err(format!(
             "vision head_dim {} must be a multiple of 4 (2-D rotary: head_dim/4 frequencies per axis)",
             v.head_dim()

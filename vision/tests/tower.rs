@@ -49,6 +49,25 @@ fn bf16_tower_of_a_bf16_checkpoint_equals_transformers() {
     assert!(w <= F32_TOLERANCE, "bf16 pack differs by {w:e}");
 }
 
+/// The decoder quantized, the tower kept f32 (`--vision-quant f32`): the tower reads its own storage.
+#[test]
+fn f32_tower_beside_an_i8_decoder_equals_transformers() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("mixed.pack");
+    let opts = packs::BuildOptions {
+        vision_quant: Some(QuantKind::F32),
+        ..packs::BuildOptions::new(QuantKind::I8)
+    };
+    packs::build_from_hf(&Case::Chat.checkpoint(), &out, &opts).unwrap();
+    let pack = std::sync::Arc::new(packs::Pack::open(&out).unwrap());
+    let r = Reference::open(Case::Chat, QuantKind::F32);
+    let w = worst(
+        &encode(&pack, &r.image_refs(), TowerAblation::default()),
+        &r,
+    );
+    assert!(w <= F32_TOLERANCE, "mixed pack: {w:e}");
+}
+
 /// One call with all images gives each image's rows exactly as a call with that image alone.
 #[test]
 fn images_in_one_call_equal_images_alone() {

@@ -123,13 +123,16 @@ fn main() {
             .unwrap_or_else(|e| refuse(format!("{}: {e}", image_name(&args, i))));
         let tower_ms = t0.elapsed().as_secs_f64() * 1e3;
         let [t, h, w] = p.grid;
+        let sizes = match args.pixels {
+            Some(_) => "pixel rows".to_string(),
+            None => format!(
+                "{}x{} -> {}x{}",
+                p.size_in.0, p.size_in.1, p.size_resized.0, p.size_resized.1
+            ),
+        };
         println!(
-            "{}: {}x{} -> {}x{}, grid (t, h, w) = ({t}, {h}, {w}), {} tokens, preprocessing {pre_ms:.1} ms, tower {tower_ms:.1} ms",
+            "{}: {sizes}, grid (t, h, w) = ({t}, {h}, {w}), {} tokens, preprocessing {pre_ms:.1} ms, tower {tower_ms:.1} ms",
             image_name(&args, i),
-            p.size_in.0,
-            p.size_in.1,
-            p.size_resized.0,
-            p.size_resized.1,
             p.tokens(merge),
         );
         outs.push(out);

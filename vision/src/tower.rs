@@ -76,7 +76,7 @@ struct Scratch {
     mlp: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
-    scores: Vec<f32>,
+    attn_scratch: attention::AttnScratch,
     merge_a: Vec<f32>,
     merge_b: Vec<f32>,
     pos: Vec<f32>,
@@ -261,6 +261,7 @@ impl Tower {
         let segments = positions::segments(&grids, ab.joint_attention);
         let max_seg = segments.iter().map(|s| s.1).max().unwrap_or(0);
         let tasks = pool.current_num_threads().max(1);
+        s.attn_scratch.reserve(n, h, max_seg, tasks);
 
         // Patch embedding: one GEMM per image over its pixel rows, the bias after.
         let x = grow(&mut s.x, n * h);
@@ -363,18 +364,13 @@ impl Tower {
                         rotary::rotate_half(head, c, sn);
                     }
                 });
-            let qkv = attention::Qkv {
-                data: &s.qkv[..n * 3 * h],
-                heads,
-                head_dim: d,
-            };
             attention::attend(
-                pool,
-                &qkv,
+                &s.qkv[..n * 3 * h],
+                heads,
+                d,
                 &segments,
+                &mut s.attn_scratch,
                 grow(&mut s.attn, n * h),
-                grow(&mut s.scores, tasks * max_seg),
-                tasks,
             );
             let proj_id = w.block_id(b, BlockLinear::Proj);
             self.gemm(

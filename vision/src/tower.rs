@@ -330,7 +330,6 @@ impl Tower {
                 let set = &mut out.deepstack[j * tokens * out_h..(j + 1) * tokens * out_h];
                 self.merger(
                     backend,
-                    pool,
                     &p,
                     Merger::DeepStack(j),
                     &s.x[..n * h],
@@ -410,7 +409,6 @@ impl Tower {
                 let set = &mut out.deepstack[j * tokens * out_h..(j + 1) * tokens * out_h];
                 self.merger(
                     backend,
-                    pool,
                     &p,
                     Merger::DeepStack(j),
                     &s.x[..n * h],
@@ -422,7 +420,6 @@ impl Tower {
         }
         self.merger(
             backend,
-            pool,
             &p,
             Merger::Final,
             &s.x[..n * h],
@@ -439,7 +436,6 @@ impl Tower {
     fn merger(
         &self,
         backend: &mut dyn GemmBackend,
-        _pool: &rayon::ThreadPool,
         p: &Params<'_>,
         m: Merger,
         x: &[f32],

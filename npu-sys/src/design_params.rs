@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::dma_plan::{dma_plan, DmaPlan};
 use crate::geometry::{ArgGroup, DesignKind, Geometry, Q4_GROUP};
 use crate::tiling::{
     tiling_for, NpuTarget, Tiling, TilingError, CORE_BUDGET, FIFO_DEPTH, MEM_TILE_BUDGET,
@@ -83,6 +84,8 @@ pub struct DesignParams {
     pub mem_tile_budget: usize,
     pub host: HostLayout,
     pub kernel: KernelParams,
+    /// Every host transfer and memory tile reordering.
+    pub dma: DmaPlan,
     pub kernel_name: String,
     pub xclbin: String,
     pub insts: String,
@@ -184,6 +187,7 @@ pub fn design_params(geometry: Geometry, target: NpuTarget) -> Result<DesignPara
         mem_tile_budget: MEM_TILE_BUDGET,
         host: host_layout(geometry),
         kernel: kernel_params(&tiling),
+        dma: dma_plan(geometry, &tiling),
         kernel_name: KERNEL_NAME.to_string(),
         xclbin: format!("{stem}.xclbin"),
         insts: format!("{stem}.insts.bin"),

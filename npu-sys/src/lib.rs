@@ -18,6 +18,7 @@ pub mod design_params;
 pub mod designs;
 pub mod detect;
 pub mod device;
+pub mod dma_plan;
 pub mod gemm;
 pub mod geometry;
 pub mod hold;

@@ -336,9 +336,9 @@ pub fn tiling_for(geometry: Geometry, target: NpuTarget) -> Result<Tiling, Tilin
     best.ok_or(no_fit)
 }
 
-/// (K, N) of every quantized linear of the models the designs are built for.
-#[cfg(test)]
-pub(crate) mod shapes {
+/// (K, N) of every quantized linear of the models the designs are built for (the tests' and
+/// the `model_design_params` example's geometries).
+pub mod shapes {
     /// Qwen3-VL-2B's decoder: q/o, k/v, gate/up, down, the head's N chunk.
     pub const DECODER_2B: [(usize, usize); 5] = [
         (2048, 2048),

@@ -45,6 +45,16 @@ enum Command {
         #[arg(long)]
         device: Option<String>,
     },
+    /// Write the parameters of every design PACK needs (what `build` gives the IRON generator)
+    /// as DIR/<name>.params.json, without building anything.
+    Params {
+        pack: PathBuf,
+        #[arg(short = 'o', long = "out")]
+        out: PathBuf,
+        /// npu1 or npu2.
+        #[arg(long)]
+        device: String,
+    },
     /// Write a designs directory for the software NPU covering PACK (manifest + stub files).
     Emu {
         pack: PathBuf,
@@ -87,6 +97,12 @@ fn plan_of(pack: &Path) -> Result<Plan, String> {
     plan_pack(&pack).map_err(|e| e.to_string())
 }
 
+fn parse_device(name: &str) -> Result<NpuTarget, String> {
+    NpuTarget::parse(name).ok_or_else(|| {
+        format!("--device {name}: expected npu1 (XDNA, 4 columns) or npu2 (XDNA2, 8 columns)")
+    })
+}
+
 /// The design target of this machine's NPU, or a refusal asking for --device.
 fn detected_target() -> Result<NpuTarget, String> {
     let why = match find_npus() {
@@ -125,9 +141,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             let plan = plan_of(&pack)?;
             let tools = find_toolchain(&SearchEnv::from_process()).map_err(|e| e.to_string())?;
             let target = match device {
-                Some(name) => NpuTarget::parse(&name).ok_or_else(|| {
-                    format!("--device {name}: expected npu1 (XDNA, 4 columns) or npu2 (XDNA2, 8 columns)")
-                })?,
+                Some(name) => parse_device(&name)?,
                 None => detected_target()?,
             };
             let all = plan_params(&plan.geometries(), target).map_err(|e| e.to_string())?;
@@ -148,6 +162,18 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 report.kept.len(),
                 out.join(npu_sys::designs::MANIFEST_FILE).display()
             );
+        }
+        Command::Params { pack, out, device } => {
+            let plan = plan_of(&pack)?;
+            let target = parse_device(&device)?;
+            let all = plan_params(&plan.geometries(), target).map_err(|e| e.to_string())?;
+            std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+            for params in &all {
+                let path = npu_sys::design_build::params_file(&out, &params.name);
+                std::fs::write(&path, params.to_json())
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+            println!("wrote {} design parameters to {}", all.len(), out.display());
         }
         Command::Emu { pack, out } => {
             let plan = plan_of(&pack)?;

@@ -47,15 +47,8 @@ pub enum BuildError {
     Tiling(#[from] TilingError),
     #[error("cannot write {path}: {message}")]
     Io { path: PathBuf, message: String },
-    #[error("design {design}: {step} failed ({status}): {command}\nlog {log}:\n{tail}\n(the designs built so far are kept and listed in the manifest; run the same command again to resume)")]
-    Step {
-        design: String,
-        step: &'static str,
-        command: String,
-        status: String,
-        log: PathBuf,
-        tail: String,
-    },
+    #[error(transparent)]
+    Step(Box<StepFailure>),
     #[error("design {design}: {step} finished but did not write {path}")]
     MissingOutput {
         design: String,
@@ -70,6 +63,18 @@ pub enum BuildError {
     },
     #[error(transparent)]
     Manifest(#[from] DesignsError),
+}
+
+/// A build step that failed, with the end of its log.
+#[derive(Debug, thiserror::Error)]
+#[error("design {design}: {step} failed ({status}): {command}\nlog {log}:\n{tail}\n(the designs built so far are kept and listed in the manifest; run the same command again to resume)", log = .log.display())]
+pub struct StepFailure {
+    pub design: String,
+    pub step: &'static str,
+    pub command: String,
+    pub status: String,
+    pub log: PathBuf,
+    pub tail: String,
 }
 
 fn io_error(path: &Path) -> impl Fn(std::io::Error) -> BuildError + '_ {
@@ -214,13 +219,15 @@ impl Step<'_> {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(Stdio::from(err_log));
-        let status = command.status().map_err(|e| BuildError::Step {
-            design: self.design.to_string(),
-            step,
-            command: shown.clone(),
-            status: format!("could not start: {e}"),
-            log: self.log.to_path_buf(),
-            tail: String::new(),
+        let status = command.status().map_err(|e| {
+            BuildError::Step(Box::new(StepFailure {
+                design: self.design.to_string(),
+                step,
+                command: shown.clone(),
+                status: format!("could not start: {e}"),
+                log: self.log.to_path_buf(),
+                tail: String::new(),
+            }))
         })?;
         if status.success() {
             return Ok(());
@@ -228,14 +235,14 @@ impl Step<'_> {
         let text = fs::read_to_string(self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         let tail = lines[lines.len().saturating_sub(15)..].join("\n");
-        Err(BuildError::Step {
+        Err(BuildError::Step(Box::new(StepFailure {
             design: self.design.to_string(),
             step,
             command: shown,
             status: status.to_string(),
             log: self.log.to_path_buf(),
             tail,
-        })
+        })))
     }
 }
 

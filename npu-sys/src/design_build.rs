@@ -326,6 +326,7 @@ fn build_one(
             "--no-xbridge",
         ])
         .arg(format!("--xclbin-name={}", params.xclbin))
+        .arg(format!("--xclbin-kernel-name={}", params.kernel_name))
         .arg("--peano")
         .arg(&tools.peano)
         .arg("--aie-generate-npu-insts")

@@ -1,7 +1,8 @@
 //! Finding mlir-aie's tools: the compiler `aiecc.py`, the Peano (llvm-aie) C++ compiler for the
 //! kernels, and a Python that imports mlir-aie's IRON API (`aie.iron`).
 //!
-//! - `aiecc.py`: `$MLIR_AIE_INSTALL_DIR/bin/aiecc.py` when that variable is set, else `PATH`;
+//! - `aiecc.py` (or the native `aiecc` of newer releases): in `$MLIR_AIE_INSTALL_DIR/bin` when
+//!   that variable is set, else on `PATH`;
 //! - Peano: `$PEANO_INSTALL_DIR/bin/clang++` (the variable mlir-aie's own Makefiles use);
 //! - Python: `$XDNA_VL_PYTHON`, else `python3` on `PATH`; it must import `aie.iron`. mlir-aie's
 //!   root (for the kernels' `aie_api` headers in `<root>/include`) is `$MLIR_AIE_INSTALL_DIR`, else
@@ -16,6 +17,8 @@ pub const INSTALL_DIR_VAR: &str = "MLIR_AIE_INSTALL_DIR";
 pub const PEANO_DIR_VAR: &str = "PEANO_INSTALL_DIR";
 pub const PYTHON_VAR: &str = "XDNA_VL_PYTHON";
 pub const AIECC: &str = "aiecc.py";
+/// Newer mlir-aie releases also ship the compiler driver as a native `aiecc`.
+pub const AIECC_NATIVE: &str = "aiecc";
 
 const GUIDANCE: &str = "install mlir-aie and llvm-aie (Peano) as mlir-aie's README describes \
 (https://github.com/Xilinx/mlir-aie, \"Getting Started for Linux\"), activate its environment, \
@@ -80,17 +83,21 @@ fn on_path(name: &str, path: Option<&OsString>) -> Option<PathBuf> {
 pub fn find_toolchain(search: &SearchEnv) -> Result<Toolchain, ToolchainError> {
     let aiecc = match &search.install_dir {
         Some(dir) => {
-            let candidate = PathBuf::from(dir).join("bin").join(AIECC);
-            if !is_executable(&candidate) {
-                return Err(ToolchainError::NoAiecc {
-                    looked: format!("{INSTALL_DIR_VAR}/bin ({})", candidate.display()),
-                });
-            }
-            candidate
+            let bin = PathBuf::from(dir).join("bin");
+            [AIECC, AIECC_NATIVE]
+                .iter()
+                .map(|name| bin.join(name))
+                .find(|candidate| is_executable(candidate))
+                .ok_or_else(|| ToolchainError::NoAiecc {
+                    looked: format!("{INSTALL_DIR_VAR}/bin ({})", bin.display()),
+                })?
         }
-        None => on_path(AIECC, search.path.as_ref()).ok_or_else(|| ToolchainError::NoAiecc {
-            looked: format!("PATH, and {INSTALL_DIR_VAR} is not set"),
-        })?,
+        None => [AIECC, AIECC_NATIVE]
+            .iter()
+            .find_map(|name| on_path(name, search.path.as_ref()))
+            .ok_or_else(|| ToolchainError::NoAiecc {
+                looked: format!("PATH, and {INSTALL_DIR_VAR} is not set"),
+            })?,
     };
     let peano = match &search.peano_dir {
         Some(dir) => {
@@ -207,6 +214,27 @@ mod tests {
         let found = find_toolchain(&search).unwrap();
         assert_eq!(found.aiecc, bin.join(AIECC));
         assert_eq!(found.mlir_aie_root, PathBuf::from("/opt/mlir_aie"));
+    }
+
+    #[test]
+    fn a_native_aiecc_is_found_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        script(&bin.join(AIECC_NATIVE), "exit 0");
+        let peano = dir.path().join("peano");
+        script(&peano.join("bin/clang++"), "exit 0");
+        let python = dir.path().join("python");
+        script(&python, "echo /opt/mlir_aie");
+        let search = SearchEnv {
+            path: Some(bin.clone().into_os_string()),
+            install_dir: None,
+            peano_dir: Some(peano.into_os_string()),
+            python: Some(python.into_os_string()),
+        };
+        assert_eq!(
+            find_toolchain(&search).unwrap().aiecc,
+            bin.join(AIECC_NATIVE)
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 use std::io::Cursor;
 
+use image::metadata::Orientation;
 use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, Limits};
 
 use super::{transparency, PreprocessError, PreprocessOptions, RgbImage};
@@ -87,10 +88,14 @@ pub fn decode_rgb(
             bound: opts.max_decoded_pixels,
         });
     }
-    // PIL's exif_transpose; a damaged EXIF block is ignored as PIL does (the image stays as stored).
-    let orientation = decoder
-        .orientation()
-        .unwrap_or(image::metadata::Orientation::NoTransforms);
+    if reader_format_is_jpeg(bytes) && !jpeg_has_end(bytes) {
+        // zune-jpeg fills a cut-off scan with gray; PIL refuses ("image file is truncated").
+        return Err(refuse(
+            name,
+            format!("cannot decode the {width}x{height} image: the JPEG data ends before its end marker (truncated)"),
+        ));
+    }
+    let orientation = exif_orientation(&mut decoder);
     let mut image = DynamicImage::from_decoder(decoder).map_err(|e| {
         refuse(
             name,
@@ -110,6 +115,48 @@ pub fn decode_rgb(
         }
     }
     Ok(rgb)
+}
+
+/// PIL's `exif_transpose` orientation. PIL also reads an EXIF block that keeps JPEG's "Exif\0\0" header
+/// inside a PNG eXIf or WebP EXIF chunk (as PIL itself writes them); the `image` crate expects bare TIFF
+/// there, so the header is stripped first. A damaged EXIF block leaves the image as stored.
+fn exif_orientation(decoder: &mut impl ImageDecoder) -> Orientation {
+    match decoder.exif_metadata() {
+        Ok(Some(exif)) => {
+            let tiff = exif.strip_prefix(b"Exif\0\0".as_slice()).unwrap_or(&exif);
+            Orientation::from_exif_chunk(tiff).unwrap_or(Orientation::NoTransforms)
+        }
+        _ => decoder.orientation().unwrap_or(Orientation::NoTransforms),
+    }
+}
+
+fn reader_format_is_jpeg(bytes: &[u8]) -> bool {
+    bytes.starts_with(&[0xFF, 0xD8])
+}
+
+/// Whether a JPEG's entropy-coded data is followed by its EOI marker (FF D9). Markers are walked up to
+/// the first scan (an EXIF thumbnail's own EOI sits inside a segment and is skipped); inside scans FF is
+/// always stuffed (FF 00) or a marker, so the first FF D9 after it is the real end. A header we cannot
+/// walk is left to the decoder.
+fn jpeg_has_end(bytes: &[u8]) -> bool {
+    let mut at = 2usize;
+    loop {
+        let (Some(&0xFF), Some(&marker)) = (bytes.get(at), bytes.get(at + 1)) else {
+            return true;
+        };
+        match marker {
+            0xFF => at += 1,
+            0xDA => return bytes[at + 2..].windows(2).any(|w| w == [0xFF, 0xD9]),
+            0x01 | 0xD0..=0xD7 => at += 2,
+            0xD9 => return true,
+            _ => {
+                let (Some(&hi), Some(&lo)) = (bytes.get(at + 2), bytes.get(at + 3)) else {
+                    return true;
+                };
+                at += 2 + u16::from_be_bytes([hi, lo]) as usize;
+            }
+        }
+    }
 }
 
 /// PIL's `convert("RGB")` of the mode PIL would have opened the file in (see the module comment).

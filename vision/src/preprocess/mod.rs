@@ -221,13 +221,14 @@ fn check_config(cfg: &ImagePreprocess, name: &str) -> Result<resample::Filter, P
         name: name.to_string(),
         what,
     };
-    for (field, v) in [
-        ("patch_size", cfg.patch_size),
-        ("merge_size", cfg.merge_size),
-        ("temporal_patch_size", cfg.temporal_patch_size),
+    // Qwen3-VL has 16, 2, 2; the upper bounds keep every size product far from overflow.
+    for (field, v, most) in [
+        ("patch_size", cfg.patch_size, 1024),
+        ("merge_size", cfg.merge_size, 64),
+        ("temporal_patch_size", cfg.temporal_patch_size, 16),
     ] {
-        if v == 0 || v > 1024 {
-            return Err(bad(format!("{field} is {v}; expected 1..=1024")));
+        if v == 0 || v > most {
+            return Err(bad(format!("{field} is {v}; expected 1..={most}")));
         }
     }
     if cfg.do_rescale && !cfg.rescale_factor.is_finite() {

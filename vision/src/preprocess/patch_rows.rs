@@ -31,8 +31,9 @@ pub fn level_table(cfg: &ImagePreprocess) -> [[f32; 256]; 3] {
 /// Rows `[grid_h * grid_w, 3 * temporal * patch * patch]` and the grid `(1, grid_h, grid_w)`.
 ///
 /// transformers' `patchify`: the image viewed as (C, gh/m, m, P, gw/m, m, P), permuted to
-/// (gh/m, gw/m, m, m, C, P, P) with the frame broadcast to T after C. So row r = ((bh * gw/m + bw) * m + mh)
-/// * m + mw holds patch (gy, gx) = (bh*m + mh, bw*m + mw), its values indexed c*T*P*P + t*P*P + y*P + x.
+/// (gh/m, gw/m, m, m, C, P, P) with the frame broadcast to T after C. So the rows run over merge blocks
+/// (bh, bw) and within each over (mh, mw): row `((bh * gw/m + bw) * m + mh) * m + mw` holds patch
+/// (gy, gx) = (bh*m + mh, bw*m + mw), its values indexed `c*T*P*P + t*P*P + y*P + x`.
 /// The caller guarantees both sides are multiples of patch * merge.
 pub fn patch_rows(image: &RgbImage, cfg: &ImagePreprocess) -> (Vec<f32>, [usize; 3]) {
     let (p, m, t) = (cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size);

@@ -1,5 +1,5 @@
-//! Pillow's `Image.resize` for 8-bit RGB with a convolution filter (Pillow's `src/libImaging/Resample.c`,
-//! the code Pillow 13 runs), bit for bit.
+//! Pillow's `Image.resize` for 8-bit RGB with a convolution filter, bit for bit: `src/libImaging/Resample.c`
+//! of Pillow 13.0.0 (the sdist's; the pass order changed in 13, see `resize_with`).
 //!
 //! Why by hand and why exactly this: transformers' PIL image processor resizes with Pillow, and the model
 //! was trained on Pillow's pixels. Pillow's resample is antialiased (the filter's support grows with the
@@ -114,10 +114,11 @@ struct Taps {
 }
 
 /// Pillow's `precompute_coeffs` followed by `normalize_coeffs_8bpc`, for the box `[0, in_size)`.
-fn taps(in_size: usize, out_size: usize, filter: Filter) -> Vec<Taps> {
+/// `antialias` false keeps the filter's support unscaled on downscales (the mistake ports make).
+fn taps(in_size: usize, out_size: usize, filter: Filter, antialias: bool) -> Vec<Taps> {
     // Pillow's box edges are C floats; sizes here are far below 2^24, so they are exact.
     let scale = in_size as f32 as f64 / out_size as f64;
-    let filterscale = scale.max(1.0);
+    let filterscale = if antialias { scale.max(1.0) } else { 1.0 };
     let support = filter.support() * filterscale;
     let inv_filterscale = 1.0 / filterscale;
     (0..out_size)
@@ -163,64 +164,116 @@ fn clip8(acc: i32) -> u8 {
 
 /// Resizes `src` to `width` x `height` as Pillow's `Image.resize(size, filter)` does for an RGB image.
 pub fn resize(src: &RgbImage, width: usize, height: usize, filter: Filter) -> RgbImage {
+    resize_with(src, width, height, filter, true)
+}
+
+/// The same resize with the filter's support not widened on downscales: a plain (aliasing) bicubic,
+/// kept only as the tests' control.
+#[doc(hidden)]
+pub fn resize_without_antialias(
+    src: &RgbImage,
+    width: usize,
+    height: usize,
+    filter: Filter,
+) -> RgbImage {
+    resize_with(src, width, height, filter, false)
+}
+
+fn resize_with(
+    src: &RgbImage,
+    width: usize,
+    height: usize,
+    filter: Filter,
+    antialias: bool,
+) -> RgbImage {
     // Image.resize returns a copy when nothing changes.
     if src.width == width && src.height == height {
         return src.clone();
     }
-    let need_horizontal = width != src.width;
-    let need_vertical = height != src.height;
-    let half = 1i32 << (PRECISION_BITS - 1);
-
-    let horizontal = if need_horizontal {
-        let taps = taps(src.width, width, filter);
-        let mut out = vec![0u8; width * src.height * 3];
-        for (row_in, row_out) in src
-            .data
-            .chunks_exact(src.width * 3)
-            .zip(out.chunks_exact_mut(width * 3))
-        {
-            for (tap, px) in taps.iter().zip(row_out.chunks_exact_mut(3)) {
-                let mut acc = [half; 3];
-                for (i, &w) in tap.weights.iter().enumerate() {
-                    let s = &row_in[(tap.start + i) * 3..(tap.start + i) * 3 + 3];
-                    for c in 0..3 {
-                        acc[c] += s[c] as i32 * w;
-                    }
-                }
-                for c in 0..3 {
-                    px[c] = clip8(acc[c]);
-                }
-            }
-        }
-        RgbImage {
-            width,
-            height: src.height,
-            data: out,
+    // Pillow 13 runs the vertical pass first when the height shrinks by more than twice what the width
+    // does (ImagingResampleInner's `horizontal_first`, in C ints); the uint8 rounding between the passes
+    // makes the order visible in the output.
+    let height_drop = src.height as i64 - height as i64;
+    let width_drop = src.width as i64 - width as i64;
+    let vertical_first = height_drop > 0 && height_drop > width_drop * 2;
+    let (w_pass, h_pass) = (width != src.width, height != src.height);
+    if vertical_first {
+        let tall = if h_pass {
+            vertical(src, height, filter, antialias)
+        } else {
+            src.clone()
+        };
+        if w_pass {
+            horizontal(&tall, width, filter, antialias)
+        } else {
+            tall
         }
     } else {
-        src.clone()
-    };
-    if !need_vertical {
-        return horizontal;
+        let wide = if w_pass {
+            horizontal(src, width, filter, antialias)
+        } else {
+            src.clone()
+        };
+        if h_pass {
+            vertical(&wide, height, filter, antialias)
+        } else {
+            wide
+        }
     }
+}
 
-    let taps = taps(horizontal.height, height, filter);
-    let stride = horizontal.width * 3;
+/// One horizontal pass (`ImagingResampleHorizontal_8bpc`): every row to `width` pixels, clipped to uint8.
+/// Pillow computes only the rows the vertical pass reads; the values are the same.
+fn horizontal(src: &RgbImage, width: usize, filter: Filter, antialias: bool) -> RgbImage {
+    let half = 1i32 << (PRECISION_BITS - 1);
+    let taps = taps(src.width, width, filter, antialias);
+    let mut out = vec![0u8; width * src.height * 3];
+    for (row_in, row_out) in src
+        .data
+        .chunks_exact(src.width * 3)
+        .zip(out.chunks_exact_mut(width * 3))
+    {
+        for (tap, px) in taps.iter().zip(row_out.chunks_exact_mut(3)) {
+            let mut acc = [half; 3];
+            for (i, &w) in tap.weights.iter().enumerate() {
+                let s = &row_in[(tap.start + i) * 3..(tap.start + i) * 3 + 3];
+                for c in 0..3 {
+                    acc[c] += s[c] as i32 * w;
+                }
+            }
+            for c in 0..3 {
+                px[c] = clip8(acc[c]);
+            }
+        }
+    }
+    RgbImage {
+        width,
+        height: src.height,
+        data: out,
+    }
+}
+
+/// One vertical pass (`ImagingResampleVertical_8bpc`): every column to `height` pixels, clipped to uint8.
+fn vertical(src: &RgbImage, height: usize, filter: Filter, antialias: bool) -> RgbImage {
+    let half = 1i32 << (PRECISION_BITS - 1);
+    let taps = taps(src.height, height, filter, antialias);
+    let stride = src.width * 3;
     let mut out = vec![0u8; stride * height];
+    let mut acc = vec![0i32; stride];
     for (tap, row_out) in taps.iter().zip(out.chunks_exact_mut(stride)) {
-        let mut acc = vec![half; stride];
+        acc.fill(half);
         for (i, &w) in tap.weights.iter().enumerate() {
-            let row_in = &horizontal.data[(tap.start + i) * stride..(tap.start + i + 1) * stride];
+            let row_in = &src.data[(tap.start + i) * stride..(tap.start + i + 1) * stride];
             for (a, &s) in acc.iter_mut().zip(row_in) {
                 *a += s as i32 * w;
             }
         }
-        for (o, a) in row_out.iter_mut().zip(acc) {
+        for (o, &a) in row_out.iter_mut().zip(&acc) {
             *o = clip8(a);
         }
     }
     RgbImage {
-        width: horizontal.width,
+        width: src.width,
         height,
         data: out,
     }

@@ -34,14 +34,15 @@ pub fn smart_resize(
     let mut h_bar = (h / f).round_ties_even() as u64 * factor;
     let mut w_bar = (w / f).round_ties_even() as u64 * factor;
     let pixels = height * width;
-    if h_bar * w_bar > max_pixels {
+    // Saturating: absurd bounds (an option set to u64::MAX) must not wrap; the caller's pixel bound refuses.
+    if h_bar.saturating_mul(w_bar) > max_pixels {
         let beta = (pixels as f64 / max_pixels as f64).sqrt();
         h_bar = factor.max((h / beta / f).floor() as u64 * factor);
         w_bar = factor.max((w / beta / f).floor() as u64 * factor);
-    } else if h_bar * w_bar < min_pixels {
+    } else if h_bar.saturating_mul(w_bar) < min_pixels {
         let beta = (min_pixels as f64 / pixels as f64).sqrt();
-        h_bar = (h * beta / f).ceil() as u64 * factor;
-        w_bar = (w * beta / f).ceil() as u64 * factor;
+        h_bar = ((h * beta / f).ceil() as u64).saturating_mul(factor);
+        w_bar = ((w * beta / f).ceil() as u64).saturating_mul(factor);
     }
     if h_bar == 0 || w_bar == 0 {
         return Err(SmartResizeError::Empty {
@@ -105,6 +106,12 @@ mod tests {
             smart_resize(10, 2001, F, MIN, MAX),
             Err(SmartResizeError::AspectRatio { ratio: 200.1 })
         );
+    }
+
+    #[test]
+    fn absurd_min_pixels_saturate_instead_of_wrapping() {
+        let (h, w) = smart_resize(10, 10, F, u64::MAX, u64::MAX).unwrap();
+        assert!(h.saturating_mul(w) > 1 << 40, "{h}x{w}");
     }
 
     #[test]

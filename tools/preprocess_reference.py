@@ -26,6 +26,11 @@ and into reference.safetensors (sorted header):
 Refusal cases (refusals in cases.json) are files our loader must refuse by name; what transformers does
 with them is recorded beside.
 
+--fast-report (needs torchvision; not used for the fixtures) prints how far transformers' torchvision
+"fast" processor (Qwen2VLImageProcessor) lands from the PIL one on every committed case, in uint8 levels
+of pixel_values (1 level = 2/255 with mean = std = 0.5): through its own path (torchvision decode) and
+with the same PIL-decoded image (the resize alone).
+
 The script checks that its step-by-step uint8 image, rescaled / normalized / patchified by the processor's
 own methods, equals pixel_values from the processor's __call__ exactly.
 """
@@ -276,11 +281,41 @@ def reference(proc, path, min_pixels, max_pixels):
     return np.ascontiguousarray(np.moveaxis(chw, 0, -1)), np.ascontiguousarray(np.moveaxis(resized, 0, -1)), pixel_values, grid[0].tolist()
 
 
+def fast_report(out: str, configs: dict) -> None:
+    from transformers.image_utils import load_image
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    level = 2 / 255
+    with open(os.path.join(out, "cases.json")) as f:
+        listed = json.load(f)["cases"]
+    for c in listed:
+        config = configs[c["config"]]
+        size = {"shortest_edge": c["min_pixels"] or config["size"]["shortest_edge"],
+                "longest_edge": c["max_pixels"] or config["size"]["longest_edge"]}
+        slow = processor(config)
+        fast = Qwen2VLImageProcessor(**{k: v for k, v in config.items() if k not in ("image_processor_type", "processor_class")})
+        path = os.path.join(out, c["file"])
+        ref = slow(images=path, return_tensors="np", size=size)["pixel_values"]
+        try:
+            own = fast(images=path, return_tensors="np", size=size)["pixel_values"]
+            own_diff = f"{np.abs(own - ref).max() / level:.0f}" if own.shape == ref.shape else f"shape {own.shape} vs {ref.shape}"
+        except Exception as e:
+            own_diff = f"{type(e).__name__}"
+        same = np.abs(fast(images=load_image(path), return_tensors="np", size=size)["pixel_values"] - ref) / level
+        print(f"{c['name']}: own path {own_diff} levels; same decode: max {same.max():.0f} levels, "
+              f"{np.mean(same > 0.5) * 100:.1f}% of values differ")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "tests/fixtures/preprocess"))
+    ap.add_argument("--fast-report", action="store_true", help="compare the torchvision processor (see above)")
     args = ap.parse_args()
     args.out = os.path.abspath(args.out)
+    if args.fast_report:
+        with open(TINY_CONFIG) as f:
+            fast_report(args.out, {"tiny": json.load(f), "2b": CONFIG_2B})
+        return
     os.makedirs(args.out, exist_ok=True)
     with open(TINY_CONFIG) as f:
         configs = {"tiny": json.load(f), "2b": CONFIG_2B}

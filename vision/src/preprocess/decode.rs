@@ -36,10 +36,11 @@ pub fn decode_rgb(
             "the file is empty (0 bytes); expected a PNG, JPEG, WebP or GIF image",
         ));
     }
-    let reader = ImageReader::new(Cursor::new(bytes))
+    let mut reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| refuse(name, format!("cannot read: {e}")))?;
-    match reader.format() {
+    let format = reader.format();
+    match format {
         Some(ImageFormat::Png | ImageFormat::Jpeg | ImageFormat::WebP | ImageFormat::Gif) => {}
         Some(other) => {
             return Err(refuse(
@@ -58,7 +59,6 @@ pub fn decode_rgb(
             ));
         }
     }
-    let mut reader = reader;
     // Our pixel bound is checked below from the header; the decoder's own allocation cap must not be
     // the tighter one (16 bytes a pixel covers RGBA16 plus a frame buffer).
     let mut limits = Limits::default();
@@ -88,7 +88,7 @@ pub fn decode_rgb(
             bound: opts.max_decoded_pixels,
         });
     }
-    if reader_format_is_jpeg(bytes) && !jpeg_has_end(bytes) {
+    if format == Some(ImageFormat::Jpeg) && !jpeg_has_end(bytes) {
         // zune-jpeg fills a cut-off scan with gray; PIL refuses ("image file is truncated").
         return Err(refuse(
             name,
@@ -128,10 +128,6 @@ fn exif_orientation(decoder: &mut impl ImageDecoder) -> Orientation {
         }
         _ => decoder.orientation().unwrap_or(Orientation::NoTransforms),
     }
-}
-
-fn reader_format_is_jpeg(bytes: &[u8]) -> bool {
-    bytes.starts_with(&[0xFF, 0xD8])
 }
 
 /// Whether a JPEG's entropy-coded data is followed by its EOI marker (FF D9). Markers are walked up to

@@ -23,6 +23,8 @@ and into reference.safetensors (sorted header):
   <case>.row_index  I64 [k]       pixel_values rows kept (all rows up to 8 rows, else 3 spread rows)
   <case>.rows       F32 [k, 1536] those rows of transformers' pixel_values
   <case>.row_sums   F64 [rows]    every row's sum (float64, ascending index)
+resize_sweep in cases.json: Pillow's Image.resize alone on a seeded noise picture (sweep.source U8
+[47, 61, 3]) to several sizes with every convolution filter (sweep.<filter>.<w>x<h> U8).
 Refusal cases (refusals in cases.json) are files our loader must refuse by name; what transformers does
 with them is recorded beside.
 
@@ -159,9 +161,13 @@ def cases():
     """(name, file name, bytes, config, overrides, exact)."""
     out = []
 
-    def add(name, ext, data, config="tiny", min_pixels=None, max_pixels=None, exact=True):
-        out.append(dict(name=name, file=f"{name}.{ext}", data=data, config=config,
+    def add(name, ext, data, config="tiny", min_pixels=None, max_pixels=None, exact=True, file=None):
+        out.append(dict(name=name, file=file or f"{name}.{ext}", data=data, config=config,
                         min_pixels=min_pixels, max_pixels=max_pixels, exact=exact))
+
+    # The bundled default model's pictures (tests/fixtures/chat), as the engine will feed them.
+    add("chat_picture_1", "png", None, file="../chat/picture-1.png")
+    add("chat_picture_2", "png", None, file="../chat/picture-2.png")
 
     hd = Image.fromarray(synth(1280, 720, 1, block=4))
     add("hd_1280x720", "png", encode(hd, "PNG", optimize=True), config="2b")
@@ -214,6 +220,28 @@ def cases():
     add("gif_2frames_160x120", "gif", encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100),
         config="2b")
     add("gif_transparent_160x120", "gif", encode(frames[0], "GIF", transparency=2), config="2b")
+    return out
+
+
+# Pillow's resize alone on a noise picture: both pass orders (Pillow 13 goes vertical first when the
+# height shrinks by more than twice the width), single-axis, up and down, every convolution filter.
+SWEEP_SOURCE = (61, 47)
+SWEEP = [(3, 30, 20), (3, 60, 12), (3, 80, 20), (3, 20, 40), (3, 61, 10), (3, 13, 47), (3, 100, 90), (3, 59, 30),
+         (3, 7, 3), (3, 200, 5)] + [(f, w, h) for f in (1, 2, 4, 5) for (w, h) in ((30, 20), (80, 20), (90, 70))]
+
+
+def resize_sweep(tensors: dict) -> list:
+    rng = np.random.default_rng(40)
+    w, h = SWEEP_SOURCE
+    src = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+    src[: h // 3] = src[: h // 3] // 85 * 85  # flat steps beside the noise
+    tensors["sweep.source"] = src
+    out = []
+    for resample, width, height in SWEEP:
+        key = f"sweep.{resample}.{width}x{height}"
+        tensors[key] = np.asarray(Image.fromarray(src).resize((width, height), resample))
+        out.append(dict(key=key, resample=resample, width=width, height=height,
+                        vertical_first=width != w and (h - height) > 0 and (h - height) > (w - width) * 2))
     return out
 
 
@@ -329,8 +357,9 @@ def main():
     tensors, listed = {}, []
     for case in cases():
         path = os.path.join(args.out, case["file"])
-        with open(path, "wb") as f:
-            f.write(case["data"])
+        if case["data"] is not None:
+            with open(path, "wb") as f:
+                f.write(case["data"])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             decoded, resized, pv, grid = reference(procs[case["config"]], path, case["min_pixels"], case["max_pixels"])
@@ -352,6 +381,7 @@ def main():
         print(f"{name}: {decoded.shape[1]}x{decoded.shape[0]} -> {resized.shape[1]}x{resized.shape[0]}, grid {grid}",
               file=sys.stderr)
 
+    sweep = resize_sweep(tensors)
     refused = []
     for r in refusals():
         path = os.path.join(args.out, r["file"])
@@ -374,7 +404,7 @@ def main():
             processor="Qwen2VLImageProcessorPil (transformers' PIL/NumPy image processor), fed the file path",
             transformers_version=transformers.__version__, pillow_version=PIL.__version__,
             configs={"tiny": "../chat/Qwen3-VL-tiny/preprocessor_config.json", "2b": "qwen3-vl-2b.preprocessor_config.json"},
-            cases=listed, refusals=refused), f, indent=1)
+            cases=listed, refusals=refused, resize_sweep=sweep), f, indent=1)
         f.write("\n")
 
 

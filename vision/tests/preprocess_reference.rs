@@ -50,6 +50,7 @@ fn config_from_json(path: &Path) -> ImagePreprocess {
 
 struct Fixtures {
     cases: Vec<Value>,
+    sweep: Vec<Value>,
     refusals: Vec<Value>,
     configs: HashMap<String, ImagePreprocess>,
     tensors: Vec<u8>,
@@ -68,6 +69,7 @@ impl Fixtures {
             .collect();
         Fixtures {
             cases: json["cases"].as_array().unwrap().clone(),
+            sweep: json["resize_sweep"].as_array().unwrap().clone(),
             refusals: json["refusals"].as_array().unwrap().clone(),
             configs,
             tensors: std::fs::read(dir.join("reference.safetensors")).unwrap(),
@@ -248,7 +250,7 @@ fn exact_cases_equal_transformers_bit_for_bit() {
         }
         checked += 1;
     }
-    assert!(checked >= 26, "only {checked} exact cases");
+    assert!(checked >= 28, "only {checked} exact cases");
 }
 
 #[test]
@@ -315,6 +317,50 @@ fn lossy_decoders_stay_within_the_measured_bound() {
 /// The largest difference measured on the committed lossy cases: JPEG 4:2:0 q90 (zune-jpeg vs libjpeg-turbo);
 /// 4:4:4 q95 gives 3, gray 1, lossy WebP 0 (see the eprintln above and vision/README.md).
 const LOSSY_LEVELS: u8 = 4;
+
+/// Pillow's resize alone, every convolution filter, both pass orders; control: always horizontal first
+/// (Pillow before 13) fails where Pillow 13 goes vertical first.
+#[test]
+fn resize_equals_pillow_for_every_filter_and_pass_order() {
+    let fx = Fixtures::load();
+    let source = RgbImage {
+        width: 61,
+        height: 47,
+        data: fx.tensor("sweep.source").unwrap(),
+    };
+    assert_eq!(source.data.len(), 61 * 47 * 3);
+    let (mut vertical_first, mut order_shows) = (0, 0);
+    for s in &fx.sweep {
+        let key = s["key"].as_str().unwrap();
+        let (w, h) = (
+            s["width"].as_u64().unwrap() as usize,
+            s["height"].as_u64().unwrap() as usize,
+        );
+        let filter =
+            resample::Filter::from_pil_code(s["resample"].as_u64().unwrap() as u32).unwrap();
+        let theirs = fx.tensor(key).unwrap();
+        let ours = resample::resize(&source, w, h, filter);
+        assert_eq!((ours.width, ours.height), (w, h), "{key}");
+        assert_eq!(max_level_diff(&ours.data, &theirs), 0, "{key}");
+        // Control: the two passes as two single-axis resizes, horizontal first.
+        let wide = resample::resize(&source, w, source.height, filter);
+        let horizontal_first = resample::resize(&wide, w, h, filter);
+        if s["vertical_first"].as_bool().unwrap() {
+            // (A box upscale copies pixels, so there the order cannot show.)
+            vertical_first += 1;
+            order_shows += usize::from(horizontal_first.data != theirs);
+        } else {
+            assert!(
+                horizontal_first.data == theirs,
+                "{key}: horizontal first should agree here"
+            );
+        }
+    }
+    eprintln!(
+        "always horizontal first fails {order_shows} of the {vertical_first} vertical-first sizes"
+    );
+    assert!(order_shows >= 6, "{order_shows} of {vertical_first}");
+}
 
 // ---- controls ------------------------------------------------------------------------------------
 
@@ -585,4 +631,36 @@ fn the_memory_bound_refuses_before_decoding_and_can_be_raised() {
         ),
         "{err}"
     );
+}
+
+#[test]
+fn cut_or_corrupted_files_never_panic() {
+    // Every fixture under 100 kB cut at 16 points and with bytes flipped at 16 places: each attempt
+    // returns Ok or a named refusal (a panic fails the test).
+    let fx = Fixtures::load();
+    let cfg = &fx.configs["tiny"];
+    let mut refused = 0;
+    let mut attempts = 0;
+    for case in &fx.cases {
+        let bytes = Fixtures::bytes(case);
+        if bytes.len() > 100_000 {
+            continue;
+        }
+        for k in 1..=16 {
+            let cut = bytes.len() * k / 17;
+            let mut flipped = bytes.clone();
+            flipped[cut] ^= 0x5A;
+            for variant in [&bytes[..cut], &flipped[..]] {
+                attempts += 1;
+                if let Err(e) =
+                    preprocess_bytes(variant, "damaged", cfg, &PreprocessOptions::default())
+                {
+                    assert!(e.to_string().starts_with("damaged"), "{e}");
+                    refused += 1;
+                }
+            }
+        }
+    }
+    eprintln!("{refused} of {attempts} damaged files refused by name, the rest decoded");
+    assert!(refused > attempts / 4);
 }

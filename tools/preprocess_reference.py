@@ -73,6 +73,13 @@ CONFIG_2B = {
     "size": {"longest_edge": 16777216, "shortest_edge": 65536},
     "temporal_patch_size": 2,
 }
+# The other switches of the config, on top of the tiny checkpoint's (written beside as <name>.preprocessor_config.json).
+CONFIG_VARIANTS = {
+    "clip-bilinear": {"resample": 2, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                      "image_std": [0.26862954, 0.26130258, 0.27577711], "temporal_patch_size": 1},
+    "no-rescale-no-normalize": {"do_rescale": False, "do_normalize": False},
+    "no-resize": {"do_resize": False, "patch_size": 14, "merge_size": 2},
+}
 KEEP_RESIZED = 20_000
 ALL_ROWS = 8
 SPREAD_ROWS = 3
@@ -164,6 +171,12 @@ def cases():
     def add(name, ext, data, config="tiny", min_pixels=None, max_pixels=None, exact=True, file=None):
         out.append(dict(name=name, file=file or f"{name}.{ext}", data=data, config=config,
                         min_pixels=min_pixels, max_pixels=max_pixels, exact=exact))
+
+    # The config's other switches.
+    add("clip_bilinear_333x517", "png", encode(Image.fromarray(synth(333, 517, 41)), "PNG", optimize=True),
+        config="clip-bilinear")
+    add("raw_values_90x70", "png", encode(Image.fromarray(synth(90, 70, 42)), "PNG"), config="no-rescale-no-normalize")
+    add("no_resize_112x56", "png", encode(Image.fromarray(synth(112, 56, 43)), "PNG"), config="no-resize")
 
     # The bundled default model's pictures (tests/fixtures/chat), as the engine will feed them.
     add("chat_picture_1", "png", None, file="../chat/picture-1.png")
@@ -301,8 +314,9 @@ def reference(proc, path, min_pixels, max_pixels):
     image = proc.fetch_images(path)
     chw = proc.process_image(image, do_convert_rgb=proc.do_convert_rgb)
     factor = proc.patch_size * proc.merge_size
-    resized = proc.resize(chw, size=size, resample=proc.resample, factor=factor)
-    x = proc.normalize(proc.rescale(resized, proc.rescale_factor), proc.image_mean, proc.image_std)
+    resized = proc.resize(chw, size=size, resample=proc.resample, factor=factor) if proc.do_resize else chw
+    x = proc.rescale(resized, proc.rescale_factor) if proc.do_rescale else resized
+    x = proc.normalize(x, proc.image_mean, proc.image_std) if proc.do_normalize else x
     rows, gh, gw = proc.patchify(x, proc.patch_size, proc.merge_size, proc.temporal_patch_size)
     assert np.array_equal(rows, pixel_values), f"{path}: step-by-step rows differ from __call__"
     assert [1, gh, gw] == grid[0].tolist()
@@ -347,9 +361,15 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(TINY_CONFIG) as f:
         configs = {"tiny": json.load(f), "2b": CONFIG_2B}
-    with open(os.path.join(args.out, "qwen3-vl-2b.preprocessor_config.json"), "w") as f:
-        json.dump(CONFIG_2B, f, indent=2, sort_keys=True)
-        f.write("\n")
+    config_files = {"tiny": "../chat/Qwen3-VL-tiny/preprocessor_config.json", "2b": "qwen3-vl-2b.preprocessor_config.json"}
+    for name, change in CONFIG_VARIANTS.items():
+        configs[name] = {**configs["tiny"], **change}
+        config_files[name] = f"{name}.preprocessor_config.json"
+    for name, config in configs.items():
+        if name != "tiny":
+            with open(os.path.join(args.out, config_files[name]), "w") as f:
+                json.dump(config, f, indent=2, sort_keys=True)
+                f.write("\n")
     procs = {k: processor(v) for k, v in configs.items()}
     for p in procs.values():
         assert type(p).__name__ == "Qwen2VLImageProcessorPil"
@@ -357,7 +377,9 @@ def main():
     tensors, listed = {}, []
     for case in cases():
         path = os.path.join(args.out, case["file"])
-        if case["data"] is not None:
+        if case["data"] is None:  # a committed picture elsewhere under tests/fixtures
+            path = os.path.normpath(os.path.join(ROOT, "tests/fixtures/preprocess", case["file"]))
+        else:
             with open(path, "wb") as f:
                 f.write(case["data"])
         with warnings.catch_warnings():
@@ -365,6 +387,7 @@ def main():
             decoded, resized, pv, grid = reference(procs[case["config"]], path, case["min_pixels"], case["max_pixels"])
         name = case["name"]
         n = pv.shape[0]
+        assert pv.shape[1] == 3 * procs[case["config"]].temporal_patch_size * procs[case["config"]].patch_size ** 2
         index = np.arange(n) if n <= ALL_ROWS else np.unique(np.linspace(0, n - 1, SPREAD_ROWS).round().astype(np.int64))
         tensors[f"{name}.row_index"] = index.astype(np.int64)
         tensors[f"{name}.rows"] = np.ascontiguousarray(pv[index]).astype(np.float32)
@@ -403,7 +426,7 @@ def main():
         json.dump(dict(
             processor="Qwen2VLImageProcessorPil (transformers' PIL/NumPy image processor), fed the file path",
             transformers_version=transformers.__version__, pillow_version=PIL.__version__,
-            configs={"tiny": "../chat/Qwen3-VL-tiny/preprocessor_config.json", "2b": "qwen3-vl-2b.preprocessor_config.json"},
+            configs=config_files,
             cases=listed, refusals=refused, resize_sweep=sweep), f, indent=1)
         f.write("\n")
 

@@ -250,7 +250,7 @@ fn exact_cases_equal_transformers_bit_for_bit() {
         }
         checked += 1;
     }
-    assert!(checked >= 28, "only {checked} exact cases");
+    assert!(checked >= 31, "only {checked} exact cases");
 }
 
 #[test]
@@ -663,4 +663,38 @@ fn cut_or_corrupted_files_never_panic() {
     }
     eprintln!("{refused} of {attempts} damaged files refused by name, the rest decoded");
     assert!(refused > attempts / 4);
+}
+
+#[test]
+fn configs_this_port_cannot_follow_are_refused_by_field() {
+    let fx = Fixtures::load();
+    let picture = fixtures().join("../chat/picture-1.png");
+    let refusal =
+        |cfg: &ImagePreprocess| match load_image(&picture, cfg, &PreprocessOptions::default()) {
+            Ok(p) => panic!("accepted, grid {:?}", p.grid),
+            Err(e) => e.to_string(),
+        };
+    // 64x64 is not a multiple of 14 x 2: transformers' reshape would fail.
+    let msg = refusal(&fx.configs["no-resize"]);
+    assert!(
+        msg.contains("picture-1.png") && msg.contains("do_resize") && msg.contains("28"),
+        "{msg}"
+    );
+    let nearest = ImagePreprocess {
+        resample: 0,
+        ..fx.configs["tiny"].clone()
+    };
+    assert!(refusal(&nearest).contains("resample is 0"));
+    let zero_std = ImagePreprocess {
+        image_std: [0.5, 0.0, 0.5],
+        ..fx.configs["tiny"].clone()
+    };
+    assert!(refusal(&zero_std).contains("image_std[1]"));
+    let no_patch = ImagePreprocess {
+        patch_size: 0,
+        ..fx.configs["tiny"].clone()
+    };
+    assert!(refusal(&no_patch).contains("patch_size is 0"));
+    // Control: the unchanged config is accepted.
+    assert!(load_image(&picture, &fx.configs["tiny"], &PreprocessOptions::default()).is_ok());
 }

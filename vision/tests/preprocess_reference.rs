@@ -610,6 +610,18 @@ fn the_memory_bound_refuses_before_decoding_and_can_be_raised() {
         ..PreprocessOptions::default()
     };
     assert!(preprocess_bytes(&bytes, "hd.png", fx.config(case), &exact).is_ok());
+    // A file far larger than any image within the bound is not even read (a sparse 1 GiB file).
+    let big = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(big.path(), &bytes[..64]).unwrap();
+    big.as_file().set_len(1 << 30).unwrap();
+    let Err(err) = load_image(big.path(), fx.config(case), &PreprocessOptions::default()) else {
+        panic!("accepted");
+    };
+    let msg = err.to_string();
+    assert!(
+        msg.contains("1073741824 bytes, more than the 603979776"),
+        "{msg}"
+    );
     // A header claiming 10^10 pixels over 60 bytes: refused from the header, nothing allocated.
     let huge = std::fs::read(fixtures().join("huge_header_100000x100000.png")).unwrap();
     assert!(huge.len() < 200);

@@ -121,11 +121,33 @@ pub fn load_image(
     opts: &PreprocessOptions,
 ) -> Result<PixelPatches, PreprocessError> {
     let name = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| PreprocessError::Image {
+    let unreadable = |e: std::io::Error| PreprocessError::Image {
         name: name.clone(),
-        what: e.to_string(),
-    })?;
+        what: format!("cannot read: {e}"),
+    };
+    // The encoded file is read whole; one far larger than any image within the pixel bound is not.
+    let file_len = std::fs::metadata(path).map_err(unreadable)?.len();
+    let most = max_encoded_bytes(opts);
+    if file_len > most {
+        return Err(PreprocessError::Image {
+            name,
+            what: format!(
+                "the file is {file_len} bytes, more than the {most} an image within the {} decoded pixels \
+                 allowed needs (PreprocessOptions::max_decoded_pixels)",
+                opts.max_decoded_pixels
+            ),
+        });
+    }
+    let bytes = std::fs::read(path).map_err(unreadable)?;
     preprocess_bytes(&bytes, &name, cfg, opts)
+}
+
+/// The largest encoded file `load_image` reads: 8 bytes a pixel (RGBA16 stored raw) plus 64 MiB of
+/// metadata, for the pixel bound in `opts`.
+fn max_encoded_bytes(opts: &PreprocessOptions) -> u64 {
+    opts.max_decoded_pixels
+        .saturating_mul(8)
+        .saturating_add(64 << 20)
 }
 
 /// Decodes and preprocesses an encoded image (PNG, JPEG, WebP, GIF); `name` names it in errors.

@@ -148,6 +148,30 @@ def raw_png(width, height, color_type, bit_depth, rows, plte=None, trns=None, ex
     return out + png_chunk(b"IDAT", zlib.compress(raw, 9)) + png_chunk(b"IEND", b"")
 
 
+def gif_with_sub_frame(screen, frame_box, indices, palette, background=0, transparency=None) -> bytes:
+    """A one-frame GIF whose frame covers only part of its logical screen (PIL always writes the first frame
+    full-screen). Four colours; LZW written as clear code + literal per pixel (valid, just not compressed)."""
+    sw, sh = screen
+    fx, fy, fw, fh = frame_box
+    out = b"GIF89a" + struct.pack("<HHBBB", sw, sh, 0x80 | 0x01, background, 0) + bytes(palette)
+    if transparency is not None:
+        out += b"\x21\xf9\x04\x01\x00\x00" + bytes([transparency]) + b"\x00"
+    min_code, bits, nbits, data = 2, 0, 0, bytearray()
+    for code in [c for i in indices for c in (1 << min_code, int(i))] + [(1 << min_code) + 1]:
+        bits |= code << nbits
+        nbits += min_code + 1
+        while nbits >= 8:
+            data.append(bits & 255)
+            bits >>= 8
+            nbits -= 8
+    if nbits:
+        data.append(bits & 255)
+    out += b"\x2c" + struct.pack("<HHHHB", fx, fy, fw, fh, 0) + bytes([min_code])
+    for i in range(0, len(data), 255):
+        out += bytes([len(data[i:i + 255])]) + bytes(data[i:i + 255])
+    return out + b"\x00\x3b"
+
+
 def exif_orientation(value: int, jpeg_header: bool = True) -> bytes:
     """An EXIF block holding only the orientation; without the "Exif\\0\\0" header for a PNG eXIf chunk
     (bare TIFF, as the PNG spec has it)."""
@@ -233,6 +257,11 @@ def cases():
     add("gif_2frames_160x120", "gif", encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100),
         config="2b")
     add("gif_transparent_160x120", "gif", encode(frames[0], "GIF", transparency=2), config="2b")
+    sub = np.random.default_rng(44).integers(0, 4, size=30 * 40)
+    four = [200, 40, 40, 30, 160, 60, 20, 60, 220, 240, 220, 90]
+    add("gif_sub_frame_96x64", "gif", gif_with_sub_frame((96, 64), (20, 10, 40, 30), sub, four, background=2))
+    add("gif_sub_frame_transparent_96x64", "gif",
+        gif_with_sub_frame((96, 64), (20, 10, 40, 30), sub, four, background=2, transparency=3))
     return out
 
 

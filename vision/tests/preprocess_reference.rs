@@ -250,7 +250,7 @@ fn exact_cases_equal_transformers_bit_for_bit() {
         }
         checked += 1;
     }
-    assert!(checked >= 31, "only {checked} exact cases");
+    assert!(checked >= 33, "only {checked} exact cases");
 }
 
 #[test]
@@ -523,6 +523,23 @@ fn control_transparent_colour_not_whitened_fails() {
         fnv1a64(&on_white),
         case["decoded_fnv1a64"].as_str().unwrap()
     );
+}
+
+#[test]
+fn control_gif_screen_left_transparent_black_fails() {
+    // The `image` crate's first frame: the screen outside it transparent black, alpha then dropped.
+    let fx = Fixtures::load();
+    for name in ["gif_sub_frame_96x64", "gif_sub_frame_transparent_96x64"] {
+        let case = fx.case(name);
+        let plain = image::load_from_memory(&Fixtures::bytes(case))
+            .unwrap()
+            .to_rgb8();
+        assert_ne!(
+            fnv1a64(plain.as_raw()),
+            case["decoded_fnv1a64"].as_str().unwrap(),
+            "{name}"
+        );
+    }
 }
 
 #[test]

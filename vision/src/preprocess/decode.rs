@@ -4,13 +4,15 @@
 //! Decoding is the `image` crate's; what PIL does with the decoded samples is ours, measured on Pillow 13:
 //! gray is repeated to R = G = B; alpha is dropped, not composited; 16-bit RGB(A)/LA keep their high byte;
 //! 16-bit gray (PIL mode I;16) is clipped to 255, not scaled; 1/2/4-bit gray scale to 0..255 (x255, x85,
-//! x17); a single transparent colour becomes white (transparency.rs).
+//! x17); a single transparent colour becomes white (transparency.rs); a GIF's screen outside its first
+//! frame takes the transparent (else first) palette colour (gif_first_frame.rs).
 
 use std::io::Cursor;
 
 use image::metadata::Orientation;
 use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, Limits};
 
+use super::gif_first_frame::GifFirstFrame;
 use super::{transparency, PreprocessError, PreprocessOptions, RgbImage};
 
 /// The formats the engine accepts (the `image` crate is built with exactly these).
@@ -105,6 +107,9 @@ pub fn decode_rgb(
     image.apply_orientation(orientation);
 
     let mut rgb = to_rgb_as_pil(image, name)?;
+    if format == Some(ImageFormat::Gif) {
+        fill_outside_first_frame(&mut rgb, bytes);
+    }
     if whiten_transparent_color {
         if let Some(color) = transparency::transparent_color(bytes) {
             for px in rgb.data.chunks_exact_mut(3) {
@@ -115,6 +120,22 @@ pub fn decode_rgb(
         }
     }
     Ok(rgb)
+}
+
+/// Pillow's screen outside a GIF's first frame: the transparent index's colour, else index 0's.
+fn fill_outside_first_frame(rgb: &mut RgbImage, bytes: &[u8]) {
+    let Some(frame) = GifFirstFrame::parse(bytes) else {
+        return;
+    };
+    if frame.left == 0 && frame.top == 0 && frame.width >= rgb.width && frame.height >= rgb.height {
+        return;
+    }
+    let fill = frame.fill_color();
+    for (i, px) in rgb.data.chunks_exact_mut(3).enumerate() {
+        if !frame.covers(i % rgb.width, i / rgb.width) {
+            px.copy_from_slice(&fill);
+        }
+    }
 }
 
 /// PIL's `exif_transpose` orientation. PIL also reads an EXIF block that keeps JPEG's "Exif\0\0" header

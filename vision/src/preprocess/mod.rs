@@ -8,6 +8,7 @@
 //! (a few uint8 levels). Steps, each in its own file:
 //! - decode.rs: decode with the `image` crate, EXIF orientation, PIL's conversions to 8-bit RGB;
 //! - transparency.rs: the single transparent colour PIL whitens;
+//! - gif_first_frame.rs: a GIF's first frame on its screen, as Pillow lays it out;
 //! - smart_resize.rs: the target size (Python's rounding);
 //! - resample.rs: Pillow's antialiased convolution resize, bit for bit;
 //! - patch_rows.rs: rescale, normalize, the temporal repeat and the merge-order layout.
@@ -17,6 +18,7 @@ use std::path::Path;
 use packs::semantics::ImagePreprocess;
 
 mod decode;
+mod gif_first_frame;
 pub mod patch_rows;
 pub mod resample;
 pub mod smart_resize;

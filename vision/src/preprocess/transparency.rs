@@ -10,6 +10,8 @@
 //! `convert("RGB")` discards it first. The rules below were measured on Pillow 13 (see
 //! tools/preprocess_reference.py's cases); PIL compares each component's low byte (`& 0xff`).
 
+use super::gif_first_frame::GifFirstFrame;
+
 /// The colour whose pixels become white, if the file declares one in the way PIL keeps.
 pub fn transparent_color(bytes: &[u8]) -> Option<[u8; 3]> {
     if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
@@ -87,51 +89,8 @@ fn png_transparent_color(bytes: &[u8]) -> Option<[u8; 3]> {
     }
 }
 
-/// The first frame's transparent index (Graphic Control Extension) looked up in its colour table.
+/// The first frame's transparent index looked up in its colour table.
 fn gif_transparent_color(bytes: &[u8]) -> Option<[u8; 3]> {
-    let screen = bytes.get(6..13)?;
-    let mut at = 13usize;
-    let mut global = None;
-    if screen[4] & 0x80 != 0 {
-        let len = 3usize << ((screen[4] & 7) + 1);
-        global = Some(bytes.get(at..at + len)?);
-        at += len;
-    }
-    let mut transparent_index = None;
-    loop {
-        match *bytes.get(at)? {
-            0x21 => {
-                let label = *bytes.get(at + 1)?;
-                at += 2;
-                if label == 0xF9 {
-                    let block = bytes.get(at..at + 5)?;
-                    transparent_index = (block[1] & 1 != 0).then_some(block[4]);
-                }
-                // Skip the data sub-blocks.
-                loop {
-                    let len = *bytes.get(at)? as usize;
-                    at += 1 + len;
-                    if len == 0 {
-                        break;
-                    }
-                }
-            }
-            0x2C => {
-                let descriptor = bytes.get(at + 1..at + 10)?;
-                let index = transparent_index? as usize;
-                let table = if descriptor[8] & 0x80 != 0 {
-                    let len = 3usize << ((descriptor[8] & 7) + 1);
-                    bytes.get(at + 10..at + 10 + len)?
-                } else {
-                    global?
-                };
-                return Some(
-                    table
-                        .get(index * 3..index * 3 + 3)
-                        .map_or([0, 0, 0], |c| [c[0], c[1], c[2]]),
-                );
-            }
-            _ => return None,
-        }
-    }
+    let frame = GifFirstFrame::parse(bytes)?;
+    frame.transparent_index.map(|i| frame.color(i))
 }

@@ -50,7 +50,7 @@ import zlib
 
 import numpy as np
 import PIL
-from PIL import Image
+from PIL import Image, PngImagePlugin
 import transformers
 from transformers.image_utils import SizeDict
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -246,6 +246,14 @@ def cases():
                                           exif=exif_orientation(8, jpeg_header=False)))
     # PIL writes (and reads) eXIf with the JPEG header kept.
     add("png_exif6_pil_style_96x64", "png", encode(Image.fromarray(synth(96, 64, 21)), "PNG", exif=exif_orientation(6)))
+    # Orientation only in the XMP packet (Pillow's getexif falls back to tiff:Orientation).
+    xmp = ('<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
+           '<rdf:Description xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:Orientation="{}"/></rdf:RDF></x:xmpmeta>')
+    info = PngImagePlugin.PngInfo()
+    info.add_itxt("XML:com.adobe.xmp", xmp.format(6))
+    add("png_xmp6_96x64", "png", encode(Image.fromarray(synth(96, 64, 45)), "PNG", pnginfo=info))
+    add("webp_lossless_xmp8_96x64", "webp",
+        encode(Image.fromarray(synth(96, 64, 46)), "WEBP", lossless=True, xmp=xmp.format(8).encode()))
     photo = Image.fromarray(synth(200, 150, 22))
     add("jpeg_exif6_200x150", "jpg", encode(photo, "JPEG", quality=90, exif=exif_orientation(6)), exact=False)
     add("jpeg_exif8_q95_444_200x150", "jpg", encode(photo, "JPEG", quality=95, subsampling=0,

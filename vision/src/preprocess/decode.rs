@@ -138,17 +138,35 @@ fn fill_outside_first_frame(rgb: &mut RgbImage, bytes: &[u8]) {
     }
 }
 
-/// PIL's `exif_transpose` orientation. PIL also reads an EXIF block that keeps JPEG's "Exif\0\0" header
-/// inside a PNG eXIf or WebP EXIF chunk (as PIL itself writes them); the `image` crate expects bare TIFF
-/// there, so the header is stripped first. A damaged EXIF block leaves the image as stored.
+/// PIL's `exif_transpose` orientation: the EXIF tag, else (Pillow's `getexif`) the first
+/// `tiff:Orientation="N"` or `tiff:Orientation>N` in the XMP packet. PIL also reads an EXIF block that keeps
+/// JPEG's "Exif\0\0" header inside a PNG eXIf or WebP EXIF chunk (as PIL itself writes them); the `image`
+/// crate expects bare TIFF there, so the header is stripped first. A damaged block leaves the image as
+/// stored.
 fn exif_orientation(decoder: &mut impl ImageDecoder) -> Orientation {
-    match decoder.exif_metadata() {
+    let from_exif = match decoder.exif_metadata() {
         Ok(Some(exif)) => {
             let tiff = exif.strip_prefix(b"Exif\0\0".as_slice()).unwrap_or(&exif);
-            Orientation::from_exif_chunk(tiff).unwrap_or(Orientation::NoTransforms)
+            Orientation::from_exif_chunk(tiff)
         }
-        _ => decoder.orientation().unwrap_or(Orientation::NoTransforms),
-    }
+        _ => None,
+    };
+    from_exif
+        .or_else(|| xmp_orientation(&decoder.xmp_metadata().ok().flatten()?))
+        .unwrap_or(Orientation::NoTransforms)
+}
+
+/// Pillow's `re.search(rb'tiff:Orientation(="|>)([0-9])', xmp)`; a digit outside 1..=8 means no turn.
+fn xmp_orientation(xmp: &[u8]) -> Option<Orientation> {
+    const KEY: &[u8] = b"tiff:Orientation";
+    (0..xmp.len().saturating_sub(KEY.len())).find_map(|i| {
+        let rest = xmp[i..].strip_prefix(KEY)?;
+        let digit = match rest {
+            [b'=', b'"', d, ..] | [b'>', d, ..] if d.is_ascii_digit() => d - b'0',
+            _ => return None,
+        };
+        Some(Orientation::from_exif(digit).unwrap_or(Orientation::NoTransforms))
+    })
 }
 
 /// Whether a JPEG's entropy-coded data is followed by its EOI marker (FF D9). Markers are walked up to
@@ -224,4 +242,36 @@ fn to_rgb_as_pil(image: DynamicImage, name: &str) -> Result<RgbImage, Preprocess
         height,
         data,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xmp_orientation_reads_as_pillow() {
+        let attr = br#"<rdf:Description tiff:Orientation="6"/>"#;
+        assert_eq!(xmp_orientation(attr), Some(Orientation::Rotate90));
+        let element = b"<tiff:Orientation>8</tiff:Orientation>";
+        assert_eq!(xmp_orientation(element), Some(Orientation::Rotate270));
+        // The first occurrence that matches the pattern wins; 9 is no turn; none at all is None.
+        let later = br#"tiff:OrientationX tiff:Orientation="3""#;
+        assert_eq!(xmp_orientation(later), Some(Orientation::Rotate180));
+        assert_eq!(
+            xmp_orientation(br#"tiff:Orientation="9""#),
+            Some(Orientation::NoTransforms)
+        );
+        assert_eq!(xmp_orientation(b"<x:xmpmeta/>"), None);
+        assert_eq!(xmp_orientation(b"tiff:Orientation="), None);
+    }
+
+    #[test]
+    fn jpeg_end_marker_is_found_after_the_scan_only() {
+        // SOI, an APP1 segment holding a thumbnail's FF D9, SOS header, data: no real end.
+        let mut jpeg = vec![0xFF, 0xD8, 0xFF, 0xE1, 0x00, 0x06, 0xFF, 0xD9, 0x00, 0x00];
+        jpeg.extend([0xFF, 0xDA, 0x00, 0x02, 0x12, 0x34, 0xFF, 0x00, 0x56]);
+        assert!(!jpeg_has_end(&jpeg));
+        jpeg.extend([0xFF, 0xD9]);
+        assert!(jpeg_has_end(&jpeg));
+    }
 }

@@ -258,6 +258,8 @@ def cases():
     add("jpeg_exif6_200x150", "jpg", encode(photo, "JPEG", quality=90, exif=exif_orientation(6)), exact=False)
     add("jpeg_exif8_q95_444_200x150", "jpg", encode(photo, "JPEG", quality=95, subsampling=0,
                                                     exif=exif_orientation(8)), exact=False)
+    add("jpeg_cmyk_96x64", "jpg", encode(Image.fromarray(synth(96, 64, 50)).convert("CMYK"), "JPEG", quality=95),
+        exact=False)
     add("jpeg_gray_200x150", "jpg", encode(gray.resize((200, 150)), "JPEG", quality=90), exact=False)
     add("webp_lossless_240x160", "webp", encode(Image.fromarray(synth(240, 160, 23)), "WEBP", lossless=True), config="2b")
     add("webp_lossy_200x150", "webp", encode(Image.fromarray(synth(200, 150, 23)), "WEBP", quality=80), exact=False)

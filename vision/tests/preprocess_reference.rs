@@ -315,7 +315,7 @@ fn lossy_decoders_stay_within_the_measured_bound() {
 }
 
 /// The largest difference measured on the committed lossy cases: JPEG 4:2:0 q90 (zune-jpeg vs libjpeg-turbo);
-/// 4:4:4 q95 gives 3, gray 1, lossy WebP 0 (see the eprintln above and vision/README.md).
+/// 4:4:4 q95 gives 3, gray and CMYK 1, lossy WebP 0 (see the eprintln above and vision/README.md).
 const LOSSY_LEVELS: u8 = 4;
 
 /// Pillow's resize alone, every convolution filter, both pass orders; control: always horizontal first

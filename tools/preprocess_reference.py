@@ -362,6 +362,17 @@ def reference(proc, path, min_pixels, max_pixels):
     return np.ascontiguousarray(np.moveaxis(chw, 0, -1)), np.ascontiguousarray(np.moveaxis(resized, 0, -1)), pixel_values, grid[0].tolist()
 
 
+def load_configs() -> tuple[dict, dict]:
+    """Every config by name, and the file (relative to the fixtures) each is read from by the tests."""
+    with open(TINY_CONFIG) as f:
+        configs = {"tiny": json.load(f), "2b": CONFIG_2B}
+    config_files = {"tiny": "../chat/Qwen3-VL-tiny/preprocessor_config.json", "2b": "qwen3-vl-2b.preprocessor_config.json"}
+    for name, change in CONFIG_VARIANTS.items():
+        configs[name] = {**configs["tiny"], **change}
+        config_files[name] = f"{name}.preprocessor_config.json"
+    return configs, config_files
+
+
 def fast_report(out: str, configs: dict) -> None:
     from transformers.image_utils import load_image
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
@@ -393,17 +404,11 @@ def main():
     ap.add_argument("--fast-report", action="store_true", help="compare the torchvision processor (see above)")
     args = ap.parse_args()
     args.out = os.path.abspath(args.out)
+    configs, config_files = load_configs()
     if args.fast_report:
-        with open(TINY_CONFIG) as f:
-            fast_report(args.out, {"tiny": json.load(f), "2b": CONFIG_2B})
+        fast_report(args.out, configs)
         return
     os.makedirs(args.out, exist_ok=True)
-    with open(TINY_CONFIG) as f:
-        configs = {"tiny": json.load(f), "2b": CONFIG_2B}
-    config_files = {"tiny": "../chat/Qwen3-VL-tiny/preprocessor_config.json", "2b": "qwen3-vl-2b.preprocessor_config.json"}
-    for name, change in CONFIG_VARIANTS.items():
-        configs[name] = {**configs["tiny"], **change}
-        config_files[name] = f"{name}.preprocessor_config.json"
     for name, config in configs.items():
         if name != "tiny":
             with open(os.path.join(args.out, config_files[name]), "w") as f:

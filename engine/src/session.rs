@@ -242,6 +242,17 @@ impl Session {
         self.format.default_sampling()
     }
 
+    /// Adds a turn to the conversation without answering it (a system message, or a restored
+    /// conversation); the next `chat` renders it with the rest.
+    pub fn push_history(&mut self, message: Message) {
+        self.history.push(message);
+    }
+
+    /// Image tokens `image` takes in a prompt (t*h*w / merge^2).
+    pub fn image_tokens(&self, image: &Image) -> usize {
+        image.patches.tokens(self.builder().merge)
+    }
+
     /// Forgets the conversation and the cache.
     pub fn reset(&mut self) {
         self.history.clear();
@@ -252,6 +263,12 @@ impl Session {
 
     /// Decodes and preprocesses a picture with the pack's settings.
     pub fn load_image(&self, path: &Path) -> Result<Image> {
+        if !path.is_file() {
+            return Err(EngineError::Image {
+                name: path.display().to_string(),
+                what: "no such file".into(),
+            });
+        }
         let pre = self.forward.semantics().preprocess.as_ref().ok_or_else(|| EngineError::Image {
             name: path.display().to_string(),
             what: format!(

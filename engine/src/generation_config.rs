@@ -68,3 +68,44 @@ impl GenerationConfig {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::SamplingParams;
+
+    #[test]
+    fn a_hub_generation_config_gives_eos_ids_and_sampling() {
+        // The shape of Qwen3-VL-*-Instruct's generation_config.json.
+        let v = serde_json::json!({
+            "bos_token_id": 151643, "pad_token_id": 151643, "do_sample": true,
+            "eos_token_id": [151645, 151643], "top_k": 20, "top_p": 0.8,
+            "repetition_penalty": 1.0, "temperature": 0.7
+        });
+        let gc = GenerationConfig::from_json(&v, "x").unwrap();
+        assert_eq!(gc.eos_token_ids, vec![151645, 151643]);
+        let p = SamplingParams::from_generation_config(&gc);
+        assert_eq!((p.temperature, p.top_k, p.top_p), (0.7, 20, 0.8));
+        // Control: without do_sample the recommendation is greedy.
+        let mut v2 = v.clone();
+        v2["do_sample"] = serde_json::json!(false);
+        let p2 =
+            SamplingParams::from_generation_config(&GenerationConfig::from_json(&v2, "x").unwrap());
+        assert!(p2.is_greedy());
+    }
+
+    #[test]
+    fn a_bad_field_is_refused_by_name() {
+        let e = GenerationConfig::from_json(&serde_json::json!({"top_k": "many"}), "m.pack")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("m.pack: generation_config.json") && e.contains("`top_k`"),
+            "{e}"
+        );
+        let e = GenerationConfig::from_json(&serde_json::json!({"eos_token_id": [1, "x"]}), "m")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`eos_token_id`"), "{e}");
+    }
+}

@@ -133,3 +133,65 @@ fn a_changed_picture_is_not_reused_from_the_cache() {
     assert_eq!(g.reused_tokens, first_image_row);
     assert_eq!(encoder.encoded(), 2);
 }
+
+#[test]
+fn a_stop_string_ends_the_answer_before_it() {
+    let want = cases()["runs"]["text"]["answer"].as_str().unwrap();
+    let mut s = session();
+    let params = SamplingParams {
+        stop: vec!["oks".into()],
+        ..greedy()
+    };
+    let mut streamed = String::new();
+    let g = s
+        .generate(&messages(&cases()["cases"]["text"]), &params, &mut |t| {
+            streamed.push_str(t)
+        })
+        .unwrap();
+    assert_eq!(g.finish, FinishReason::Stop("oks".into()));
+    assert_eq!(g.text, want.strip_suffix("oks").unwrap());
+    assert_eq!(streamed, g.text);
+}
+
+#[test]
+fn a_full_context_ends_the_answer_and_an_oversized_prompt_is_refused() {
+    let options = |context| SessionOptions {
+        context,
+        threads: 1,
+        ..SessionOptions::default()
+    };
+    let text = messages(&cases()["cases"]["text"]);
+    // 25 prompt rows in 27 slots: two tokens are fed, the third sampled, then the cache is full.
+    let mut s = Session::new(&pack(), &assets(), &options(27)).unwrap();
+    let g = s.generate(&text, &greedy(), &mut |_| {}).unwrap();
+    assert_eq!(g.finish, FinishReason::ContextFull);
+    assert_eq!(
+        g.ids,
+        ids(&cases()["runs"]["text"]["greedy_ids"])[..3].to_vec()
+    );
+    assert_eq!(s.next_slot(), 27);
+    let mut s = Session::new(&pack(), &assets(), &options(24)).unwrap();
+    let e = s
+        .generate(&text, &greedy(), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the prompt is 25 tokens, over the context of 24 tokens"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_session_keeps_the_slot_and_rotary_position_after_an_image() {
+    let mut s = session();
+    let case = &cases()["cases"]["two_images"];
+    let g = s.generate(&messages(case), &greedy(), &mut |_| {}).unwrap();
+    // Prompt rows + the tokens fed (all but the last sampled one).
+    let fed = g.ids.len() - 1;
+    assert_eq!(s.next_slot(), 39 + fed);
+    // Rotary position = slot + rope delta (-5 for this prompt): smaller than the slot.
+    assert_eq!(
+        s.next_rotary_pos(),
+        (39 + fed) as i64 + case["rope_delta"].as_i64().unwrap()
+    );
+}

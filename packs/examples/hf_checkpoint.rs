@@ -80,6 +80,8 @@ fn write(shape: &RandomShape, dir: &Path) -> std::io::Result<()> {
                     role: WeightRole::Linear,
                     rows,
                     cols,
+                    quant: QuantKind::F32,
+                    source_shape: None,
                 });
             }
         }
@@ -98,11 +100,7 @@ fn write(shape: &RandomShape, dir: &Path) -> std::io::Result<()> {
         header.insert("__metadata__".into(), json!({ "format": "pt" }));
         let mut offset = 0usize;
         for w in shard {
-            let shape = if w.role == WeightRole::Norm {
-                vec![w.cols]
-            } else {
-                vec![w.rows, w.cols]
-            };
+            let shape = w.checkpoint_shape();
             let bytes = w.rows * w.cols * 2;
             header.insert(w.name.clone(), json!({ "dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + bytes] }));
             offset += bytes;

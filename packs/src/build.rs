@@ -24,6 +24,8 @@ pub enum BuildError {
         row: usize,
         value: f32,
     },
+    #[error("{path}: {what}")]
+    Asset { path: PathBuf, what: String },
     #[error("unknown random shape {0:?} (expected one of: {names})", names = crate::random::RandomShape::NAMES.join(", "))]
     UnknownShape(String),
 }
@@ -35,6 +37,10 @@ pub struct BuildOptions {
     pub mrope_section: Option<[usize; 3]>,
     /// Show a progress bar of tensors converted.
     pub progress: bool,
+    /// Carry the vision tower when the checkpoint has one (`--no-vision` leaves it out).
+    pub vision: bool,
+    /// How the tower's linears are stored (`--vision-quant`); `None`: as the decoder's.
+    pub vision_quant: Option<QuantKind>,
 }
 
 impl BuildOptions {
@@ -43,9 +49,14 @@ impl BuildOptions {
             quant,
             mrope_section: None,
             progress: false,
+            vision: true,
+            vision_quant: None,
         }
     }
 }
+
+/// An asset file larger than this is refused (Qwen's tokenizer.json is ~11 MB).
+pub const MAX_ASSET_BYTES: u64 = 64 << 20;
 
 /// What was written.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +65,8 @@ pub struct BuildReport {
     /// Container tensors written (scales count separately).
     pub tensors: usize,
     pub file_len: u64,
+    /// What the build left out and why (printed by `packs build`).
+    pub warnings: Vec<String>,
 }
 
 /// Builds a pack at `out` from the checkpoint directory `dir`. Atomic: on error nothing is left.
@@ -62,20 +75,98 @@ pub fn build_from_hf(
     out: &Path,
     opts: &BuildOptions,
 ) -> Result<BuildReport, BuildError> {
-    let checkpoint = crate::hf::Checkpoint::open(dir, opts.mrope_section)?;
-    let sem = checkpoint.semantics(opts.quant);
+    let checkpoint = crate::hf::Checkpoint::open(dir, opts.mrope_section, opts.vision)?;
+    let sem = checkpoint.semantics(opts.quant, opts.vision_quant);
     sem.validate()?;
-    write_pack(out, &sem, opts.progress, |weight, first_row, values| {
-        checkpoint
-            .read_rows(&weight.source, first_row, values)
-            .map_err(BuildError::from)
-    })
+    let assets = read_assets(dir)?;
+    let mut report = write_pack(
+        out,
+        &sem,
+        &assets,
+        opts.progress,
+        |weight, first_row, values| {
+            checkpoint
+                .read_rows(&weight.source, first_row, values)
+                .map_err(BuildError::from)
+        },
+    )?;
+    report.warnings = checkpoint.warnings().to_vec();
+    Ok(report)
 }
 
-/// Writes every weight of `sem`'s plan, asking `fill` for the f32 rows of each.
+/// The asset files of a checkpoint directory (those it has), by pack asset name. The chat
+/// template is the checkpoint's own, found where transformers looks: `chat_template.jinja`, else
+/// `chat_template.json`'s `chat_template`, else `tokenizer_config.json`'s (a string, or the
+/// template named "default" in a list).
+pub fn read_assets(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, BuildError> {
+    let read = |file: &str| -> Result<Option<Vec<u8>>, BuildError> {
+        let path = dir.join(file);
+        let io = |e: std::io::Error| BuildError::Asset {
+            path: path.clone(),
+            what: e.to_string(),
+        };
+        match std::fs::metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(e)),
+            Ok(m) if m.len() > MAX_ASSET_BYTES => {
+                return Err(BuildError::Asset {
+                    path,
+                    what: format!(
+                        "{} bytes, more than the {MAX_ASSET_BYTES} an asset may hold",
+                        m.len()
+                    ),
+                })
+            }
+            Ok(_) => {}
+        }
+        std::fs::read(&path).map(Some).map_err(io)
+    };
+    let template_in = |file: &str| -> Result<Option<Vec<u8>>, BuildError> {
+        let Some(bytes) = read(file)? else {
+            return Ok(None);
+        };
+        let path = dir.join(file);
+        let json: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| BuildError::Asset {
+                path: path.clone(),
+                what: format!("not valid JSON: {e}"),
+            })?;
+        Ok(match json.get("chat_template") {
+            Some(serde_json::Value::String(t)) => Some(t.clone().into_bytes()),
+            Some(serde_json::Value::Array(list)) => list
+                .iter()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                .and_then(|t| t.get("template"))
+                .and_then(|t| t.as_str())
+                .map(|t| t.as_bytes().to_vec()),
+            _ => None,
+        })
+    };
+    let mut assets = Vec::new();
+    for file in layout::ASSETS {
+        let bytes = if file == "chat_template.jinja" {
+            match read(file)? {
+                Some(t) => Some(t),
+                None => match template_in("chat_template.json")? {
+                    Some(t) => Some(t),
+                    None => template_in("tokenizer_config.json")?,
+                },
+            }
+        } else {
+            read(file)?
+        };
+        if let Some(bytes) = bytes {
+            assets.push((file.to_string(), bytes));
+        }
+    }
+    Ok(assets)
+}
+
+/// Writes every weight of `sem`'s plan, asking `fill` for the f32 rows of each, then `assets`.
 pub(crate) fn write_pack<F>(
     out: &Path,
     sem: &crate::Semantics,
+    assets: &[(String, Vec<u8>)],
     progress: bool,
     mut fill: F,
 ) -> Result<BuildReport, BuildError>
@@ -83,16 +174,24 @@ where
     F: FnMut(&WeightPlan, usize, &mut [f32]) -> Result<(), BuildError>,
 {
     let weights = layout::weights(sem);
-    let specs = layout::tensor_specs(sem);
+    let mut specs = layout::tensor_specs(sem);
+    specs.extend(
+        assets
+            .iter()
+            .map(|(file, bytes)| layout::asset_spec(file, bytes.len())),
+    );
     let tensors = specs.len();
     let mut writer = PackWriter::create(out, sem, specs)?;
     let bar = progress_bar(progress, weights.len() as u64);
     for weight in &weights {
         bar.set_message(weight.name.clone());
-        encode::write_weight(&mut writer, weight, sem.quant, |first_row, values| {
+        encode::write_weight(&mut writer, weight, |first_row, values| {
             fill(weight, first_row, values)
         })?;
         bar.inc(1);
+    }
+    for (file, bytes) in assets {
+        writer.write_tensor(&crate::names::asset(file), bytes)?;
     }
     let file_len = writer.finish()?;
     bar.finish_and_clear();
@@ -100,6 +199,7 @@ where
         out: out.to_path_buf(),
         tensors,
         file_len,
+        warnings: Vec::new(),
     })
 }
 

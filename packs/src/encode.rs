@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use crate::build::BuildError;
 use crate::layout::{Storage, WeightPlan};
 use crate::names;
-use crate::quant::{self, QuantKind, Q4_GROUP};
+use crate::quant::{self, Q4_GROUP};
 use crate::writer::PackWriter;
 
 /// f32 values per block: 4 Mi values = 16 MiB, plus the encoded copy.
@@ -21,14 +21,13 @@ const ROWS_PER_TASK: usize = 16;
 pub fn write_weight<F>(
     writer: &mut PackWriter,
     weight: &WeightPlan,
-    quant: QuantKind,
     mut fill: F,
 ) -> Result<(), BuildError>
 where
     F: FnMut(usize, &mut [f32]) -> Result<(), BuildError>,
 {
     let (rows, cols) = (weight.rows, weight.cols);
-    let storage = weight.storage(quant);
+    let storage = weight.storage();
     let mut rows_per_block = (BLOCK_VALUES / cols.max(1)).clamp(1, rows.max(1));
     if storage == Storage::Q4 {
         // Whole panels per block (the last block may end with the weight's partial panel), so

@@ -13,14 +13,17 @@ use rayon::prelude::*;
 use serde_json::Value;
 
 use crate::container::{self, Dtype, Entry, HeaderError, LEN_PREFIX};
-use crate::layout::{self, WeightRole};
+use crate::layout;
 use crate::names;
 use crate::quant::QuantKind;
-use crate::semantics::{self, Semantics, SemanticsError, ARCH_QWEN3, ARCH_QWEN3_VL};
+use crate::semantics::{
+    self, ImagePreprocess, Semantics, SemanticsError, VisionSemantics, ARCH_QWEN3, ARCH_QWEN3_VL,
+};
 
 pub const CONFIG: &str = "config.json";
 pub const SINGLE_FILE: &str = "model.safetensors";
 pub const INDEX: &str = "model.safetensors.index.json";
+pub const PREPROCESSOR: &str = "preprocessor_config.json";
 
 #[derive(Debug, thiserror::Error)]
 pub enum HfError {
@@ -387,6 +390,187 @@ pub fn finish_config(
     Ok(sem)
 }
 
+/// The tower's facts from `vision_config` (the 4.57 and 5.x spellings). `quant` is set by the build.
+pub fn parse_vision_config(path: &Path, config: &Value) -> Result<VisionSemantics, HfError> {
+    let key_err = |key: &str, what: String| HfError::Key {
+        path: path.to_path_buf(),
+        key: format!("vision_config.{key}"),
+        what,
+    };
+    let vision = config
+        .get("vision_config")
+        .filter(|v| v.is_object())
+        .ok_or_else(|| HfError::Key {
+            path: path.to_path_buf(),
+            key: "vision_config".into(),
+            what: "missing object (the checkpoint holds model.visual.* tensors)".into(),
+        })?;
+    let size = |key: &str| -> Result<usize, HfError> {
+        let v = vision
+            .get(key)
+            .ok_or_else(|| key_err(key, "missing".into()))?;
+        v.as_u64()
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| key_err(key, format!("expected a non-negative integer, got {v}")))
+    };
+    let hidden_size = size("hidden_size")?;
+    let num_heads = size("num_heads")?;
+    if let Some(v) = vision.get("head_dim").filter(|v| !v.is_null()) {
+        if v.as_u64() != Some((hidden_size / num_heads.max(1)) as u64) {
+            return Err(key_err(
+                "head_dim",
+                format!("{v} differs from hidden_size / num_heads; such a tower is not supported"),
+            ));
+        }
+    }
+    let deepstack_visual_indexes = match vision.get("deepstack_visual_indexes") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_u64().and_then(|v| usize::try_from(v).ok()))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| {
+                key_err(
+                    "deepstack_visual_indexes",
+                    format!("expected block indexes, got {}", Value::Array(a.clone())),
+                )
+            })?,
+        Some(v) => {
+            return Err(key_err(
+                "deepstack_visual_indexes",
+                format!("expected an array, got {v}"),
+            ))
+        }
+        None => return Err(key_err("deepstack_visual_indexes", "missing".into())),
+    };
+    let hidden_act = match vision.get("hidden_act") {
+        Some(Value::String(s)) => s.clone(),
+        None | Some(Value::Null) => semantics::VISION_ACT.to_string(),
+        Some(v) => return Err(key_err("hidden_act", format!("expected a string, got {v}"))),
+    };
+    let theta = vision
+        .get("rope_parameters")
+        .and_then(|r| r.get("rope_theta"))
+        .or_else(|| vision.get("rope_theta"));
+    let rope_theta = match theta {
+        None | Some(Value::Null) => 10_000.0,
+        Some(v) => v.as_f64().ok_or_else(|| {
+            key_err(
+                "rope_parameters.rope_theta",
+                format!("expected a number, got {v}"),
+            )
+        })?,
+    };
+    Ok(VisionSemantics {
+        depth: size("depth")?,
+        hidden_size,
+        num_heads,
+        intermediate_size: size("intermediate_size")?,
+        out_hidden_size: size("out_hidden_size")?,
+        in_channels: match vision.get("in_channels") {
+            None | Some(Value::Null) => 3,
+            Some(_) => size("in_channels")?,
+        },
+        patch_size: size("patch_size")?,
+        spatial_merge_size: size("spatial_merge_size")?,
+        temporal_patch_size: size("temporal_patch_size")?,
+        num_position_embeddings: size("num_position_embeddings")?,
+        deepstack_visual_indexes,
+        hidden_act,
+        rope_theta,
+        // transformers builds every tower LayerNorm with eps=1e-6 whatever the config says.
+        layer_norm_eps: 1e-6,
+        quant: QuantKind::F32,
+    })
+}
+
+/// What preprocessing needs from `preprocessor_config.json`, with transformers' defaults for the
+/// keys it leaves out (Qwen2VLImageProcessor's class attributes) and `min_pixels` / `max_pixels`
+/// overriding `size` as its constructor does.
+pub fn parse_preprocessor_config(path: &Path, config: &Value) -> Result<ImagePreprocess, HfError> {
+    let key_err = |key: &str, what: String| HfError::Key {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        what,
+    };
+    if !config.is_object() {
+        return Err(key_err("(top level)", "expected a JSON object".into()));
+    }
+    let uint = |obj: &Value, key: &str, full: &str, default: u64| -> Result<u64, HfError> {
+        match obj.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => v
+                .as_u64()
+                .ok_or_else(|| key_err(full, format!("expected a non-negative integer, got {v}"))),
+        }
+    };
+    let flag = |key: &str| -> Result<bool, HfError> {
+        match config.get(key) {
+            None | Some(Value::Null) => Ok(true),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| key_err(key, format!("expected a boolean, got {v}"))),
+        }
+    };
+    let triple = |key: &str, default: [f64; 3]| -> Result<[f64; 3], HfError> {
+        match config.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(Value::Number(n)) => {
+                let x = n.as_f64().unwrap_or(f64::NAN);
+                Ok([x; 3])
+            }
+            Some(v) => v
+                .as_array()
+                .filter(|a| a.len() == 3)
+                .and_then(|a| {
+                    let xs: Option<Vec<f64>> = a.iter().map(Value::as_f64).collect();
+                    xs.map(|xs| [xs[0], xs[1], xs[2]])
+                })
+                .ok_or_else(|| key_err(key, format!("expected three numbers, got {v}"))),
+        }
+    };
+    let empty = Value::Null;
+    let size = config.get("size").unwrap_or(&empty);
+    let mut min_pixels = uint(size, "shortest_edge", "size.shortest_edge", 56 * 56)?;
+    let mut max_pixels = uint(size, "longest_edge", "size.longest_edge", 28 * 28 * 1280)?;
+    if config.get("min_pixels").is_some_and(|v| !v.is_null()) {
+        min_pixels = uint(config, "min_pixels", "min_pixels", 0)?;
+    }
+    if config.get("max_pixels").is_some_and(|v| !v.is_null()) {
+        max_pixels = uint(config, "max_pixels", "max_pixels", 0)?;
+    }
+    const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
+    const CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
+    let rescale_factor = match config.get("rescale_factor") {
+        None | Some(Value::Null) => 1.0 / 255.0,
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| key_err("rescale_factor", format!("expected a number, got {v}")))?,
+    };
+    let usize_key = |key: &str, default: u64| -> Result<usize, HfError> {
+        Ok(uint(config, key, key, default)? as usize)
+    };
+    Ok(ImagePreprocess {
+        patch_size: usize_key("patch_size", 14)?,
+        merge_size: usize_key("merge_size", 2)?,
+        temporal_patch_size: usize_key("temporal_patch_size", 2)?,
+        min_pixels,
+        max_pixels,
+        image_mean: triple("image_mean", CLIP_MEAN)?,
+        image_std: triple("image_std", CLIP_STD)?,
+        rescale_factor,
+        do_resize: flag("do_resize")?,
+        do_rescale: flag("do_rescale")?,
+        do_normalize: flag("do_normalize")?,
+        do_convert_rgb: flag("do_convert_rgb")?,
+        resample: uint(
+            config,
+            "resample",
+            "resample",
+            semantics::RESAMPLE_BICUBIC as u64,
+        )? as u32,
+    })
+}
+
 struct Shard {
     path: PathBuf,
     file: File,
@@ -405,12 +589,20 @@ pub struct Checkpoint {
     shards: Vec<Shard>,
     /// Keyed by pack name.
     tensors: HashMap<String, SourceTensor>,
+    /// What was left out and why.
+    warnings: Vec<String>,
 }
 
 impl Checkpoint {
     /// Reads the config and every shard header, and checks that each decoder tensor is present
-    /// with the expected shape and a float dtype.
-    pub fn open(dir: &Path, mrope_override: Option<[usize; 3]>) -> Result<Checkpoint, HfError> {
+    /// with the expected shape and a float dtype. With `with_vision`, a checkpoint that holds the
+    /// vision tower (`model.visual.patch_embed.proj.weight`) must hold all of it, with its
+    /// `vision_config` and `preprocessor_config.json`; without, the tower is left out.
+    pub fn open(
+        dir: &Path,
+        mrope_override: Option<[usize; 3]>,
+        with_vision: bool,
+    ) -> Result<Checkpoint, HfError> {
         let config_path = dir.join(CONFIG);
         let config = read_json(&config_path)?;
         let facts = parse_config(&config_path, &config, mrope_override)?;
@@ -512,7 +704,30 @@ impl Checkpoint {
                 e.shape.first().copied().unwrap_or(0)
             }
         };
-        let semantics = finish_config(&config_path, &facts, inferred_head_dim, mrope_override)?;
+        let mut semantics = finish_config(&config_path, &facts, inferred_head_dim, mrope_override)?;
+        let mut warnings = Vec::new();
+        let has_tower = !text_only && find(names::visual::PATCH_EMBED).is_ok();
+        let preprocessor_path = dir.join(PREPROCESSOR);
+        if with_vision && has_tower && !preprocessor_path.exists() {
+            // The tower alone cannot take an image: the resize limits, mean and std are the
+            // checkpoint's. A text pack still answers text; say what was left out.
+            warnings.push(format!(
+                "{}: no {PREPROCESSOR}, so the vision tower is left out (a text-only pack: image \
+                 prompts will be refused); add the model's {PREPROCESSOR} to carry it",
+                dir.display()
+            ));
+        } else if with_vision && has_tower {
+            let preprocessor = read_json(&preprocessor_path)?;
+            semantics.vision = Some(parse_vision_config(&config_path, &config)?);
+            semantics.preprocess = Some(parse_preprocessor_config(
+                &preprocessor_path,
+                &preprocessor,
+            )?);
+            semantics.validate().map_err(|source| HfError::Semantics {
+                path: config_path.clone(),
+                source,
+            })?;
+        }
 
         let mut tensors = HashMap::new();
         // The plan of an f32 pack reads every weight the checkpoint must provide.
@@ -525,11 +740,7 @@ impl Checkpoint {
         for weight in needed {
             let name = source_name(&weight.name);
             let (shard, entry) = find(&name)?;
-            let expected = if weight.role == WeightRole::Norm {
-                vec![weight.cols]
-            } else {
-                vec![weight.rows, weight.cols]
-            };
+            let expected = weight.checkpoint_shape();
             let path = &shards[shard].path;
             if entry.shape != expected {
                 return Err(HfError::TensorShape {
@@ -553,16 +764,31 @@ impl Checkpoint {
             semantics,
             shards,
             tensors,
+            warnings,
         })
     }
 
-    /// The pack semantics for `quant`; `source` is the checkpoint directory.
-    pub fn semantics(&self, quant: QuantKind) -> Semantics {
-        Semantics {
+    /// The pack semantics for `quant` (the tower's linears in `vision_quant`, else `quant` too);
+    /// `source` is the checkpoint directory.
+    pub fn semantics(&self, quant: QuantKind, vision_quant: Option<QuantKind>) -> Semantics {
+        let mut sem = Semantics {
             quant,
             source: self.dir.display().to_string(),
             ..self.semantics.clone()
+        };
+        if let Some(v) = &mut sem.vision {
+            v.quant = vision_quant.unwrap_or(quant);
         }
+        sem
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// What the pack will leave out, and why.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// Reads rows `first_row..` of the weight with pack name `name` as f32 into `values`
@@ -581,7 +807,12 @@ impl Checkpoint {
                 name: name.to_string(),
             })?;
         let shard = &self.shards[t.shard];
-        let cols = *t.entry.shape.last().unwrap_or(&1) as u64;
+        // A row is everything but the first axis (the Conv3d patch embedding reads as [hidden, C*T*P*P]).
+        let cols = match t.entry.shape.as_slice() {
+            [] => 1,
+            [n] => *n as u64,
+            [_, rest @ ..] => rest.iter().product::<usize>() as u64,
+        };
         let size = t.entry.dtype.size() as u64;
         let offset = shard.data_start + t.entry.start + first_row as u64 * cols * size;
         let len = values.len() as u64 * size;

@@ -2,9 +2,9 @@
 //! produce) and the reader (what to require).
 
 use crate::container::Dtype;
-use crate::names::{self, Norm, Proj, EMBED, FINAL_NORM, LM_HEAD};
+use crate::names::{self, visual, Norm, Proj, EMBED, FINAL_NORM, LM_HEAD};
 use crate::quant::{QuantKind, Q4_GROUP};
-use crate::semantics::Semantics;
+use crate::semantics::{Semantics, VisionSemantics};
 
 /// What a weight is; decides how it is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,9 +12,11 @@ pub enum WeightRole {
     Embedding,
     Norm,
     Linear,
+    /// Kept in f32 as it is: the tower's biases, LayerNorm weights and biases, position table.
+    Param,
 }
 
-/// One logical weight of the decoder: `rows x cols` (`cols` only for norms, `rows == 1`).
+/// One logical weight: `rows x cols` (`cols` only for norms and 1-D params, `rows == 1`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WeightPlan {
     /// Name in the pack.
@@ -24,6 +26,11 @@ pub struct WeightPlan {
     pub role: WeightRole,
     pub rows: usize,
     pub cols: usize,
+    /// How its linear (or embedding) values are stored: the pack's kind for the decoder, the
+    /// tower's own kind (`--vision-quant`) for the tower.
+    pub quant: QuantKind,
+    /// Its shape in the checkpoint, when that is not `[rows, cols]` (the patch embedding's Conv3d).
+    pub source_shape: Option<Vec<usize>>,
 }
 
 /// How a weight's values are stored.
@@ -57,9 +64,23 @@ pub fn head_is_stored(sem: &Semantics) -> bool {
 }
 
 impl WeightPlan {
-    pub fn storage(&self, quant: QuantKind) -> Storage {
-        match (self.role, quant) {
-            (WeightRole::Norm, _) => Storage::F32,
+    /// The stored shape of its values: 1-D for norms and single-row params.
+    pub fn dims(&self) -> Vec<usize> {
+        match self.role {
+            WeightRole::Norm => vec![self.cols],
+            WeightRole::Param if self.rows == 1 => vec![self.cols],
+            _ => vec![self.rows, self.cols],
+        }
+    }
+
+    /// The shape the checkpoint must hold.
+    pub fn checkpoint_shape(&self) -> Vec<usize> {
+        self.source_shape.clone().unwrap_or_else(|| self.dims())
+    }
+
+    pub fn storage(&self) -> Storage {
+        match (self.role, self.quant) {
+            (WeightRole::Norm | WeightRole::Param, _) => Storage::F32,
             (WeightRole::Embedding, QuantKind::F32) => Storage::F32,
             (WeightRole::Embedding, _) => Storage::Bf16,
             (WeightRole::Linear, QuantKind::F32) => Storage::F32,
@@ -70,14 +91,10 @@ impl WeightPlan {
     }
 
     /// The container tensors of this weight: the values, then the scales if quantized.
-    pub fn tensors(&self, quant: QuantKind) -> Vec<TensorSpec> {
-        let dims = if self.role == WeightRole::Norm {
-            vec![self.cols]
-        } else {
-            vec![self.rows, self.cols]
-        };
+    pub fn tensors(&self) -> Vec<TensorSpec> {
+        let dims = self.dims();
         let spec = |name: String, dtype, shape| TensorSpec { name, dtype, shape };
-        match self.storage(quant) {
+        match self.storage() {
             Storage::F32 => vec![spec(self.name.clone(), Dtype::F32, dims)],
             Storage::Bf16 => vec![spec(self.name.clone(), Dtype::BF16, dims)],
             Storage::I8 => vec![
@@ -96,16 +113,37 @@ impl WeightPlan {
     }
 }
 
-/// Every weight of the pack in file order. `sem` must be validated.
+/// Every weight of the pack in file order: the decoder, then the tower when the pack has one.
+/// `sem` must be validated.
 pub fn weights(sem: &Semantics) -> Vec<WeightPlan> {
-    let h = sem.hidden_size;
-    let weight = |name: String, role, rows, cols| WeightPlan {
+    let mut plan = decoder_weights(sem);
+    if let Some(v) = &sem.vision {
+        plan.extend(tower_weights(v));
+    }
+    plan
+}
+
+fn plan_weight(
+    name: String,
+    role: WeightRole,
+    rows: usize,
+    cols: usize,
+    quant: QuantKind,
+) -> WeightPlan {
+    WeightPlan {
         source: name.clone(),
         name,
         role,
         rows,
         cols,
-    };
+        quant,
+        source_shape: None,
+    }
+}
+
+fn decoder_weights(sem: &Semantics) -> Vec<WeightPlan> {
+    let h = sem.hidden_size;
+    let weight = |name: String, role, rows, cols| plan_weight(name, role, rows, cols, sem.quant);
     let norm = |name: String, len| weight(name, WeightRole::Norm, 1, len);
     let linear = |name: String, rows, cols| weight(name, WeightRole::Linear, rows, cols);
     let mut plan = vec![weight(
@@ -145,10 +183,104 @@ pub fn weights(sem: &Semantics) -> Vec<WeightPlan> {
     plan
 }
 
-/// Every container tensor of the pack in file order.
+/// The tower's weights in file order: patch embedding, position table, blocks, merger, DeepStack
+/// mergers.
+fn tower_weights(v: &VisionSemantics) -> Vec<WeightPlan> {
+    let (h, inter, merged) = (v.hidden_size, v.intermediate_size, v.merged_hidden());
+    let linear =
+        |name: String, rows, cols| plan_weight(name, WeightRole::Linear, rows, cols, v.quant);
+    let param =
+        |name: String, rows, cols| plan_weight(name, WeightRole::Param, rows, cols, v.quant);
+    // A linear and its bias.
+    let biased = |plan: &mut Vec<WeightPlan>, weight: String, rows, cols| {
+        let bias = weight.replace(".weight", ".bias");
+        plan.push(linear(weight, rows, cols));
+        plan.push(param(bias, 1, rows));
+    };
+    // A LayerNorm's weight and bias.
+    let layer_norm = |plan: &mut Vec<WeightPlan>, prefix: String, len| {
+        plan.push(param(format!("{prefix}.weight"), 1, len));
+        plan.push(param(format!("{prefix}.bias"), 1, len));
+    };
+
+    let mut plan = Vec::new();
+    let mut patch = linear(visual::PATCH_EMBED.to_string(), h, v.patch_row_len());
+    patch.source_shape = Some(vec![
+        h,
+        v.in_channels,
+        v.temporal_patch_size,
+        v.patch_size,
+        v.patch_size,
+    ]);
+    plan.push(patch);
+    plan.push(param(visual::PATCH_EMBED_BIAS.to_string(), 1, h));
+    plan.push(param(
+        visual::POS_EMBED.to_string(),
+        v.num_position_embeddings,
+        h,
+    ));
+    for i in 0..v.depth {
+        layer_norm(&mut plan, visual::block(i, "norm1"), h);
+        biased(&mut plan, visual::block(i, "attn.qkv.weight"), 3 * h, h);
+        biased(&mut plan, visual::block(i, "attn.proj.weight"), h, h);
+        layer_norm(&mut plan, visual::block(i, "norm2"), h);
+        biased(
+            &mut plan,
+            visual::block(i, "mlp.linear_fc1.weight"),
+            inter,
+            h,
+        );
+        biased(
+            &mut plan,
+            visual::block(i, "mlp.linear_fc2.weight"),
+            h,
+            inter,
+        );
+    }
+    // The merger normalizes each patch before the 2x2 concatenation; the DeepStack mergers
+    // normalize the concatenation (use_postshuffle_norm).
+    let mergers = std::iter::once((
+        visual::merger("norm"),
+        h,
+        visual::merger("linear_fc1.weight"),
+        visual::merger("linear_fc2.weight"),
+    ))
+    .chain((0..v.deepstack_visual_indexes.len()).map(|j| {
+        (
+            visual::deepstack_merger(j, "norm"),
+            merged,
+            visual::deepstack_merger(j, "linear_fc1.weight"),
+            visual::deepstack_merger(j, "linear_fc2.weight"),
+        )
+    }));
+    for (norm, norm_len, fc1, fc2) in mergers {
+        layer_norm(&mut plan, norm, norm_len);
+        biased(&mut plan, fc1, merged, merged);
+        biased(&mut plan, fc2, v.out_hidden_size, merged);
+    }
+    plan
+}
+
+/// Every weight tensor of the pack in file order (assets follow them).
 pub fn tensor_specs(sem: &Semantics) -> Vec<TensorSpec> {
-    weights(sem)
-        .iter()
-        .flat_map(|w| w.tensors(sem.quant))
-        .collect()
+    weights(sem).iter().flat_map(|w| w.tensors()).collect()
+}
+
+/// The files a pack may carry beside its tensors, so one pack is self-contained: the tokenizer,
+/// the chat template, the generation defaults and the raw preprocessing config.
+pub const ASSETS: [&str; 5] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "preprocessor_config.json",
+];
+
+/// The container tensor holding asset `file` (`len` bytes): 1-D U8.
+pub fn asset_spec(file: &str, len: usize) -> TensorSpec {
+    TensorSpec {
+        name: names::asset(file),
+        dtype: Dtype::U8,
+        shape: vec![len],
+    }
 }

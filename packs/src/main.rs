@@ -42,6 +42,13 @@ enum Command {
         /// it contradicts the config.
         #[arg(long, value_name = "T,H,W", value_parser = parse_section)]
         mrope_section: Option<[usize; 3]>,
+        /// How the vision tower's linears are stored (default: as --quant). Its norms, biases and
+        /// position table stay f32. Example: --quant q4 --vision-quant i8.
+        #[arg(long, value_name = "KIND", value_parser = parse_quant)]
+        vision_quant: Option<QuantKind>,
+        /// Leave the vision tower out: a text-only pack (image prompts will be refused).
+        #[arg(long)]
+        no_vision: bool,
         /// No progress bar.
         #[arg(short, long)]
         quiet: bool,
@@ -108,15 +115,22 @@ fn run(command: Command) -> CliResult {
             out,
             quant,
             mrope_section,
+            vision_quant,
+            no_vision,
             quiet,
         } => {
             let start = Instant::now();
             let opts = BuildOptions {
-                quant,
                 mrope_section,
                 progress: !quiet,
+                vision: !no_vision,
+                vision_quant,
+                ..BuildOptions::new(quant)
             };
             let report = packs::build_from_hf(&hf_dir, &out, &opts)?;
+            for warning in &report.warnings {
+                eprintln!("warning: {warning}");
+            }
             eprintln!(
                 "wrote {} ({quant}, {} tensors, {}) in {:.1} s",
                 report.out.display(),
@@ -157,7 +171,8 @@ fn inspect(path: &Path, as_json: bool) -> CliResult {
     let kind_label = |k: TensorKind, dtype: packs::Dtype| match (k, dtype) {
         (TensorKind::Linear, packs::Dtype::U8) => "linear q4 codes".to_string(),
         (TensorKind::Linear, packs::Dtype::I8) => "linear i8 codes".to_string(),
-        (TensorKind::Scales, _) => format!("{quant} scales"),
+        (TensorKind::Scales, packs::Dtype::BF16) => "q4 scales".to_string(),
+        (TensorKind::Scales, _) => "i8 scales".to_string(),
         (k, _) => k.as_str().to_string(),
     };
     let tensor_bytes: u64 = pack.tensors().iter().map(|t| t.len).sum();
@@ -246,6 +261,41 @@ fn inspect(path: &Path, as_json: bool) -> CliResult {
             (true, true) => "tied (stored once more as lm_head.weight)",
             (true, false) => "tied (the embedding)",
             (false, _) => "untied (lm_head.weight)",
+        }
+    );
+    match (&sem.vision, &sem.preprocess) {
+        (Some(v), Some(p)) => {
+            println!(
+                "vision      depth {}  hidden {}  heads {}  intermediate {}  out {}  patch {}  merge {}  temporal {}  positions {}  linears {}",
+                v.depth,
+                v.hidden_size,
+                v.num_heads,
+                v.intermediate_size,
+                v.out_hidden_size,
+                v.patch_size,
+                v.spatial_merge_size,
+                v.temporal_patch_size,
+                v.num_position_embeddings,
+                v.quant
+            );
+            println!(
+                "            DeepStack taps after blocks {:?}; images resized to {}..={} pixels, mean {:?} std {:?}",
+                v.deepstack_visual_indexes, p.min_pixels, p.max_pixels, p.image_mean, p.image_std
+            );
+        }
+        _ => println!("vision      none (text-only pack: image prompts are refused)"),
+    }
+    let assets: Vec<&str> = packs::layout::ASSETS
+        .iter()
+        .copied()
+        .filter(|a| pack.asset(a).is_some())
+        .collect();
+    println!(
+        "assets      {}",
+        if assets.is_empty() {
+            "none".to_string()
+        } else {
+            assets.join(", ")
         }
     );
     println!();

@@ -90,6 +90,37 @@ pub fn is_padding(name: &str) -> bool {
     name.starts_with(PAD_PREFIX)
 }
 
+/// Raw files a pack carries beside the tensors (tokenizer, chat template, ...): `__asset__.<file>`.
+pub const ASSET_PREFIX: &str = "__asset__.";
+
+pub fn asset(file: &str) -> String {
+    format!("{ASSET_PREFIX}{file}")
+}
+
+/// The vision tower's tensors: the hub names (`model.visual.*`), no renaming.
+pub mod visual {
+    /// Stored as a linear `[hidden, channels * temporal * patch * patch]`: the checkpoint's Conv3d
+    /// weight `[hidden, C, T, P, P]` flattened row-major (the same bytes), since a stride-equal
+    /// Conv3d over one patch is that matrix product.
+    pub const PATCH_EMBED: &str = "model.visual.patch_embed.proj.weight";
+    pub const PATCH_EMBED_BIAS: &str = "model.visual.patch_embed.proj.bias";
+    /// `[num_position_embeddings, hidden]`.
+    pub const POS_EMBED: &str = "model.visual.pos_embed.weight";
+
+    /// `model.visual.blocks.{i}.{suffix}` (`attn.qkv.weight`, `norm1.bias`, ...).
+    pub fn block(i: usize, suffix: &str) -> String {
+        format!("model.visual.blocks.{i}.{suffix}")
+    }
+    /// `model.visual.merger.{suffix}`.
+    pub fn merger(suffix: &str) -> String {
+        format!("model.visual.merger.{suffix}")
+    }
+    /// `model.visual.deepstack_merger_list.{j}.{suffix}`.
+    pub fn deepstack_merger(j: usize, suffix: &str) -> String {
+        format!("model.visual.deepstack_merger_list.{j}.{suffix}")
+    }
+}
+
 /// The checkpoint name of a pack tensor for a text-only Qwen3 checkpoint (`model.layers.*`,
 /// `model.embed_tokens.weight`, ...): the same path without `language_model.`.
 pub fn text_only_name(pack_name: &str) -> String {
@@ -124,5 +155,14 @@ mod tests {
         assert_eq!(scales_of(LM_HEAD), "lm_head.weight.scales");
         assert_eq!(text_only_name(EMBED), "model.embed_tokens.weight");
         assert_eq!(text_only_name(LM_HEAD), "lm_head.weight");
+        assert_eq!(
+            visual::block(4, "attn.qkv.weight"),
+            "model.visual.blocks.4.attn.qkv.weight"
+        );
+        assert_eq!(
+            visual::deepstack_merger(1, "norm.bias"),
+            "model.visual.deepstack_merger_list.1.norm.bias"
+        );
+        assert_eq!(asset("tokenizer.json"), "__asset__.tokenizer.json");
     }
 }

@@ -134,6 +134,10 @@ pub enum TensorKind {
     Linear,
     /// The scales of a quantized linear weight.
     Scales,
+    /// An f32 parameter kept as it is (the tower's biases, LayerNorms, position table).
+    Param,
+    /// A file carried beside the tensors (`__asset__.<file>`: tokenizer, chat template, ...).
+    Asset,
     /// Not required by the semantics; ignored by the forward.
     Extra,
 }
@@ -145,6 +149,8 @@ impl TensorKind {
             TensorKind::Norm => "norm",
             TensorKind::Linear => "linear",
             TensorKind::Scales => "scales",
+            TensorKind::Param => "param",
+            TensorKind::Asset => "asset",
             TensorKind::Extra => "extra",
         }
     }
@@ -272,7 +278,7 @@ impl Pack {
             );
         }
         for weight in &plan {
-            for (i, spec) in weight.tensors(semantics.quant).into_iter().enumerate() {
+            for (i, spec) in weight.tensors().into_iter().enumerate() {
                 let Some(&slot) = index.get(&spec.name) else {
                     return Err(PackError::Missing {
                         path,
@@ -295,7 +301,23 @@ impl Pack {
                     (WeightRole::Embedding, _) => TensorKind::Embedding,
                     (WeightRole::Norm, _) => TensorKind::Norm,
                     (WeightRole::Linear, _) => TensorKind::Linear,
+                    (WeightRole::Param, _) => TensorKind::Param,
                 };
+            }
+        }
+        for t in tensors.iter_mut() {
+            if t.name.starts_with(names::ASSET_PREFIX) {
+                if t.dtype != Dtype::U8 || t.shape.len() != 1 {
+                    return Err(PackError::WrongShape {
+                        path,
+                        name: t.name.clone(),
+                        found_dtype: t.dtype,
+                        found_shape: t.shape.clone(),
+                        dtype: Dtype::U8,
+                        shape: vec![t.len as usize],
+                    });
+                }
+                t.kind = TensorKind::Asset;
             }
         }
         Ok(Pack {
@@ -390,6 +412,32 @@ impl Pack {
         }
     }
 
+    /// A file the pack carries (`tokenizer.json`, `chat_template.jinja`, ...; see
+    /// `layout::ASSETS`), if the checkpoint it was built from had it.
+    pub fn asset(&self, file: &str) -> Option<&[u8]> {
+        let t = self
+            .index
+            .get(&names::asset(file))
+            .map(|&i| &self.tensors[i])
+            .filter(|t| t.kind == TensorKind::Asset)?;
+        Some(&self.map[t.offset as usize..(t.offset + t.len) as usize])
+    }
+
+    /// An f32 tensor kept as it is: a norm weight, or one of the tower's biases, LayerNorm
+    /// weights and biases, or its position table.
+    pub fn f32_tensor(&self, name: &str) -> Result<&[f32], PackError> {
+        let &i = self.index.get(name).ok_or_else(|| self.not_found(name))?;
+        let t = &self.tensors[i];
+        if !matches!(t.kind, TensorKind::Norm | TensorKind::Param) || t.dtype != Dtype::F32 {
+            return Err(PackError::WrongRole {
+                path: self.path.clone(),
+                name: name.to_string(),
+                what: "f32 parameter",
+            });
+        }
+        Ok(self.typed(t))
+    }
+
     /// A norm weight (f32).
     pub fn norm(&self, name: &str) -> Result<&[f32], PackError> {
         Ok(self.norm_at(self.norm_index(name)?))
@@ -409,7 +457,8 @@ impl Pack {
         self.typed(&self.tensors[at.0])
     }
 
-    /// A linear weight: one of the seven projections of a layer, or the stored head.
+    /// A linear weight: one of the seven projections of a layer, the stored head, or a linear of
+    /// the vision tower.
     pub fn linear(&self, name: &str) -> Result<Linear<'_>, PackError> {
         Ok(self.linear_at(self.linear_index(name)?))
     }
@@ -417,7 +466,7 @@ impl Pack {
     /// Where linear weight `name` and its scales sit, for [`Pack::linear_at`].
     pub fn linear_index(&self, name: &str) -> Result<LinearIndex, PackError> {
         let tensor = self.index_of(name, TensorKind::Linear, "linear weight")?;
-        let scales = match self.semantics.quant {
+        let scales = match storage_of(self.tensors[tensor].dtype) {
             QuantKind::F32 | QuantKind::Bf16 => None,
             QuantKind::I8 | QuantKind::Q4 => {
                 Some(self.index_of(&names::scales_of(name), TensorKind::Scales, "scales tensor")?)
@@ -436,7 +485,9 @@ impl Pack {
                 .scales
                 .expect("a quantized weight's index holds its scales")]
         };
-        let (k, data) = match self.semantics.quant {
+        // The tensor's own dtype says how it is stored: the tower may be stored in another kind
+        // than the decoder (`--vision-quant`); open() checked each against its plan.
+        let (k, data) = match storage_of(t.dtype) {
             QuantKind::F32 => (t.shape[1], LinearData::F32(self.typed(t))),
             QuantKind::Bf16 => (t.shape[1], LinearData::Bf16(self.typed(t))),
             QuantKind::I8 => (
@@ -479,5 +530,16 @@ impl Pack {
             k: t.shape[1],
             data,
         }
+    }
+}
+
+/// How a linear weight tensor of this dtype is stored (the plan gives each kind its own dtype:
+/// F32, BF16, I8 codes, U8 q4 codes).
+fn storage_of(dtype: Dtype) -> QuantKind {
+    match dtype {
+        Dtype::BF16 => QuantKind::Bf16,
+        Dtype::I8 => QuantKind::I8,
+        Dtype::U8 => QuantKind::Q4,
+        _ => QuantKind::F32,
     }
 }

@@ -125,7 +125,7 @@ pub fn write_random_with_progress(
 ) -> Result<BuildReport, BuildError> {
     let sem = shape.semantics_for(quant, seed);
     sem.validate()?;
-    build::write_pack(out, &sem, progress, |weight, first_row, values| {
+    build::write_pack(out, &sem, &[], progress, |weight, first_row, values| {
         fill_random(seed, weight, first_row, values);
         Ok(())
     })
@@ -146,6 +146,11 @@ pub fn fill_random(seed: u64, weight: &WeightPlan, first_row: usize, values: &mu
         WeightRole::Embedding => (0.0, 0.1),
         WeightRole::Norm => (1.0, 0.1),
         WeightRole::Linear => (0.0, (3.0 / cols as f32).sqrt()),
+        // The tower's LayerNorm weights near 1, its biases and position table small.
+        WeightRole::Param if weight.name.contains("norm") && weight.name.ends_with(".weight") => {
+            (1.0, 0.1)
+        }
+        WeightRole::Param => (0.0, 0.02),
     };
     let first = (first_row * cols) as u64;
     values

@@ -67,7 +67,110 @@ pub struct VisionSemantics {
     pub quant: QuantKind,
 }
 
+/// The only MLP activation the tower implements (transformers' Qwen3-VL default).
+pub const VISION_ACT: &str = "gelu_pytorch_tanh";
+
 impl VisionSemantics {
+    /// Refuses, by field, a tower the vision crate could not run or would run wrongly.
+    pub fn validate(&self, text: &Semantics) -> Result<(), SemanticsError> {
+        let err = |what: String| Err(SemanticsError::Vision(what));
+        for (field, value) in [
+            ("depth", self.depth),
+            ("hidden_size", self.hidden_size),
+            ("num_heads", self.num_heads),
+            ("intermediate_size", self.intermediate_size),
+            ("out_hidden_size", self.out_hidden_size),
+            ("in_channels", self.in_channels),
+            ("patch_size", self.patch_size),
+            ("spatial_merge_size", self.spatial_merge_size),
+            ("temporal_patch_size", self.temporal_patch_size),
+            ("num_position_embeddings", self.num_position_embeddings),
+        ] {
+            if value == 0 {
+                return err(format!("{field} must be > 0"));
+            }
+            if value > 1 << 20 {
+                return err(format!("{field} = {value} is too large"));
+            }
+        }
+        if self.hidden_size % self.num_heads != 0 {
+            return err(format!(
+                "hidden_size {} is not a multiple of num_heads {}",
+                self.hidden_size, self.num_heads
+            ));
+        }
+        // The 2-D rotary gives head_dim/4 frequencies to the row and as many to the column.
+        if self.head_dim() % 4 != 0 {
+            return err(format!(
+                "head_dim {} (hidden_size / num_heads) must be a multiple of 4 for the 2-D rotary",
+                self.head_dim()
+            ));
+        }
+        let side = (self.num_position_embeddings as f64).sqrt() as usize;
+        if side * side != self.num_position_embeddings {
+            return err(format!(
+                "num_position_embeddings {} is not a square (the table is sqrt(n) x sqrt(n))",
+                self.num_position_embeddings
+            ));
+        }
+        if self.out_hidden_size != text.hidden_size {
+            return err(format!(
+                "out_hidden_size {} differs from the decoder's hidden_size {}",
+                self.out_hidden_size, text.hidden_size
+            ));
+        }
+        if self.deepstack_visual_indexes.len() != text.deepstack_sets {
+            return err(format!(
+                "{} deepstack_visual_indexes, but the decoder expects {} DeepStack sets",
+                self.deepstack_visual_indexes.len(),
+                text.deepstack_sets
+            ));
+        }
+        if let Some(&i) = self
+            .deepstack_visual_indexes
+            .iter()
+            .find(|&&i| i >= self.depth)
+        {
+            return err(format!(
+                "deepstack_visual_indexes holds {i}, past the last block {}",
+                self.depth - 1
+            ));
+        }
+        if self.hidden_act != VISION_ACT {
+            return err(format!(
+                "hidden_act {:?} is not supported (expected {VISION_ACT:?})",
+                self.hidden_act
+            ));
+        }
+        for (field, value) in [
+            ("rope_theta", self.rope_theta),
+            ("layer_norm_eps", self.layer_norm_eps),
+        ] {
+            if !(value.is_finite() && value > 0.0) {
+                return err(format!("{field} = {value} must be finite and > 0"));
+            }
+        }
+        if self.quant == QuantKind::Q4 {
+            for (field, value) in [
+                ("hidden_size", self.hidden_size),
+                ("intermediate_size", self.intermediate_size),
+                (
+                    "patch row (channels x temporal x patch^2)",
+                    self.patch_row_len(),
+                ),
+                ("merged hidden (hidden x merge^2)", self.merged_hidden()),
+            ] {
+                if value % Q4_GROUP != 0 {
+                    return err(format!(
+                        "a q4 tower needs {field} = {value} to be a multiple of {Q4_GROUP}; \
+                         build with --vision-quant i8 (or bf16, f32)"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn head_dim(&self) -> usize {
         self.hidden_size / self.num_heads
     }
@@ -103,6 +206,68 @@ pub struct ImagePreprocess {
     pub resample: u32,
 }
 
+/// PIL's code for BICUBIC, the one resample filter the preprocessing implements.
+pub const RESAMPLE_BICUBIC: u32 = 3;
+
+impl ImagePreprocess {
+    /// Refuses, by key, a config the preprocessing could not follow or that disagrees with the tower.
+    pub fn validate(&self, vision: &VisionSemantics) -> Result<(), SemanticsError> {
+        let err = |what: String| Err(SemanticsError::Preprocess(what));
+        for (key, ours, tower) in [
+            ("patch_size", self.patch_size, vision.patch_size),
+            ("merge_size", self.merge_size, vision.spatial_merge_size),
+            (
+                "temporal_patch_size",
+                self.temporal_patch_size,
+                vision.temporal_patch_size,
+            ),
+        ] {
+            if ours != tower {
+                return err(format!(
+                    "{key} = {ours} differs from the tower's {tower} (vision_config)"
+                ));
+            }
+        }
+        if self.min_pixels == 0 || self.min_pixels > self.max_pixels {
+            return err(format!(
+                "size.shortest_edge (min pixels) {} must be > 0 and at most size.longest_edge (max pixels) {}",
+                self.min_pixels, self.max_pixels
+            ));
+        }
+        if let Some(s) = self
+            .image_std
+            .iter()
+            .find(|s| !(s.is_finite() && **s != 0.0))
+        {
+            return err(format!(
+                "image_std holds {s}: every entry must be finite and non-zero"
+            ));
+        }
+        if let Some(m) = self.image_mean.iter().find(|m| !m.is_finite()) {
+            return err(format!("image_mean holds {m}: every entry must be finite"));
+        }
+        if !(self.rescale_factor.is_finite() && self.rescale_factor > 0.0) {
+            return err(format!(
+                "rescale_factor = {} must be finite and > 0",
+                self.rescale_factor
+            ));
+        }
+        if self.resample != RESAMPLE_BICUBIC {
+            return err(format!(
+                "resample = {} is not supported (expected {RESAMPLE_BICUBIC}, bicubic)",
+                self.resample
+            ));
+        }
+        if vision.in_channels != 3 {
+            return err(format!(
+                "the tower takes {} channels; images are preprocessed to 3 (RGB)",
+                vision.in_channels
+            ));
+        }
+        Ok(())
+    }
+}
+
 pub const ARCH_QWEN3_VL: &str = "qwen3_vl";
 pub const ARCH_QWEN3: &str = "qwen3";
 
@@ -132,6 +297,10 @@ pub enum SemanticsError {
     Q4Group { field: &'static str, value: usize },
     #[error("{field} = {value} is too large")]
     Overflow { field: &'static str, value: usize },
+    #[error("vision_config: {0}")]
+    Vision(String),
+    #[error("preprocessor_config: {0}")]
+    Preprocess(String),
 }
 
 impl Semantics {
@@ -190,6 +359,23 @@ impl Semantics {
                 if value % Q4_GROUP != 0 {
                     return Err(E::Q4Group { field, value });
                 }
+            }
+        }
+        match (&self.vision, &self.preprocess) {
+            (Some(v), Some(p)) => {
+                v.validate(self)?;
+                p.validate(v)?;
+            }
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(E::Preprocess(
+                    "a pack with a vision tower needs its preprocessing config".into(),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(E::Preprocess(
+                    "a preprocessing config without a vision tower".into(),
+                ))
             }
         }
         Ok(())

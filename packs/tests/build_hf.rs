@@ -129,9 +129,8 @@ fn build_err(spec: &HfSpec, override_section: Option<[usize; 3]>) -> String {
     common::write_checkpoint(&ck, spec);
     let out = tmp.path().join("out.pack");
     let opts = BuildOptions {
-        quant: QuantKind::F32,
         mrope_section: override_section,
-        progress: false,
+        ..packs::build::BuildOptions::new(QuantKind::F32)
     };
     let err = build_from_hf(&ck, &out, &opts)
         .expect_err("build must be refused")
@@ -171,9 +170,8 @@ fn missing_mrope_section_is_refused_unless_stated() {
         common::write_checkpoint(&ck, &spec);
         let out = tmp.path().join("out.pack");
         let opts = BuildOptions {
-            quant: QuantKind::Bf16,
             mrope_section: Some([2, 3, 3]),
-            progress: false,
+            ..BuildOptions::new(QuantKind::Bf16)
         };
         build_from_hf(&ck, &out, &opts).unwrap();
         assert_eq!(

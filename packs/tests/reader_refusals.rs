@@ -294,7 +294,13 @@ fn wrong_format_or_semantics() {
     f.refuse(
         "format.pack",
         &f.edited(|h| h["__metadata__"]["format"] = json!("xdna-vl-pack/1")),
-        &["xdna-vl-pack/1", "expected \"xdna-vl-pack/2\""],
+        &["xdna-vl-pack/1", "expected \"xdna-vl-pack/3\""],
+    );
+    // A pack from before the tower and the assets: build it again.
+    f.refuse(
+        "format2.pack",
+        &f.edited(|h| h["__metadata__"]["format"] = json!("xdna-vl-pack/2")),
+        &["xdna-vl-pack/2", "build it again"],
     );
     f.refuse(
         "plain-safetensors.pack",

@@ -57,9 +57,8 @@ pub fn bundled(case: &str, kind: QuantKind) -> Result<Bundled, String> {
     if !fresh {
         eprintln!("building the bundled pack {} ...", pack.display());
         let opts = packs::build::BuildOptions {
-            quant: kind,
             mrope_section: None,
-            progress: false,
+            ..packs::build::BuildOptions::new(kind)
         };
         packs::build::build_from_hf(&checkpoint, &pack, &opts).map_err(|e| e.to_string())?;
     }

@@ -52,9 +52,8 @@ fn expected() -> Expected {
 fn build_pack(dir: &Path) -> String {
     let out = dir.join("chat-f32.pack");
     let opts = packs::build::BuildOptions {
-        quant: packs::QuantKind::F32,
         mrope_section: None,
-        progress: false,
+        ..packs::build::BuildOptions::new(packs::QuantKind::F32)
     };
     packs::build::build_from_hf(&chat().join("Qwen3-VL-tiny"), &out, &opts).unwrap();
     out.to_string_lossy().into_owned()

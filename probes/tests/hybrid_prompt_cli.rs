@@ -34,9 +34,8 @@ fn probe_with(args: &[&str], kernels: Option<&str>) -> (i32, String, String) {
 fn build(dir: &Path, case: &str, quant: &str) -> String {
     let out = dir.join(format!("{case}-{quant}.pack"));
     let opts = packs::build::BuildOptions {
-        quant: quant.parse().unwrap(),
         mrope_section: None,
-        progress: false,
+        ..packs::build::BuildOptions::new(quant.parse().unwrap())
     };
     packs::build::build_from_hf(&fixtures().join(case).join("checkpoint"), &out, &opts).unwrap();
     out.to_string_lossy().into_owned()

@@ -72,9 +72,8 @@ impl Case {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(format!("{}-{kind}.pack", self.name));
         let opts = packs::build::BuildOptions {
-            quant: kind,
             mrope_section: None,
-            progress: false,
+            ..packs::build::BuildOptions::new(kind)
         };
         packs::build::build_from_hf(&self.checkpoint(), &path, &opts)
             .unwrap_or_else(|e| panic!("{}: build {kind}: {e}", self.name));

@@ -174,11 +174,7 @@ pub fn write_checkpoint(dir: &Path, spec: &HfSpec) -> HashMap<String, Vec<f32>> 
     // (checkpoint name, shape, bytes)
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for w in layout::weights(&sem) {
-        let shape = if w.role == WeightRole::Norm {
-            vec![w.cols]
-        } else {
-            vec![w.rows, w.cols]
-        };
+        let shape = w.checkpoint_shape();
         let vals = values(&w.name, w.rows * w.cols, w.role);
         let (bytes, rounded) = encode(&vals, spec.dtype);
         let ck_name = if spec.text_only {
@@ -190,11 +186,11 @@ pub fn write_checkpoint(dir: &Path, spec: &HfSpec) -> HashMap<String, Vec<f32>> 
         stored.insert(w.name.clone(), rounded);
     }
     if !spec.text_only {
-        // Vision tensors the pack must ignore.
+        // Vision tensors the pack must ignore: without the patch embedding there is no tower.
         let vals = values("visual", 4 * 8, WeightRole::Linear);
         let (bytes, _) = encode(&vals, spec.dtype);
         tensors.push((
-            "model.visual.patch_embed.proj.weight".into(),
+            "model.visual.merger.linear_fc1.weight".into(),
             vec![4, 8],
             bytes,
         ));
@@ -277,6 +273,11 @@ pub fn check_pack(pack: &Pack, stored: &HashMap<String, Vec<f32>>) {
                     );
                 }
             },
+            WeightRole::Param => assert!(
+                pack.f32_tensor(&w.name).unwrap() == &values[..],
+                "{} differs",
+                w.name
+            ),
             WeightRole::Norm => assert!(
                 pack.norm(&w.name).unwrap() == &values[..],
                 "{} differs",

@@ -928,9 +928,8 @@ fn kv_accuracy(c: &Common, fixtures: &std::path::Path) -> Value {
             let reference = Reference::open(&ref_path).unwrap_or_else(|e| refuse(format!("{e:?}")));
             let pack_path = c.pack_dir.join(format!("fixture-{name}-{kind}.pack"));
             let opts = packs::build::BuildOptions {
-                quant: kind,
                 mrope_section: None,
-                progress: false,
+                ..packs::build::BuildOptions::new(kind)
             };
             packs::build::build_from_hf(&case.join("checkpoint"), &pack_path, &opts)
                 .unwrap_or_else(|e| refuse(format!("{}: build {kind}: {e}", case.display())));

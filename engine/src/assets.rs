@@ -103,11 +103,10 @@ fn parse_json(source: &str, name: &str, b: &[u8]) -> Result<serde_json::Value> {
     })
 }
 
-/// The chat files a pack carries (stored by `packs build`).
+/// The chat files a pack carries (stored by `packs build` as the checkpoint has them, the
+/// template resolved as transformers resolves it).
 pub fn from_pack(pack: &packs::Pack) -> Result<ChatAssets> {
-    // TODO(packs/3): pack.asset(name) once the pack format carries the checkpoint's chat files.
-    Err(EngineError::MissingAsset {
-        source_name: pack.path().display().to_string(),
-        asset: TOKENIZER,
+    ChatAssets::from_files(pack.path().display().to_string(), |name| {
+        Ok(pack.asset(name).map(<[u8]>::to_vec))
     })
 }

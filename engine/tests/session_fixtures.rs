@@ -195,3 +195,23 @@ fn the_session_keeps_the_slot_and_rotary_position_after_an_image() {
         (39 + fed) as i64 + case["rope_delta"].as_i64().unwrap()
     );
 }
+
+#[test]
+fn the_pack_carries_the_checkpoints_chat_files() {
+    let from_pack = engine::assets::from_pack(&pack()).unwrap();
+    let from_dir = assets();
+    assert_eq!(from_pack.tokenizer_json, from_dir.tokenizer_json);
+    assert_eq!(from_pack.chat_template, from_dir.chat_template);
+    assert_eq!(from_pack.tokenizer_config, from_dir.tokenizer_config);
+    // And a session opened from the pack alone answers as transformers does.
+    let options = SessionOptions {
+        context: 64,
+        threads: 1,
+        ..SessionOptions::default()
+    };
+    let mut s = Session::open(pack_path(), None, &options).unwrap();
+    let g = s
+        .generate(&messages(&cases()["cases"]["text"]), &greedy(), &mut |_| {})
+        .unwrap();
+    assert_eq!(g.ids, ids(&cases()["runs"]["text"]["greedy_ids"]));
+}

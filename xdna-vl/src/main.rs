@@ -6,7 +6,7 @@ mod chat;
 mod cli;
 mod run;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -35,30 +35,22 @@ fn main() -> ExitCode {
 /// The session the arguments ask for: the pack (or the bundled one), its chat files (or
 /// `--assets`), the backend, threads and context.
 pub fn open_session(model: &ModelArgs) -> Result<Session, String> {
-    let (pack, bundled) = match &model.pack {
+    let pack = match &model.pack {
         Some(p) => {
             if !p.is_file() {
                 return Err(format!("{}: no such pack file", p.display()));
             }
-            (p.clone(), false)
+            p.clone()
         }
-        None => (bundled::pack()?, true),
+        None => bundled::pack()?,
     };
-    let assets_dir: Option<PathBuf> = match (&model.assets, bundled) {
-        (Some(dir), _) => {
-            if !dir.is_dir() {
-                return Err(format!("--assets {}: no such directory", dir.display()));
-            }
-            Some(dir.clone())
+    let assets = match &model.assets {
+        Some(dir) if !dir.is_dir() => {
+            return Err(format!("--assets {}: no such directory", dir.display()))
         }
-        // The bundled pack's chat files are the checkpoint's, beside it in the checkout.
-        (None, true) => Some(bundled::checkpoint()),
-        (None, false) => None,
+        Some(dir) => Some(ChatAssets::from_dir(dir).map_err(|e| e.to_string())?),
+        None => None,
     };
-    let assets = assets_dir
-        .map(|d| ChatAssets::from_dir(&d))
-        .transpose()
-        .map_err(|e| e.to_string())?;
     if model.ctx == 0 {
         return Err("--ctx 0: the context must hold at least one token".into());
     }

@@ -69,11 +69,10 @@ fn xdna_vl(args: &[&str], stdin: Option<&[u8]>, cache: Option<&Path>) -> Out {
     }
 }
 
-/// `run PACK --assets CHECKPOINT` plus `extra`.
+/// `run PACK` plus `extra` (the pack carries the checkpoint's chat files).
 fn run(extra: &[&str]) -> Out {
     let pack = pack().to_string_lossy().into_owned();
-    let ck = checkpoint().to_string_lossy().into_owned();
-    let mut args = vec!["run", pack.as_str(), "--assets", ck.as_str()];
+    let mut args = vec!["run", pack.as_str()];
     args.extend_from_slice(extra);
     xdna_vl(&args, None, None)
 }
@@ -158,17 +157,9 @@ fn a_seed_gives_the_same_sampled_answer_twice() {
 #[test]
 fn chat_on_piped_stdin_keeps_the_conversation_and_survives_bad_lines() {
     let pack = pack().to_string_lossy().into_owned();
-    let ck = checkpoint().to_string_lossy().into_owned();
     let input = b"What is a pack?\n/bogus\n/image /no/such/picture.png\n\xff\xfe\nTell me more.\n/reset\nWhat is a pack?\n/exit\nnever read\n";
     let o = xdna_vl(
-        &[
-            "chat",
-            pack.as_str(),
-            "--assets",
-            ck.as_str(),
-            "--max-tokens",
-            "12",
-        ],
+        &["chat", pack.as_str(), "--max-tokens", "12"],
         Some(input),
         None,
     );
@@ -266,25 +257,48 @@ fn bad_input_is_refused_by_name_with_status_2() {
         &run(&["--prompt-file", bad.to_str().unwrap()]),
         "q.txt: not UTF-8 text (invalid byte at offset 3)",
     );
-    // A pack without chat files (and no --assets): rebuild with packs build.
-    let pack = pack().to_string_lossy().into_owned();
+    // A pack built from a checkpoint without tokenizer.json: rebuild with packs build (or --assets).
+    let bare = dir.path().join("bare");
+    std::fs::create_dir(&bare).unwrap();
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "preprocessor_config.json",
+    ] {
+        std::fs::copy(checkpoint().join(f), bare.join(f)).unwrap();
+    }
+    let bare_pack = dir.path().join("bare.pack");
+    let opts = packs::build::BuildOptions::new(packs::QuantKind::F32);
+    packs::build::build_from_hf(&bare, &bare_pack, &opts).unwrap();
+    let bare_pack = bare_pack.to_string_lossy().into_owned();
     refused(
-        &xdna_vl(&["run", pack.as_str(), "--prompt", "hi"], None, None),
-        "packs build",
+        &xdna_vl(&["run", &bare_pack, "--prompt", "hi"], None, None),
+        "has no tokenizer.json — rebuild the pack with `packs build`",
     );
+    // Control: the same pack with the checkpoint's chat files given answers.
+    let ck = checkpoint().to_string_lossy().into_owned();
+    let args = [
+        "run",
+        &bare_pack,
+        "--assets",
+        &ck,
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "2",
+    ];
+    let o = xdna_vl(&args, None, None);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let args = [
+        "run",
+        &bare_pack,
+        "--assets",
+        "/no/such/dir",
+        "--prompt",
+        "hi",
+    ];
     refused(
-        &xdna_vl(
-            &[
-                "run",
-                pack.as_str(),
-                "--assets",
-                "/no/such/dir",
-                "--prompt",
-                "hi",
-            ],
-            None,
-            None,
-        ),
+        &xdna_vl(&args, None, None),
         "--assets /no/such/dir: no such directory",
     );
 }

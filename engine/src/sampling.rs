@@ -18,6 +18,10 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// 1 = off; > 1 makes tokens already in the prompt or answer less likely.
     pub repetition_penalty: f32,
+    /// OpenAI's: subtracted from a token's logit once per time it is in the answer (0 = off).
+    pub frequency_penalty: f32,
+    /// OpenAI's: subtracted from a token's logit if it is in the answer at all (0 = off).
+    pub presence_penalty: f32,
     pub seed: u64,
     pub max_tokens: usize,
     /// The answer ends before the first of these strings (not shown).
@@ -34,6 +38,8 @@ impl Default for SamplingParams {
             top_p: 1.0,
             min_p: 0.0,
             repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             seed: 0,
             max_tokens: 256,
             stop: Vec::new(),
@@ -80,6 +86,14 @@ impl SamplingParams {
                 "repetition penalty {} must be > 0 (1 = off)",
                 self.repetition_penalty
             ));
+        }
+        for (name, v) in [
+            ("frequency penalty", self.frequency_penalty),
+            ("presence penalty", self.presence_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return bad(format!("{name} {v} must be in [-2, 2]"));
+            }
         }
         if self.max_tokens == 0 {
             return bad("max tokens must be at least 1".into());
@@ -131,9 +145,16 @@ impl Sampler {
         })
     }
 
-    /// The next token. `logits` is modified (penalty, temperature); `history` holds the ids the
-    /// repetition penalty looks at (prompt and answer so far); `step` names the step in errors.
-    pub fn sample(&mut self, logits: &mut [f32], history: &[u32], step: usize) -> Result<u32> {
+    /// The next token. `logits` is modified (penalties); `history` holds the ids the repetition
+    /// penalty looks at (prompt and answer so far), `answer` the answer's ids (frequency and
+    /// presence penalties); `step` names the step in errors.
+    pub fn sample(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        answer: &[u32],
+        step: usize,
+    ) -> Result<u32> {
         if let Some(i) = packs::first_non_finite(logits) {
             return Err(EngineError::NonFiniteLogits {
                 value: logits[i],
@@ -145,6 +166,12 @@ impl Sampler {
             return Err(EngineError::Sampling("empty logits".into()));
         }
         apply_repetition_penalty(logits, history, self.params.repetition_penalty);
+        apply_frequency_presence(
+            logits,
+            answer,
+            self.params.frequency_penalty,
+            self.params.presence_penalty,
+        );
         if self.params.is_greedy() {
             return Ok(argmax(logits));
         }
@@ -178,6 +205,22 @@ pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f3
             seen[t] = true;
             let l = &mut logits[t];
             *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
+        }
+    }
+}
+
+/// OpenAI's penalties over the answer's ids: `logit -= count * frequency + (count > 0) * presence`.
+pub fn apply_frequency_presence(logits: &mut [f32], answer: &[u32], frequency: f32, presence: f32) {
+    if frequency == 0.0 && presence == 0.0 {
+        return;
+    }
+    let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    for &t in answer {
+        *counts.entry(t).or_default() += 1;
+    }
+    for (&t, &n) in &counts {
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l -= n as f32 * frequency + presence;
         }
     }
 }
@@ -370,13 +413,21 @@ mod tests {
         assert_eq!(l, vec![1.0, -4.0, 1.0]);
     }
 
+    #[test]
+    fn frequency_and_presence_penalties_count_the_answer() {
+        let mut l = vec![1.0, 1.0, 1.0];
+        // Token 0 twice, token 2 once: 1 - 2*0.5 - 0.25, 1, 1 - 0.5 - 0.25.
+        apply_frequency_presence(&mut l, &[0, 2, 0], 0.5, 0.25);
+        assert_eq!(l, vec![-0.25, 1.0, 0.25]);
+    }
+
     fn run(params: SamplingParams, steps: usize) -> Vec<u32> {
         let mut s = Sampler::new(params).unwrap();
         let mut rng = Rng::new(99);
         (0..steps)
             .map(|i| {
                 let mut l: Vec<f32> = (0..50).map(|_| rng.next_f64() as f32 * 4.0).collect();
-                s.sample(&mut l, &[], i).unwrap()
+                s.sample(&mut l, &[], &[], i).unwrap()
             })
             .collect()
     }
@@ -409,10 +460,10 @@ mod tests {
     fn non_finite_logits_are_refused_by_name() {
         let mut s = Sampler::new(SamplingParams::default()).unwrap();
         let mut l = vec![0.0, f32::NAN, 1.0];
-        let e = s.sample(&mut l, &[], 3).unwrap_err().to_string();
+        let e = s.sample(&mut l, &[], &[], 3).unwrap_err().to_string();
         assert!(e.contains("NaN at token id 1 (decode step 3)"), "{e}");
         let mut l = vec![0.0, 1.0, f32::INFINITY];
-        let e = s.sample(&mut l, &[], 0).unwrap_err().to_string();
+        let e = s.sample(&mut l, &[], &[], 0).unwrap_err().to_string();
         assert!(e.contains("inf at token id 2"), "{e}");
     }
 

@@ -58,6 +58,8 @@ pub enum FinishReason {
     MaxTokens,
     /// The KV cache is full.
     ContextFull,
+    /// The caller's event callback returned false (a client went away).
+    Cancelled,
 }
 
 impl FinishReason {
@@ -67,6 +69,7 @@ impl FinishReason {
             FinishReason::Stop(_) => "stop",
             FinishReason::MaxTokens => "max_tokens",
             FinishReason::ContextFull => "context_full",
+            FinishReason::Cancelled => "cancelled",
         }
     }
 }
@@ -100,6 +103,19 @@ fn per_second(n: usize, d: Duration) -> f64 {
     } else {
         n as f64 / d.as_secs_f64()
     }
+}
+
+/// What a generation reports while it works.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// The prompt fits and its images were encoded; the prefill is done and sampling starts.
+    Started {
+        prompt_tokens: usize,
+        image_tokens: usize,
+        reused_tokens: usize,
+    },
+    /// More answer text (whole UTF-8 characters, never part of a stop string).
+    Text(&'a str),
 }
 
 /// One answer.
@@ -261,6 +277,30 @@ impl Session {
         self.next_rotary_pos = 0;
     }
 
+    /// Decodes and preprocesses an encoded picture (PNG, JPEG, WebP, GIF) given as bytes; `name`
+    /// names it in messages.
+    pub fn image_from_bytes(&self, name: &str, bytes: &[u8]) -> Result<Image> {
+        let pre = self.preprocess(name)?;
+        let patches =
+            vision::preprocess::preprocess_bytes(bytes, name, pre, &PreprocessOptions::default())
+                .map_err(|e| match e {
+                vision::preprocess::PreprocessError::Image { name, what } => {
+                    EngineError::Image { name, what }
+                }
+            })?;
+        Ok(Image::new(name, patches))
+    }
+
+    fn preprocess(&self, name: &str) -> Result<&packs::semantics::ImagePreprocess> {
+        self.forward.semantics().preprocess.as_ref().ok_or_else(|| EngineError::Image {
+            name: name.to_string(),
+            what: format!(
+                "the pack {} has no image preprocessing settings: rebuild it with `packs build` from a checkpoint with a vision tower",
+                self.forward.pack().path().display()
+            ),
+        })
+    }
+
     /// Decodes and preprocesses a picture with the pack's settings.
     pub fn load_image(&self, path: &Path) -> Result<Image> {
         if !path.is_file() {
@@ -269,13 +309,7 @@ impl Session {
                 what: "no such file".into(),
             });
         }
-        let pre = self.forward.semantics().preprocess.as_ref().ok_or_else(|| EngineError::Image {
-            name: path.display().to_string(),
-            what: format!(
-                "the pack {} has no image preprocessing settings: rebuild it with `packs build` from a checkpoint with a vision tower",
-                self.forward.pack().path().display()
-            ),
-        })?;
+        let pre = self.preprocess(&path.display().to_string())?;
         crate::images::load_image(path, pre, &PreprocessOptions::default())
     }
 
@@ -299,11 +333,11 @@ impl Session {
         &mut self,
         user: Message,
         params: &SamplingParams,
-        on_text: &mut dyn FnMut(&str),
+        on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<Generation> {
         self.history.push(user);
         let messages = self.history.clone();
-        match self.generate(&messages, params, on_text) {
+        match self.generate(&messages, params, on_event) {
             Ok(g) => {
                 self.history.push(Message::assistant(g.text.clone()));
                 Ok(g)
@@ -315,13 +349,14 @@ impl Session {
         }
     }
 
-    /// Answers `messages` (a whole conversation, ending with a user turn). `on_text` receives the
-    /// answer's text as it is produced, never half a character.
+    /// Answers `messages` (a whole conversation, ending with a user turn). `on_event` hears when
+    /// sampling starts and receives the answer's text as it is produced, never half a character;
+    /// returning false stops the answer there ([`FinishReason::Cancelled`]).
     pub fn generate(
         &mut self,
         messages: &[Message],
         params: &SamplingParams,
-        on_text: &mut dyn FnMut(&str),
+        on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<Generation> {
         let start = Instant::now();
         let mut params = params.clone();
@@ -339,16 +374,21 @@ impl Session {
         }
         let mut timings = Timings::default();
         let reused = self.prefill(&prompt, &mut timings)?;
+        let mut cancelled = !on_event(Event::Started {
+            prompt_tokens: rows,
+            image_tokens: prompt.image_tokens(),
+            reused_tokens: reused,
+        });
 
         let mut history_ids = prompt.ids.clone();
         let mut ids = Vec::new();
         let mut stream = TextStream::new();
         let mut stops = StopFilter::new(&sampler.params.stop);
-        let finish;
+        let mut finish = FinishReason::Cancelled;
         let decode_start = Instant::now();
-        loop {
+        while !cancelled {
             let step = ids.len();
-            let token = sampler.sample(&mut self.logits, &history_ids, step)?;
+            let token = sampler.sample(&mut self.logits, &history_ids, &ids, step)?;
             if step == 0 {
                 timings.time_to_first_token = start.elapsed();
             }
@@ -359,8 +399,9 @@ impl Session {
                 break;
             }
             let (shown, stop) = stops.push(&stream.push(&self.format.tokenizer, token)?);
-            if !shown.is_empty() {
-                on_text(&shown);
+            if !shown.is_empty() && !on_event(Event::Text(&shown)) {
+                cancelled = true;
+                continue;
             }
             if let Some(s) = stop {
                 finish = FinishReason::Stop(s);
@@ -378,11 +419,11 @@ impl Session {
             timings.decode_steps += 1;
         }
         timings.decode = decode_start.elapsed();
-        if !matches!(finish, FinishReason::Stop(_)) {
+        if !matches!(finish, FinishReason::Stop(_) | FinishReason::Cancelled) {
             let (shown, _) = stops.push(&stream.finish(&self.format.tokenizer)?);
             let rest = shown + &stops.finish();
             if !rest.is_empty() {
-                on_text(&rest);
+                on_event(Event::Text(&rest));
             }
         }
         Ok(Generation {

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use engine::{FinishReason, Message, SamplingParams, Session, SessionOptions};
+use engine::{Event, FinishReason, Message, SamplingParams, Session, SessionOptions};
 
 fn session() -> Session {
     session_with(FixtureEncoder::default())
@@ -34,8 +34,11 @@ fn run(case: &str) -> (Vec<u32>, String, engine::Generation) {
     let mut s = session();
     let mut streamed = String::new();
     let g = s
-        .generate(&messages(&cases()["cases"][case]), &greedy(), &mut |t| {
-            streamed.push_str(t)
+        .generate(&messages(&cases()["cases"][case]), &greedy(), &mut |e| {
+            if let Event::Text(t) = e {
+                streamed.push_str(t)
+            }
+            true
         })
         .unwrap();
     (g.ids.clone(), streamed, g)
@@ -70,7 +73,7 @@ fn a_second_chat_turn_reuses_the_first_and_equals_transformers_on_the_whole_hist
     let mut s = session();
     let turn1 = messages(&runs["chat_turn1"]);
     let g1 = s
-        .chat(turn1.into_iter().next().unwrap(), &greedy(), &mut |_| {})
+        .chat(turn1.into_iter().next().unwrap(), &greedy(), &mut |_| true)
         .unwrap();
     assert_eq!(g1.ids, ids(&runs["chat_turn1"]["greedy_ids"]));
     assert_eq!(g1.text, runs["chat_turn1"]["answer"].as_str().unwrap());
@@ -79,7 +82,7 @@ fn a_second_chat_turn_reuses_the_first_and_equals_transformers_on_the_whole_hist
         .chat(
             Message::user(vec![], "And the colours?"),
             &greedy(),
-            &mut |_| {},
+            &mut |_| true,
         )
         .unwrap();
     assert_eq!(g2.ids, ids(&runs["chat"]["greedy_ids"]));
@@ -112,12 +115,12 @@ fn a_changed_picture_is_not_reused_from_the_cache() {
     let encoder = FixtureEncoder::default();
     let mut s = session_with(encoder.clone());
     let ask = |img: engine::Image| vec![Message::user(vec![img], "What is this?")];
-    s.generate(&ask(image("picture-1.png")), &greedy(), &mut |_| {})
+    s.generate(&ask(image("picture-1.png")), &greedy(), &mut |_| true)
         .unwrap();
     assert_eq!(encoder.encoded(), 1);
     // The same picture again: everything but the last row comes from the cache, no tower run.
     let again = s
-        .generate(&ask(image("picture-1.png")), &greedy(), &mut |_| {})
+        .generate(&ask(image("picture-1.png")), &greedy(), &mut |_| true)
         .unwrap();
     assert_eq!(again.reused_tokens, again.prompt_tokens - 1);
     assert_eq!(encoder.encoded(), 1);
@@ -129,7 +132,7 @@ fn a_changed_picture_is_not_reused_from_the_cache() {
     let first_image_row = s.prompt(&ask(changed.clone())).unwrap().images[0]
         .span
         .first_row;
-    let g = s.generate(&ask(changed), &greedy(), &mut |_| {}).unwrap();
+    let g = s.generate(&ask(changed), &greedy(), &mut |_| true).unwrap();
     assert_eq!(g.reused_tokens, first_image_row);
     assert_eq!(encoder.encoded(), 2);
 }
@@ -144,8 +147,11 @@ fn a_stop_string_ends_the_answer_before_it() {
     };
     let mut streamed = String::new();
     let g = s
-        .generate(&messages(&cases()["cases"]["text"]), &params, &mut |t| {
-            streamed.push_str(t)
+        .generate(&messages(&cases()["cases"]["text"]), &params, &mut |e| {
+            if let Event::Text(t) = e {
+                streamed.push_str(t)
+            }
+            true
         })
         .unwrap();
     assert_eq!(g.finish, FinishReason::Stop("oks".into()));
@@ -163,7 +169,7 @@ fn a_full_context_ends_the_answer_and_an_oversized_prompt_is_refused() {
     let text = messages(&cases()["cases"]["text"]);
     // 25 prompt rows in 27 slots: two tokens are fed, the third sampled, then the cache is full.
     let mut s = Session::new(&pack(), &assets(), &options(27)).unwrap();
-    let g = s.generate(&text, &greedy(), &mut |_| {}).unwrap();
+    let g = s.generate(&text, &greedy(), &mut |_| true).unwrap();
     assert_eq!(g.finish, FinishReason::ContextFull);
     assert_eq!(
         g.ids,
@@ -172,7 +178,7 @@ fn a_full_context_ends_the_answer_and_an_oversized_prompt_is_refused() {
     assert_eq!(s.next_slot(), 27);
     let mut s = Session::new(&pack(), &assets(), &options(24)).unwrap();
     let e = s
-        .generate(&text, &greedy(), &mut |_| {})
+        .generate(&text, &greedy(), &mut |_| true)
         .unwrap_err()
         .to_string();
     assert!(
@@ -185,7 +191,9 @@ fn a_full_context_ends_the_answer_and_an_oversized_prompt_is_refused() {
 fn the_session_keeps_the_slot_and_rotary_position_after_an_image() {
     let mut s = session();
     let case = &cases()["cases"]["two_images"];
-    let g = s.generate(&messages(case), &greedy(), &mut |_| {}).unwrap();
+    let g = s
+        .generate(&messages(case), &greedy(), &mut |_| true)
+        .unwrap();
     // Prompt rows + the tokens fed (all but the last sampled one).
     let fed = g.ids.len() - 1;
     assert_eq!(s.next_slot(), 39 + fed);
@@ -211,7 +219,43 @@ fn the_pack_carries_the_checkpoints_chat_files() {
     };
     let mut s = Session::open(pack_path(), None, &options).unwrap();
     let g = s
-        .generate(&messages(&cases()["cases"]["text"]), &greedy(), &mut |_| {})
+        .generate(&messages(&cases()["cases"]["text"]), &greedy(), &mut |_| {
+            true
+        })
         .unwrap();
     assert_eq!(g.ids, ids(&cases()["runs"]["text"]["greedy_ids"]));
+}
+
+#[test]
+fn a_false_from_the_callback_cancels_at_the_next_token() {
+    let mut s = session();
+    let mut started = None;
+    let mut pieces = 0;
+    let g = s
+        .generate(
+            &messages(&cases()["cases"]["text"]),
+            &greedy(),
+            &mut |e| match e {
+                Event::Started { prompt_tokens, .. } => {
+                    started = Some(prompt_tokens);
+                    true
+                }
+                Event::Text(_) => {
+                    pieces += 1;
+                    false
+                }
+            },
+        )
+        .unwrap();
+    assert_eq!(started, Some(25));
+    assert_eq!(pieces, 1);
+    assert_eq!(g.finish, FinishReason::Cancelled);
+    assert_eq!(g.ids.len(), 1, "nothing decoded after the cancel");
+    // The session goes on: the next answer is transformers' again.
+    let again = s
+        .generate(&messages(&cases()["cases"]["text"]), &greedy(), &mut |_| {
+            true
+        })
+        .unwrap();
+    assert_eq!(again.ids, ids(&cases()["runs"]["text"]["greedy_ids"]));
 }

@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 
-use engine::{Image, Message};
+use engine::{Event, Image, Message};
 
 use crate::cli::ChatArgs;
 
@@ -83,12 +83,15 @@ pub fn chat(args: &ChatArgs) -> Result<(), String> {
             }
         }
         let stdout = std::io::stdout();
-        let mut on_text = |t: &str| {
-            let mut out = stdout.lock();
-            let _ = out.write_all(t.as_bytes());
-            let _ = out.flush();
+        let mut on_event = |e: Event<'_>| {
+            if let Event::Text(t) = e {
+                let mut out = stdout.lock();
+                let _ = out.write_all(t.as_bytes());
+                let _ = out.flush();
+            }
+            true
         };
-        match session.chat(user, &params, &mut on_text) {
+        match session.chat(user, &params, &mut on_event) {
             Ok(g) => {
                 first_turn = false;
                 println!();

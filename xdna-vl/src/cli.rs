@@ -131,6 +131,14 @@ pub struct SamplingArgs {
     /// Make tokens already in the prompt or answer less likely (1 = off). Example: --repeat-penalty 1.1
     #[arg(long, value_name = "X")]
     pub repeat_penalty: Option<f32>,
+    /// Lower a token's score by X for every time it is already in the answer (OpenAI's
+    /// frequency_penalty, -2..2). Example: --frequency-penalty 0.5
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub frequency_penalty: Option<f32>,
+    /// Lower a token's score by X once it is in the answer (OpenAI's presence_penalty, -2..2).
+    /// Example: --presence-penalty 0.5
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub presence_penalty: Option<f32>,
     /// Seed of the sampler: the same seed gives the same answer. Example: --seed 42
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -181,6 +189,12 @@ impl SamplingArgs {
         }
         if let Some(x) = self.repeat_penalty {
             p.repetition_penalty = x;
+        }
+        if let Some(x) = self.frequency_penalty {
+            p.frequency_penalty = x;
+        }
+        if let Some(x) = self.presence_penalty {
+            p.presence_penalty = x;
         }
         if let Some(n) = self.max_tokens {
             p.max_tokens = n;

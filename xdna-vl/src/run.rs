@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use engine::{Generation, Message, Session};
+use engine::{Event, Generation, Message, Session};
 use serde_json::json;
 
 use crate::bundled;
@@ -34,16 +34,17 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
 
     let stdout = std::io::stdout();
     let json_out = args.json;
-    let mut on_text = |t: &str| {
-        if !json_out {
+    let mut on_event = |e: Event<'_>| {
+        if let (Event::Text(t), false) = (e, json_out) {
             let mut out = stdout.lock();
             // A closed stdout (a pipe read to its end) is not worth failing the answer for.
             let _ = out.write_all(t.as_bytes());
             let _ = out.flush();
         }
+        true
     };
     let g = session
-        .generate(&messages, &params, &mut on_text)
+        .generate(&messages, &params, &mut on_event)
         .map_err(|e| e.to_string())?;
     if json_out {
         println!("{}", generation_json(&g, &session));

@@ -330,3 +330,57 @@ fn help_explains_each_flag_with_an_example() {
     }
     assert!(o.stdout.matches("Example:").count() >= 15, "{}", o.stdout);
 }
+
+fn emu_library() -> String {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [
+        deps.join("libnpu_emu.so"),
+        deps.parent().unwrap().join("libnpu_emu.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .expect("libnpu_emu.so next to the test binary")
+    .to_string_lossy()
+    .into_owned()
+}
+
+#[test]
+fn gemm_ab_and_device_on_the_software_npu_answer_as_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("chat-i8.pack");
+    let opts = packs::build::BuildOptions::new(packs::QuantKind::I8);
+    packs::build::build_from_hf(&checkpoint(), &pack, &opts).unwrap();
+    let designs = dir.path().join("designs");
+    let plan = npu_sys::plan::plan_pack(&packs::Pack::open(&pack).unwrap()).unwrap();
+    npu_sys::designs::write_emu_designs(&designs, &plan.geometries()).unwrap();
+    let pack = pack.to_string_lossy().into_owned();
+    let designs = designs.to_string_lossy().into_owned();
+    let emu = emu_library();
+    let answer = |gemm: &str| {
+        let args = [
+            "run",
+            &pack,
+            "--prompt",
+            "What is a pack?",
+            "--max-tokens",
+            "8",
+            "--json",
+            "--gemm",
+            gemm,
+            "--runtime",
+            &emu,
+            "--designs",
+            &designs,
+        ];
+        let o = xdna_vl(&args, None, None);
+        assert_eq!(o.code, 0, "{gemm}: {}", o.stderr);
+        serde_json::from_str::<Value>(&o.stdout).unwrap()
+    };
+    let host = answer("host");
+    let ab = answer("ab");
+    assert!(ab["ab"]["gemms"].as_u64().unwrap() > 0, "{ab}");
+    assert_eq!(ab["ab"]["differing_gemms"], 0, "{ab}");
+    assert_eq!(ab["ids"], host["ids"]);
+    assert_eq!(answer("device")["ids"], host["ids"]);
+}

@@ -482,7 +482,6 @@ impl Session {
             .filter(|i| i.span.first_row >= reuse)
             .collect();
         let hidden = self.forward.semantics().hidden_size;
-        let tower_start = Instant::now();
         let vision = if new_images.is_empty() {
             None
         } else {
@@ -495,7 +494,9 @@ impl Session {
                 .map(|i| i.image.patches.as_ref())
                 .collect();
             let pool = Arc::clone(self.forward.pool());
+            let tower_start = Instant::now();
             let out = encoder.encode(self.forward.backend_mut(), &pool, &patches)?;
+            timings.tower = tower_start.elapsed();
             let want: Vec<usize> = new_images.iter().map(|i| i.tokens).collect();
             if out.tokens_per_image != want
                 || out.image_embeds.len() != want.iter().sum::<usize>() * hidden
@@ -511,7 +512,6 @@ impl Session {
             }
             Some(out)
         };
-        timings.tower = tower_start.elapsed();
 
         let prefill_start = Instant::now();
         let new_rows = rows - reuse;

@@ -32,6 +32,9 @@ pub enum EngineError {
     Sampling(String),
     #[error("image {name}: {what}")]
     Image { name: String, what: String },
+    /// Decoding or preprocessing refused the picture (its message names the file).
+    #[error("image {0}")]
+    Preprocess(#[from] vision::preprocess::PreprocessError),
     #[error(transparent)]
     Forward(#[from] forward::ForwardError),
     #[error(transparent)]

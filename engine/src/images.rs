@@ -10,7 +10,7 @@ use packs::Pack;
 use vision::preprocess::{PixelPatches, PreprocessOptions};
 use vision::tower::{Tower, VisionOutput};
 
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::message::Image;
 
 /// Pixel rows -> image rows. The tower in a product; a fixed table of transformers' rows in tests.
@@ -73,11 +73,6 @@ pub fn load_image(
     preprocess: &ImagePreprocess,
     options: &PreprocessOptions,
 ) -> Result<Image> {
-    let patches =
-        vision::preprocess::load_image(path, preprocess, options).map_err(|e| match e {
-            vision::preprocess::PreprocessError::Image { name, what } => {
-                EngineError::Image { name, what }
-            }
-        })?;
+    let patches = vision::preprocess::load_image(path, preprocess, options)?;
     Ok(Image::new(path.display().to_string(), patches))
 }

@@ -282,12 +282,7 @@ impl Session {
     pub fn image_from_bytes(&self, name: &str, bytes: &[u8]) -> Result<Image> {
         let pre = self.preprocess(name)?;
         let patches =
-            vision::preprocess::preprocess_bytes(bytes, name, pre, &PreprocessOptions::default())
-                .map_err(|e| match e {
-                vision::preprocess::PreprocessError::Image { name, what } => {
-                    EngineError::Image { name, what }
-                }
-            })?;
+            vision::preprocess::preprocess_bytes(bytes, name, pre, &PreprocessOptions::default())?;
         Ok(Image::new(name, patches))
     }
 

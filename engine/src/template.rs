@@ -35,6 +35,9 @@ impl ChatTemplate {
             },
         );
         env.add_filter("tojson", tojson);
+        env.add_function("strftime_now", |format: String| -> String {
+            strftime(&format, now_utc())
+        });
         env.add_template_owned(NAME, source.to_string())
             .map_err(|e| EngineError::Template(format!("does not compile: {e:#}")))?;
         let special_tokens = SPECIAL_TOKEN_FIELDS
@@ -78,6 +81,82 @@ impl ChatTemplate {
         tmpl.render(ctx)
             .map_err(|e| EngineError::Template(format!("rendering failed: {e:#}")))
     }
+}
+
+/// Seconds since the Unix epoch as (year, month, day, hour, minute, second), UTC.
+fn now_utc() -> (i64, u32, u32, u32, u32, u32) {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    civil(secs)
+}
+
+/// Days-from-civil inverted (Howard Hinnant's algorithm): the calendar date of a Unix time.
+fn civil(secs: i64) -> (i64, u32, u32, u32, u32, u32) {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (
+        year,
+        month,
+        day,
+        (rem / 3600) as u32,
+        (rem % 3600 / 60) as u32,
+        (rem % 60) as u32,
+    )
+}
+
+/// The `strftime` codes chat templates use, in UTC (transformers' `strftime_now` is Python's
+/// `datetime.now().strftime`, in the local zone): %Y %m %d %H %M %S %b %B %%; other codes are
+/// kept as written.
+fn strftime(format: &str, (y, mo, d, h, mi, s): (i64, u32, u32, u32, u32, u32)) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('m') => out.push_str(&format!("{mo:02}")),
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('H') => out.push_str(&format!("{h:02}")),
+            Some('M') => out.push_str(&format!("{mi:02}")),
+            Some('S') => out.push_str(&format!("{s:02}")),
+            Some('B') => out.push_str(MONTHS[mo as usize - 1]),
+            Some('b') => out.push_str(&MONTHS[mo as usize - 1][..3]),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
 }
 
 /// Python's `json.dumps(x, ensure_ascii=False, indent=indent, sort_keys=sort_keys)` (transformers
@@ -222,6 +301,21 @@ mod tests {
         let compact = serde_json::to_string(&serde_json::json!({"a": null, "c": true})).unwrap();
         assert_eq!(compact, r#"{"a":null,"c":true}"#);
         assert!(!out.contains(&compact[1..10]));
+    }
+
+    #[test]
+    fn strftime_writes_the_calendar_date() {
+        // 2024-02-29 13:05:09 UTC = 1709211909 (a leap day).
+        let t = civil(1_709_211_909);
+        assert_eq!(t, (2024, 2, 29, 13, 5, 9));
+        assert_eq!(
+            strftime("%d %b %Y, %B %H:%M:%S %%", t),
+            "29 Feb 2024, February 13:05:09 %"
+        );
+        assert_eq!(civil(0), (1970, 1, 1, 0, 0, 0));
+        // The template function renders today's year.
+        let year = render("{{ strftime_now('%Y') }}", serde_json::json!([]));
+        assert_eq!(year, now_utc().0.to_string());
     }
 
     #[test]

@@ -398,3 +398,25 @@ fn gemm_ab_and_device_on_the_software_npu_answer_as_the_host() {
     assert_eq!(ab["ids"], host["ids"]);
     assert_eq!(answer("device")["ids"], host["ids"]);
 }
+
+#[test]
+fn a_system_message_opens_the_prompt() {
+    // The "system" fixture case: the same messages rendered and tokenized by transformers.
+    let case = &cases()["cases"]["system"];
+    let o = run(&[
+        "--system",
+        "You are a terse assistant.",
+        "--prompt",
+        "Say hello.",
+        "--max-tokens",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let v: Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(v["prompt_tokens"], case["ids"].as_array().unwrap().len());
+    // Control: without it the prompt is shorter.
+    let o = run(&["--prompt", "Say hello.", "--max-tokens", "1", "--json"]);
+    let w: Value = serde_json::from_str(&o.stdout).unwrap();
+    assert!(w["prompt_tokens"].as_u64() < v["prompt_tokens"].as_u64());
+}

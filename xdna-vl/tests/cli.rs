@@ -420,3 +420,18 @@ fn a_system_message_opens_the_prompt() {
     let w: Value = serde_json::from_str(&o.stdout).unwrap();
     assert!(w["prompt_tokens"].as_u64() < v["prompt_tokens"].as_u64());
 }
+
+#[test]
+fn a_prompt_argument_that_is_not_utf8_is_refused() {
+    use std::os::unix::ffi::OsStrExt;
+    let out = Command::new(env!("CARGO_BIN_EXE_xdna-vl"))
+        .arg("run")
+        .arg(pack())
+        .arg("--prompt")
+        .arg(std::ffi::OsStr::from_bytes(b"caf\xe9"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid UTF-8"), "{err}");
+}

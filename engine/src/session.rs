@@ -361,6 +361,11 @@ impl Session {
         let mut sampler = Sampler::new(params)?;
         let prompt = self.prompt(messages)?;
         let rows = prompt.rows();
+        if rows == 0 {
+            return Err(EngineError::Prompt(
+                "the chat template rendered an empty prompt".into(),
+            ));
+        }
         if rows > self.context {
             return Err(EngineError::OverContext {
                 prompt: rows,

@@ -10,8 +10,7 @@ use std::sync::Arc;
 use common::{build_pack, encode_on, worst, Case, Reference};
 use gemm::{AbGemm, DeviceConfig, DeviceGemm, GemmBackend, HostGemm, PlantedLayout};
 use npu_sys::designs::write_emu_designs;
-use npu_sys::plan::{kind_of, plan_shapes, LinearShape};
-use packs::pack::TensorKind;
+use npu_sys::plan::plan_pack;
 use packs::{Pack, QuantKind};
 use vision::tower::{Tower, TowerAblation};
 
@@ -35,21 +34,8 @@ fn emu_library() -> PathBuf {
 
 /// Software-NPU designs for every geometry of the pack's tower linears.
 fn tower_emu_config(pack: &Pack, dir: &Path, plant: PlantedLayout) -> DeviceConfig {
-    let linears: Vec<LinearShape> = pack
-        .tensors()
-        .iter()
-        .filter(|t| t.kind == TensorKind::Linear && t.name.starts_with("model.visual."))
-        .map(|t| {
-            let l = pack.linear(&t.name).unwrap();
-            LinearShape {
-                role: t.name.clone(),
-                kind: kind_of(&l.data),
-                k: l.k,
-                n: l.n,
-            }
-        })
-        .collect();
-    let plan = plan_shapes(&linears);
+    // The pack's plan (decoder and tower), as `npu-designs emu PACK` writes it.
+    let plan = plan_pack(pack).unwrap();
     assert!(plan.host_only.is_empty(), "{:?}", plan.host_only);
     write_emu_designs(dir, &plan.geometries()).unwrap();
     DeviceConfig {

@@ -353,20 +353,7 @@ fn gemm_ab_and_device_on_the_software_npu_answer_as_the_host() {
     packs::build::build_from_hf(&checkpoint(), &pack, &opts).unwrap();
     let designs = dir.path().join("designs");
     // Designs for the decoder's linears and the tower's (the session makes both resident).
-    let p = packs::Pack::open(&pack).unwrap();
-    let mut linears = npu_sys::plan::pack_linears(&p).unwrap();
-    for t in p.tensors() {
-        if t.kind == packs::TensorKind::Linear && t.name.starts_with("model.visual.") {
-            let l = p.linear(&t.name).unwrap();
-            linears.push(npu_sys::plan::LinearShape {
-                role: t.name.clone(),
-                kind: npu_sys::plan::kind_of(&l.data),
-                k: l.k,
-                n: l.n,
-            });
-        }
-    }
-    let plan = npu_sys::plan::plan_shapes(&linears);
+    let plan = npu_sys::plan::plan_pack(&packs::Pack::open(&pack).unwrap()).unwrap();
     npu_sys::designs::write_emu_designs(&designs, &plan.geometries()).unwrap();
     let pack = pack.to_string_lossy().into_owned();
     let designs = designs.to_string_lossy().into_owned();

@@ -65,3 +65,27 @@ fn the_rust_tower_gives_transformers_second_chat_turn() {
     // The picture was in the reused prefix: the tower did not run for the second turn.
     assert_eq!(g2.timings.tower, std::time::Duration::ZERO);
 }
+
+#[test]
+fn pictures_read_from_their_files_give_transformers_pixel_rows_and_answer() {
+    let mut s = session();
+    let dir = fixtures().join("chat");
+    let images: Vec<engine::Image> = ["picture-1.png", "picture-2.png"]
+        .iter()
+        .map(|n| s.load_image(&dir.join(n)).unwrap())
+        .collect();
+    // The Rust preprocessing gives transformers' pixel rows bit for bit for these two pictures,
+    // so their identities (hashes of the rows) are the fixture rows' too.
+    for (img, name) in images.iter().zip(["picture-1.png", "picture-2.png"]) {
+        assert_eq!(img.patches.grid, picture(name).patches.grid, "{name}");
+        assert_eq!(img.identity, image(name).identity, "{name}");
+    }
+    let g = s
+        .generate(
+            &[Message::user(images, "Describe these pictures.")],
+            &greedy(),
+            &mut |_| true,
+        )
+        .unwrap();
+    assert_eq!(g.ids, ids(&cases()["runs"]["two_images"]["greedy_ids"]));
+}

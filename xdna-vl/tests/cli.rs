@@ -422,3 +422,78 @@ fn a_prompt_argument_that_is_not_utf8_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("invalid UTF-8"), "{err}");
 }
+
+#[test]
+fn run_with_no_arguments_answers_the_bundled_picture_question_as_transformers() {
+    // tests/fixtures/chat/answer.json: transformers' greedy answer to "Describe these pictures."
+    // about picture-1.png and picture-2.png, up to <|im_end|>.
+    let answer: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("tests/fixtures/chat/answer.json")).unwrap(),
+    )
+    .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let o = xdna_vl(&["run", "--json"], None, Some(cache.path()));
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let v: Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(ids(&v["ids"]), ids(&answer["answer"]["greedy_ids"]));
+    assert_eq!(v["text"], answer["answer"]["text"]);
+    assert_eq!(v["image_tokens"], 10);
+    assert_eq!(v["finish"], "eos");
+    // Streamed: the same text, then the timing line naming the image tokens and the tower.
+    let o = xdna_vl(&["run"], None, Some(cache.path()));
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(
+        o.stdout,
+        format!("{}\n", answer["answer"]["text"].as_str().unwrap())
+    );
+    assert!(
+        o.stderr.contains("prompt 39 tokens (10 image"),
+        "{}",
+        o.stderr
+    );
+}
+
+#[test]
+fn chat_attaches_a_picture_and_the_second_turn_equals_transformers_on_the_whole_history() {
+    let runs = &cases()["runs"];
+    let pack = pack().to_string_lossy().into_owned();
+    let picture = root().join("tests/fixtures/chat/picture-1.png");
+    let input = format!(
+        "/image {}\nWhat is this?\nAnd the colours?\n",
+        picture.display()
+    );
+    let o = xdna_vl(
+        &["chat", pack.as_str(), "--max-tokens", "12"],
+        Some(input.as_bytes()),
+        None,
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stderr
+            .contains("attached to the next message: 4 image tokens"),
+        "{}",
+        o.stderr
+    );
+    let answers: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(answers[0], runs["chat_turn1"]["answer"].as_str().unwrap());
+    assert_eq!(answers[1], runs["chat"]["answer"].as_str().unwrap());
+    let timings: Vec<&str> = o
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("prompt "))
+        .collect();
+    assert!(timings[0].contains("(4 image, 0 reused)"), "{}", timings[0]);
+    assert!(!timings[1].contains(" 0 reused"), "{}", timings[1]);
+    assert!(timings[1].contains("tower 0.0 ms"), "{}", timings[1]);
+}
+
+#[test]
+fn an_unreadable_picture_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("not-a-picture.png");
+    std::fs::write(&bad, b"this is text").unwrap();
+    let o = run(&["--prompt", "hi", "--image", bad.to_str().unwrap()]);
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    assert!(o.stderr.contains("not-a-picture.png"), "{}", o.stderr);
+    assert!(!o.stderr.contains("panicked"));
+}

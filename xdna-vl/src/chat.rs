@@ -95,6 +95,7 @@ pub fn chat(args: &ChatArgs) -> Result<(), String> {
             Ok(g) => {
                 first_turn = false;
                 println!();
+                let _ = std::io::stdout().flush();
                 eprintln!("{}", crate::run::timing_line(&g));
             }
             Err(e) => {

@@ -105,9 +105,20 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = default_threads())]
     pub threads: usize,
     /// Context length in tokens: prompt (image tokens included) + answer. A longer prompt is
-    /// refused. Example: --ctx 8192
+    /// refused. The KV cache is allocated for all of it up front (Qwen3-VL-2B: 224 KiB per token
+    /// in f32, half in bf16). Example: --ctx 8192
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
+    /// How the KV cache stores keys and values: f32 (exact) or bf16 (half the memory, rounded
+    /// when written). Example: --kv bf16
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv: KvArg,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KvArg {
+    F32,
+    Bf16,
 }
 
 #[derive(Args, Clone)]
@@ -155,6 +166,13 @@ fn default_threads() -> usize {
 }
 
 impl ModelArgs {
+    pub fn kv_dtype(&self) -> forward::KvDtype {
+        match self.kv {
+            KvArg::F32 => forward::KvDtype::F32,
+            KvArg::Bf16 => forward::KvDtype::Bf16,
+        }
+    }
+
     pub fn backend(&self) -> BackendSpec {
         BackendSpec {
             mode: match self.gemm {

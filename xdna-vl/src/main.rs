@@ -61,6 +61,7 @@ pub fn open_session(model: &ModelArgs) -> Result<Session, String> {
         context: model.ctx,
         threads: model.threads,
         backend: model.backend(),
+        kv_dtype: model.kv_dtype(),
         program: "xdna-vl".into(),
         ..SessionOptions::default()
     };

@@ -50,6 +50,7 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
         println!("{}", generation_json(&g, &session));
     } else {
         println!();
+        let _ = std::io::stdout().flush();
         eprintln!("{}", timing_line(&g));
     }
     Ok(())

@@ -497,3 +497,23 @@ fn an_unreadable_picture_is_refused_by_name() {
     assert!(o.stderr.contains("not-a-picture.png"), "{}", o.stderr);
     assert!(!o.stderr.contains("panicked"));
 }
+
+#[test]
+fn a_bf16_kv_cache_is_chosen_by_flag() {
+    let o = run(&[
+        "--prompt",
+        "What is a pack?",
+        "--max-tokens",
+        "4",
+        "--kv",
+        "bf16",
+        "--json",
+    ]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let v: Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(v["ids"].as_array().unwrap().len(), 4);
+    refused(
+        &run(&["--prompt", "hi", "--kv", "f16"]),
+        "invalid value 'f16'",
+    );
+}

@@ -577,3 +577,13 @@ fn row_keys(prompt: &Prompt) -> Vec<RowKey> {
     }
     keys
 }
+
+#[cfg(test)]
+mod tests {
+    /// The server runs a session on its own worker thread.
+    #[test]
+    fn a_session_can_move_to_another_thread() {
+        fn send<T: Send + 'static>() {}
+        send::<super::Session>();
+    }
+}

@@ -244,6 +244,24 @@ fn inspect(path: &Path, as_json: bool) -> CliResult {
         _ => println!("mrope       none (plain RoPE)"),
     }
     println!("deepstack   {} sets", sem.deepstack_sets);
+    if let Some(m) = &sem.moe {
+        println!(
+            "experts     {} per sparse layer, top-{} ({}), expert intermediate {}, router f32",
+            m.num_experts,
+            m.top_k,
+            if m.norm_topk_prob {
+                "weights renormalized"
+            } else {
+                "raw softmax weights"
+            },
+            m.moe_intermediate_size
+        );
+        let dense: Vec<usize> = (0..sem.num_layers).filter(|l| !m.is_sparse(*l)).collect();
+        println!(
+            "            sparse layers {:?} (decoder_sparse_step {}, mlp_only_layers {:?}); dense layers {:?}",
+            m.sparse_layers, m.decoder_sparse_step, m.mlp_only_layers, dense
+        );
+    }
     let id = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
     println!(
         "token ids   image {}  video {}  vision start {}  vision end {}",

@@ -59,6 +59,7 @@ impl RandomShape {
                 quant: QuantKind::F32,
                 vision: None,
                 preprocess: None,
+                moe: None,
             },
         }
     }
@@ -92,6 +93,7 @@ impl RandomShape {
                 quant: QuantKind::F32,
                 vision: None,
                 preprocess: None,
+                moe: None,
             },
         }
     }
@@ -133,7 +135,13 @@ pub fn write_random_with_progress(
 
 /// The random values of rows `first_row..` of `weight`.
 pub fn fill_random(seed: u64, weight: &WeightPlan, first_row: usize, values: &mut [f32]) {
-    let key = splitmix64(seed ^ fnv1a(weight.source.as_bytes()));
+    // An expert's linear is keyed by its own name (its source is the layer's fused tensor).
+    let keyed = if weight.slice.is_some() {
+        &weight.name
+    } else {
+        &weight.source
+    };
+    let key = splitmix64(seed ^ fnv1a(keyed.as_bytes()));
     let cols = weight.cols;
     // Uniform amplitudes: linears keep activations O(1) (std 1/sqrt(k)); norms near 1.
     // A tied head (source = the embedding) takes the embedding's values.

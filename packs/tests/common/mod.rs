@@ -90,6 +90,7 @@ pub fn expected_semantics(spec: &HfSpec, quant: QuantKind, dir: &Path) -> Semant
         quant,
         vision: None,
         preprocess: None,
+        moe: None,
     }
 }
 

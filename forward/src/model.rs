@@ -70,6 +70,8 @@ pub struct Ablation {
     pub moe_skip_renormalize: bool,
     /// Run every expert with its gate and up projections swapped.
     pub moe_swap_gate_up: bool,
+    /// Break routing ties by the lower expert index instead of torch.topk's order.
+    pub moe_ties_lower_index: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -255,6 +257,7 @@ impl Forward {
             num_experts: m.num_experts,
             top_k: m.top_k,
             renormalize: m.norm_topk_prob && !options.ablation.moe_skip_renormalize,
+            ties_lower_index: options.ablation.moe_ties_lower_index,
         });
         let router_gemm = routing.map(|_| HostGemm::new(pool.clone()));
         let kv = KvCache::new(

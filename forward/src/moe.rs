@@ -19,6 +19,9 @@ pub struct Routing {
     pub top_k: usize,
     /// Divide the k weights by their sum.
     pub renormalize: bool,
+    /// A control (`Ablation::moe_ties_lower_index`): break ties by the lower expert index instead
+    /// of torch.topk's order.
+    pub ties_lower_index: bool,
 }
 
 /// The experts each row was routed to and their weights (`rows x top_k`, in top-k order).
@@ -67,7 +70,13 @@ pub fn route(logits: &[f32], rows: usize, rule: Routing, scratch: &mut MoeScratc
         probs.extend_from_slice(&logits[r * e..(r + 1) * e]);
         crate::attention::softmax(probs);
         let chosen = &mut routes.experts[r * k..(r + 1) * k];
-        torch_topk(probs, k, &mut scratch.order, chosen);
+        if rule.ties_lower_index {
+            let mut order: Vec<usize> = (0..e).collect();
+            order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+            chosen.copy_from_slice(&order[..k]);
+        } else {
+            torch_topk(probs, k, &mut scratch.order, chosen);
+        }
         let w = &mut routes.weights[r * k..(r + 1) * k];
         for (w, &x) in w.iter_mut().zip(chosen.iter()) {
             *w = probs[x];
@@ -408,6 +417,7 @@ mod tests {
             num_experts: 4,
             top_k: 2,
             renormalize: true,
+            ties_lower_index: false,
         };
         let mut s = MoeScratch::default();
         route(&[0.5, -1.0, 2.0, 0.0], 1, rule, &mut s);

@@ -1,0 +1,1 @@
+//! Structured fuzzing of the parsers (issue 18).

@@ -1,0 +1,133 @@
+//! `xdna-vl serve`: an OpenAI-compatible HTTP server over one engine.
+//!
+//! One model is loaded at start; requests wait first come first served in a bounded queue and run
+//! one at a time on a worker thread that owns the engine (`queue`); the HTTP side (`routes`) reads
+//! and checks requests (`api`), fetches their images (`media`) and streams answers as server-sent
+//! events. Errors are OpenAI-shaped (`error`).
+
+pub mod api;
+pub mod chat;
+pub mod error;
+pub mod media;
+pub mod queue;
+pub mod routes;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+pub use chat::{ChatEngine, ChatRequest, Completion, EngineError, Event, Finish, ModelInfo};
+pub use media::MediaPolicy;
+
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub addr: SocketAddr,
+    /// Checked as `Authorization: Bearer <key>` on every route but `/health`.
+    pub api_key: Option<String>,
+    pub media: MediaPolicy,
+    /// The largest request body, in bytes (413 past it).
+    pub body_limit: usize,
+    /// The most tokens one request may generate (a request asking for more gets this many).
+    pub max_tokens_cap: usize,
+    /// Requests that may wait beside the running one (503 with Retry-After past it).
+    pub queue_capacity: usize,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            api_key: None,
+            media: MediaPolicy::default(),
+            body_limit: 48 << 20,
+            max_tokens_cap: 2048,
+            queue_capacity: 16,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Serves until `shutdown` resolves, then lets in-flight requests finish and returns. `ready` is
+/// told the bound address (port 0 picks a free one).
+pub fn serve_until<F>(
+    options: ServeOptions,
+    info: ModelInfo,
+    engine: Box<dyn ChatEngine>,
+    ready: impl FnOnce(SocketAddr),
+    shutdown: F,
+) -> Result<(), ServeError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let (queue, worker) = queue::Queue::start(engine, options.queue_capacity);
+    let result = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(options.addr)
+            .await
+            .map_err(|source| ServeError::Bind {
+                addr: options.addr,
+                source,
+            })?;
+        ready(listener.local_addr()?);
+        let state = Arc::new(routes::AppState {
+            queue,
+            info,
+            api_key: options.api_key.clone(),
+            media: options.media.clone(),
+            body_limit: options.body_limit,
+            max_tokens_cap: options.max_tokens_cap,
+            next_id: AtomicU64::new(1),
+        });
+        axum::serve(listener, routes::router(state))
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        Ok(())
+    });
+    // The router (and with it the last queue sender) is gone: the worker finishes and ends.
+    drop(runtime);
+    let _ = worker.join();
+    result
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// Serves until SIGINT or SIGTERM.
+pub fn serve(
+    options: ServeOptions,
+    info: ModelInfo,
+    engine: Box<dyn ChatEngine>,
+    ready: impl FnOnce(SocketAddr),
+) -> Result<(), ServeError> {
+    serve_until(options, info, engine, ready, shutdown_signal())
+}

@@ -1,0 +1,107 @@
+//! One model, one worker: requests wait first come first served in a bounded queue, and the
+//! worker thread runs them one at a time on the engine (the NPU is one device; the engine's
+//! session keeps its KV cache between requests for the prompt cache).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::chat::{ChatEngine, ChatRequest, Completion, EngineError, Event};
+use crate::error::ApiError;
+
+/// What a request hears from the worker.
+#[derive(Debug)]
+pub enum JobEvent {
+    Started { prompt_tokens: usize },
+    Text(String),
+    Done(Result<Completion, EngineError>),
+}
+
+pub struct Job {
+    pub request: ChatRequest,
+    /// Dropping the receiver (the client went away) cancels the job at its next token.
+    pub events: UnboundedSender<JobEvent>,
+}
+
+#[derive(Clone)]
+pub struct Queue {
+    sender: SyncSender<Job>,
+    /// Requests waiting or running.
+    depth: Arc<AtomicUsize>,
+    capacity: usize,
+}
+
+impl Queue {
+    /// Starts the worker thread that owns `engine`; at most `capacity` requests wait beside the
+    /// one running. The worker ends when every `Queue` clone is dropped.
+    pub fn start(mut engine: Box<dyn ChatEngine>, capacity: usize) -> (Queue, JoinHandle<()>) {
+        let (sender, receiver) = sync_channel::<Job>(capacity);
+        let depth = Arc::new(AtomicUsize::new(0));
+        let worker_depth = depth.clone();
+        let worker = std::thread::Builder::new()
+            .name("xdna-vl-engine".into())
+            .spawn(move || {
+                for job in receiver {
+                    // A client that left while waiting costs nothing.
+                    if !job.events.is_closed() {
+                        run(engine.as_mut(), job);
+                    }
+                    worker_depth.fetch_sub(1, Ordering::SeqCst);
+                }
+            })
+            .expect("spawn the engine thread");
+        (
+            Queue {
+                sender,
+                depth,
+                capacity,
+            },
+            worker,
+        )
+    }
+
+    /// Queues a job, or refuses it with 503 when `capacity` are already waiting.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        self.depth.fetch_add(1, Ordering::SeqCst);
+        match self.sender.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => {
+                self.depth.fetch_sub(1, Ordering::SeqCst);
+                Err(ApiError::busy(self.capacity))
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                self.depth.fetch_sub(1, Ordering::SeqCst);
+                Err(ApiError::internal("the engine thread has stopped"))
+            }
+        }
+    }
+
+    /// Requests waiting or running.
+    pub fn depth(&self) -> usize {
+        self.depth.load(Ordering::SeqCst)
+    }
+}
+
+fn run(engine: &mut dyn ChatEngine, job: Job) {
+    let events = job.events;
+    let mut on_event = |event: Event<'_>| {
+        let sent = match event {
+            Event::Started { prompt_tokens } => events.send(JobEvent::Started { prompt_tokens }),
+            Event::Text(text) => events.send(JobEvent::Text(text.to_string())),
+        };
+        sent.is_ok()
+    };
+    // A panic in the engine must not take the server down with it: the request gets a 500.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        engine.complete(&job.request, &mut on_event)
+    }))
+    .unwrap_or_else(|_| {
+        Err(EngineError::Failed(
+            "the engine panicked on this request".into(),
+        ))
+    });
+    let _ = events.send(JobEvent::Done(result));
+}

@@ -1,0 +1,554 @@
+//! The server over real HTTP on loopback, with a scripted engine standing in for the model (the
+//! product's own engine is tested through `xdna-vl serve` in xdna-vl/tests): the OpenAI shapes,
+//! streaming, images, the key, the limits, the queue, cancellation and shutdown.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use server::chat::{ChatEngine, ChatRequest, Completion, EngineError, Event, Finish, Part};
+use server::{MediaPolicy, ModelInfo, ServeOptions};
+
+/// Answers "echo: <last user text>" one character per token, `delay` per token. A prompt of
+/// more than 400 characters is "over the context"; an image must start with the PNG magic.
+struct ScriptedEngine {
+    delay: Duration,
+    cancels: Arc<AtomicUsize>,
+}
+
+impl ChatEngine for ScriptedEngine {
+    fn complete(
+        &mut self,
+        request: &ChatRequest,
+        on_event: &mut dyn FnMut(Event<'_>) -> bool,
+    ) -> Result<Completion, EngineError> {
+        let mut prompt = 0;
+        let mut last_text = String::new();
+        let mut images = 0;
+        for m in &request.messages {
+            for p in &m.parts {
+                match p {
+                    Part::Text(t) => {
+                        prompt += t.chars().count();
+                        last_text = t.clone();
+                    }
+                    Part::Image { name, bytes } => {
+                        if !bytes.starts_with(b"\x89PNG") {
+                            return Err(EngineError::Invalid(format!("{name}: not an image")));
+                        }
+                        images += 1;
+                        prompt += 10;
+                    }
+                }
+            }
+        }
+        if prompt > 400 {
+            return Err(EngineError::Invalid(format!(
+                "the prompt has {prompt} tokens, over the context of 400"
+            )));
+        }
+        if !on_event(Event::Started {
+            prompt_tokens: prompt,
+        }) {
+            return Err(EngineError::Cancelled);
+        }
+        let answer = format!("echo({images}): {last_text}");
+        let max = request.sampling.max_tokens.unwrap_or(usize::MAX);
+        let mut text = String::new();
+        for (n, c) in answer.chars().enumerate() {
+            if n == max {
+                return Ok(Completion {
+                    text,
+                    prompt_tokens: prompt,
+                    completion_tokens: n,
+                    finish: Finish::Length,
+                });
+            }
+            std::thread::sleep(self.delay);
+            let s = c.to_string();
+            if !on_event(Event::Text(&s)) {
+                self.cancels.fetch_add(1, Ordering::SeqCst);
+                return Err(EngineError::Cancelled);
+            }
+            text.push(c);
+        }
+        Ok(Completion {
+            completion_tokens: answer.chars().count(),
+            text,
+            prompt_tokens: prompt,
+            finish: Finish::Stop,
+        })
+    }
+}
+
+struct Running {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    join: Option<std::thread::JoinHandle<Result<(), server::ServeError>>>,
+    cancels: Arc<AtomicUsize>,
+}
+
+impl Running {
+    fn start(options: ServeOptions, delay: Duration) -> Running {
+        let cancels = Arc::new(AtomicUsize::new(0));
+        let engine = ScriptedEngine {
+            delay,
+            cancels: cancels.clone(),
+        };
+        let (addr_tx, addr_rx) = mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let info = ModelInfo {
+            id: "tiny".into(),
+            backend: "host".into(),
+            context: 400,
+        };
+        let join = std::thread::spawn(move || {
+            server::serve_until(
+                options,
+                info,
+                Box::new(engine),
+                move |a| addr_tx.send(a).unwrap(),
+                async move {
+                    let _ = stop_rx.await;
+                },
+            )
+        });
+        let addr = addr_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        Running {
+            addr,
+            stop: Some(stop_tx),
+            join: Some(join),
+            cancels,
+        }
+    }
+
+    /// Shuts down gracefully; the server returns Ok.
+    fn stop(mut self) -> Result<(), server::ServeError> {
+        let _ = self.stop.take().unwrap().send(());
+        self.join.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// A response: status, headers (lower-case names), body (de-chunked).
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+    /// The SSE `data:` payloads.
+    fn events(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.body)
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+            .collect()
+    }
+}
+
+fn request(addr: SocketAddr, method: &str, path: &str, key: Option<&str>, body: &[u8]) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    read_reply(BufReader::new(s))
+}
+
+fn read_reply(mut r: impl BufRead) -> Reply {
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let status: u16 = line.split(' ').nth(1).unwrap().parse().unwrap();
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        let (n, v) = l.split_once(':').unwrap();
+        headers.push((n.to_ascii_lowercase(), v.trim().to_string()));
+    }
+    let chunked = headers
+        .iter()
+        .any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            line.clear();
+            r.read_line(&mut line).unwrap();
+            let n = usize::from_str_radix(line.trim(), 16).unwrap();
+            if n == 0 {
+                break;
+            }
+            let mut chunk = vec![0; n + 2];
+            r.read_exact(&mut chunk).unwrap();
+            body.extend_from_slice(&chunk[..n]);
+        }
+    } else {
+        r.read_to_end(&mut body).unwrap();
+    }
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn chat(addr: SocketAddr, body: Value) -> Reply {
+    request(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        body.to_string().as_bytes(),
+    )
+}
+
+fn user(text: &str) -> Value {
+    json!({"messages": [{"role": "user", "content": text}]})
+}
+
+fn streamed_text(reply: &Reply) -> (String, Vec<Value>) {
+    let events = reply.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let text = chunks
+        .iter()
+        .filter_map(|c| {
+            c["choices"].get(0)?["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    (text, chunks)
+}
+
+const PNG: &[u8] = b"\x89PNG\r\n\x1a\nrest";
+
+#[test]
+fn answers_whole_and_streamed_alike_with_usage() {
+    let server = Running::start(
+        ServeOptions {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            ..ServeOptions::default()
+        },
+        Duration::ZERO,
+    );
+    let whole = chat(server.addr, user("hello"));
+    assert_eq!(whole.status, 200);
+    let j = whole.json();
+    assert_eq!(j["object"], "chat.completion");
+    assert_eq!(j["model"], "tiny");
+    assert_eq!(j["choices"][0]["message"]["content"], "echo(0): hello");
+    assert_eq!(j["choices"][0]["finish_reason"], "stop");
+    assert_eq!(j["usage"]["prompt_tokens"], 5);
+    assert_eq!(j["usage"]["completion_tokens"], 14);
+    assert_eq!(j["usage"]["total_tokens"], 19);
+
+    let mut body = user("hello");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let streamed = chat(server.addr, body);
+    assert_eq!(streamed.status, 200);
+    assert!(streamed
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let (text, chunks) = streamed_text(&streamed);
+    assert_eq!(text, "echo(0): hello");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+    let finish: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0).map(|ch| &ch["finish_reason"]))
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finish, vec![&json!("stop")]);
+    assert_eq!(chunks.last().unwrap()["usage"], j["usage"]);
+
+    // max_tokens: finish_reason length.
+    let mut body = user("hello");
+    body["max_tokens"] = json!(3);
+    let short = chat(server.addr, body).json();
+    assert_eq!(short["choices"][0]["message"]["content"], "ech");
+    assert_eq!(short["choices"][0]["finish_reason"], "length");
+
+    // /v1/models and /health.
+    let models = request(server.addr, "GET", "/v1/models", None, b"").json();
+    assert_eq!(models["data"][0]["id"], "tiny");
+    let health = request(server.addr, "GET", "/health", None, b"").json();
+    assert_eq!(
+        (health["ready"].clone(), health["backend"].clone()),
+        (json!(true), json!("host"))
+    );
+    assert_eq!(health["queue_depth"], 0);
+    server.stop().unwrap();
+}
+
+#[test]
+fn images_by_data_url_and_media_dir_and_their_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.png"), PNG).unwrap();
+    std::fs::write(dir.path().join("bad.png"), b"not a png").unwrap();
+    let options = ServeOptions {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        media: MediaPolicy {
+            media_dir: Some(dir.path().to_path_buf()),
+            ..MediaPolicy::default()
+        },
+        ..ServeOptions::default()
+    };
+    let server = Running::start(options, Duration::ZERO);
+    use base64::Engine as _;
+    let data = format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(PNG)
+    );
+    let with_images = |urls: &[&str]| {
+        let mut content: Vec<Value> = urls
+            .iter()
+            .map(|u| json!({"type": "image_url", "image_url": {"url": u}}))
+            .collect();
+        content.push(json!({"type": "text", "text": "what?"}));
+        json!({"messages": [{"role": "user", "content": content}]})
+    };
+    let r = chat(server.addr, with_images(&[&data, "p.png"]));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.json()["choices"][0]["message"]["content"],
+        "echo(2): what?"
+    );
+    for (url, status, needle) in [
+        ("bad.png", 400, "not an image"),
+        ("../etc/passwd", 400, "media directory"),
+        ("data:image/png;base64,@@", 400, "does not decode"),
+        ("https://127.0.0.1:9/x.png", 400, "--allow-remote-media"),
+    ] {
+        let r = chat(server.addr, with_images(&[url]));
+        assert_eq!(r.status, status, "{url}");
+        let e = r.json();
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(needle),
+            "{url}: {e}"
+        );
+        assert_eq!(e["error"]["type"], "invalid_request_error");
+    }
+    // Over the context: a 400 with both numbers, streamed or not.
+    let mut long = user(&"x".repeat(500));
+    let e = chat(server.addr, long.clone());
+    assert_eq!(e.status, 400);
+    assert!(e.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("500 tokens, over the context of 400"));
+    long["stream"] = json!(true);
+    assert_eq!(chat(server.addr, long).status, 400);
+    server.stop().unwrap();
+}
+
+#[test]
+fn key_limits_routes_and_malformed_bodies() {
+    let options = ServeOptions {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        api_key: Some("sesame".into()),
+        body_limit: 4096,
+        ..ServeOptions::default()
+    };
+    let server = Running::start(options, Duration::ZERO);
+    let body = user("hi").to_string();
+    let no_key = request(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        body.as_bytes(),
+    );
+    assert_eq!(no_key.status, 401);
+    assert_eq!(no_key.json()["error"]["type"], "authentication_error");
+    let wrong = request(server.addr, "GET", "/v1/models", Some("open"), b"");
+    assert_eq!(wrong.status, 401);
+    // /health needs no key.
+    assert_eq!(
+        request(server.addr, "GET", "/health", None, b"").status,
+        200
+    );
+    let ok = request(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some("sesame"),
+        body.as_bytes(),
+    );
+    assert_eq!(ok.status, 200);
+
+    let missing = request(server.addr, "GET", "/v2/nothing", Some("sesame"), b"");
+    assert_eq!(missing.status, 404);
+    assert!(missing.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("/v2/nothing"));
+
+    let big = user(&"y".repeat(5000)).to_string();
+    let r = request(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some("sesame"),
+        big.as_bytes(),
+    );
+    assert_eq!(r.status, 413);
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("4096"));
+
+    // Malformed bodies: each a 400 in OpenAI's shape, and the server answers after them.
+    let deep = "[".repeat(3000);
+    let huge = r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":1e400}"#;
+    let malformed: Vec<String> = vec![
+        String::new(),
+        "{".into(),
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}".into(),
+        deep,
+        huge.into(),
+        r#"{"messages":[{"role":"user","content":{"a":1}}]}"#.into(),
+        r#"{"messages":[{"role":"user","content":"x"}],"temperature":[1]}"#.into(),
+        r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":18446744073709551616}"#.into(),
+        "\u{0}\u{1}\u{2}".into(),
+        r#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#.into(),
+    ];
+    for b in &malformed {
+        let r = request(
+            server.addr,
+            "POST",
+            "/v1/chat/completions",
+            Some("sesame"),
+            b.as_bytes(),
+        );
+        assert_eq!(
+            r.status,
+            400,
+            "{b:.60}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert!(r.json()["error"]["message"].is_string());
+    }
+    let after = request(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some("sesame"),
+        body.as_bytes(),
+    );
+    assert_eq!(after.status, 200);
+    server.stop().unwrap();
+}
+
+#[test]
+fn concurrent_clients_queue_overflow_and_a_client_that_leaves() {
+    let options = ServeOptions {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        queue_capacity: 4,
+        ..ServeOptions::default()
+    };
+    let server = Running::start(options, Duration::from_millis(2));
+    let addr = server.addr;
+    // Four clients at once: each answer equals its solo answer.
+    let solo: Vec<String> = (0..4)
+        .map(|i| {
+            chat(addr, user(&format!("client {i}"))).json()["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let handles: Vec<_> = (0..4)
+        .map(|i| std::thread::spawn(move || chat(addr, user(&format!("client {i}")))))
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.json()["choices"][0]["message"]["content"], solo[i]);
+    }
+
+    // A client that leaves mid-stream: the engine stops at its next token and the next request
+    // is answered.
+    let mut long = user(&"z".repeat(300));
+    long["stream"] = json!(true);
+    let body = long.to_string();
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut first = [0u8; 256];
+    let _ = s.read(&mut first).unwrap();
+    drop(s);
+    let started = Instant::now();
+    let next = chat(addr, user("after"));
+    assert_eq!(next.status, 200);
+    assert_eq!(
+        next.json()["choices"][0]["message"]["content"],
+        "echo(0): after"
+    );
+    // The 300-token answer at 2 ms a token would hold the engine 0.6 s; leaving freed it.
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(server.cancels.load(Ordering::SeqCst), 1);
+    server.stop().unwrap();
+}
+
+#[test]
+fn a_full_queue_answers_503_with_retry_after() {
+    let options = ServeOptions {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        queue_capacity: 1,
+        ..ServeOptions::default()
+    };
+    let server = Running::start(options, Duration::from_millis(5));
+    let addr = server.addr;
+    let handles: Vec<_> = (0..6)
+        .map(|_| std::thread::spawn(move || chat(addr, user(&"w".repeat(100)))))
+        .collect();
+    let replies: Vec<Reply> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let busy: Vec<&Reply> = replies.iter().filter(|r| r.status == 503).collect();
+    let ok = replies.iter().filter(|r| r.status == 200).count();
+    assert!(!busy.is_empty() && ok >= 1, "ok {ok}, busy {}", busy.len());
+    assert_eq!(ok + busy.len(), 6);
+    assert_eq!(busy[0].header("retry-after"), Some("1"));
+    assert_eq!(busy[0].json()["error"]["type"], "server_error");
+    server.stop().unwrap();
+}

@@ -288,3 +288,26 @@ fn broken_moe_checkpoints_are_refused_by_name_with_no_pack_left() {
         assert!(empty, "{what}: a partial pack was left behind");
     }
 }
+
+#[test]
+fn the_reduced_30b_shape_is_a_valid_moe_plan() {
+    let shape = packs::RandomShape::named("qwen3-vl-30b-a3b-reduced").unwrap();
+    let sem = shape.semantics_for(QuantKind::Q4, 1);
+    sem.validate().unwrap();
+    let m = sem.moe.clone().unwrap();
+    assert_eq!(
+        (m.num_experts, m.top_k, m.moe_intermediate_size),
+        (128, 8, 768)
+    );
+    assert_eq!(
+        (sem.hidden_size, sem.num_heads, sem.num_kv_heads),
+        (2048, 32, 4)
+    );
+    let plan = packs::layout::weights(&sem);
+    let experts = plan.iter().filter(|w| w.slice.is_some()).count();
+    assert_eq!(experts, sem.num_layers * 128 * 3);
+    // Control: a dense layer's MLP is absent from every sparse layer.
+    assert!(!plan
+        .iter()
+        .any(|w| w.name == packs::names::proj(0, packs::names::Proj::Gate)));
+}

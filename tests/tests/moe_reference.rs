@@ -26,7 +26,11 @@ fn moe_cases() -> Vec<Case> {
 /// Replays `case` (f32 pack) with `ablation`; the worst |Δlogit| against transformers.
 fn replayed(case: &Case, ablation: Ablation) -> f32 {
     let (_dir, pack) = case.pack(QuantKind::F32);
-    assert!(pack.semantics().moe.is_some(), "{}: not a MoE pack", case.name);
+    assert!(
+        pack.semantics().moe.is_some(),
+        "{}: not a MoE pack",
+        case.name
+    );
     let mut fwd = forward(
         &pack,
         ForwardOptions {
@@ -159,7 +163,14 @@ fn a_batch_equals_its_rows_fed_one_at_a_time() {
             .unwrap()
             .to_vec();
         let batch_routes = fwd.routes_trace().to_vec();
-        let top_k = fwd.semantics().moe.as_ref().unwrap().top_k;
+        let moe = fwd.semantics().moe.clone().unwrap();
+        let top_k = moe.top_k;
+        // The batch runs each chosen expert once (its weights read once), not once per row.
+        let stats = fwd.take_moe_stats();
+        let layers = moe.sparse_layers.len() as u64;
+        assert_eq!(stats.routed_rows, rows as u64 * top_k as u64 * layers);
+        assert!(stats.expert_runs <= layers * moe.num_experts as u64);
+        assert!(stats.expert_runs < stats.routed_rows / 4, "{stats:?}");
         // Rows share experts: some expert serves several rows of the batch in every sparse layer.
         for routes in &batch_routes {
             let mut count = vec![0usize; 64];
@@ -184,13 +195,16 @@ fn a_batch_equals_its_rows_fed_one_at_a_time() {
                 one.deepstack_sets = sets;
                 for s in 0..sets {
                     let at = (s * n_img + i) * h;
-                    one.deepstack.extend_from_slice(&hybrid.deepstack[at..at + h]);
+                    one.deepstack
+                        .extend_from_slice(&hybrid.deepstack[at..at + h]);
                 }
             }
             let logits = fwd
                 .step_batch_embeds(&embeds[r * h..(r + 1) * h], &one, r, Logits::LastRow)
                 .unwrap();
             worst = worst.max(max_abs_diff(logits, &batched[r * vocab..(r + 1) * vocab]));
+            // One row reads only its routed experts: top-k runs per sparse layer.
+            assert_eq!(fwd.take_moe_stats().expert_runs, layers * top_k as u64);
             for (layer, routes) in fwd.routes_trace().iter().enumerate() {
                 assert_eq!(
                     routes[..],

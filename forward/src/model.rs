@@ -153,7 +153,6 @@ pub struct Forward {
     router_gemm: Option<HostGemm>,
     routing: Option<Routing>,
     moe_scratch: MoeScratch,
-    moe_stats: MoeStats,
     /// Norm weights per layer, resolved once: input, post-attention, q, k.
     norms: Vec<[NormIndex; 4]>,
     final_norm: NormIndex,
@@ -282,7 +281,6 @@ impl Forward {
             router_gemm,
             routing,
             moe_scratch: MoeScratch::default(),
-            moe_stats: MoeStats::default(),
             norms,
             final_norm,
             scratch: Scratch::default(),
@@ -346,7 +344,7 @@ impl Forward {
     /// Expert runs and routed rows of the sparse layers since the last call, and restarts the
     /// count (`bench` turns them into bytes read per token).
     pub fn take_moe_stats(&mut self) -> MoeStats {
-        std::mem::take(&mut self.moe_stats)
+        std::mem::take(&mut self.moe_scratch.stats)
     }
     /// The experts each row of the last step's sparse layer `layer` was routed to, when tracing
     /// is on: `rows x top_k`, in top-k order.
@@ -578,7 +576,6 @@ impl Forward {
         };
         router_gemm.gemm(&router, xn, rows, logits)?;
         let mut scratch = std::mem::take(&mut self.moe_scratch);
-        let mut stats = self.moe_stats;
         moe::route(
             &s.router[..rows * rule.num_experts],
             rows,
@@ -599,7 +596,6 @@ impl Forward {
             rule,
             &mut scratch,
             grow(&mut s.proj, rows * hidden),
-            &mut stats,
             |e, x, m, y| {
                 let id = base + 3 * e;
                 let (g, u) = if swap { (id + 1, id) } else { (id, id + 1) };
@@ -612,7 +608,6 @@ impl Forward {
             },
         );
         self.moe_scratch = scratch;
-        self.moe_stats = stats;
         result
     }
 

@@ -35,6 +35,8 @@ pub struct Routes {
 #[derive(Default)]
 pub struct MoeScratch {
     pub routes: Routes,
+    /// What the sparse layers did since the last take.
+    pub stats: MoeStats,
     probs: Vec<f32>,
     order: Vec<(f32, usize)>,
     rows_of: Vec<(usize, f32)>,
@@ -100,7 +102,6 @@ pub fn sparse_mlp<F>(
     rule: Routing,
     scratch: &mut MoeScratch,
     out: &mut [f32],
-    stats: &mut MoeStats,
     mut run_expert: F,
 ) -> Result<(), ForwardError>
 where
@@ -109,7 +110,7 @@ where
     let k = rule.top_k;
     let out = &mut out[..rows * hidden];
     out.fill(0.0);
-    stats.routed_rows += (rows * k) as u64;
+    scratch.stats.routed_rows += (rows * k) as u64;
     for expert in 0..rule.num_experts {
         let rows_of = &mut scratch.rows_of;
         rows_of.clear();
@@ -136,7 +137,7 @@ where
             m,
             &mut scratch.expert_out[..m * hidden],
         )?;
-        stats.expert_runs += 1;
+        scratch.stats.expert_runs += 1;
         for (i, &(r, w)) in scratch.rows_of.iter().enumerate() {
             let y = &scratch.expert_out[i * hidden..(i + 1) * hidden];
             for (o, &v) in out[r * hidden..(r + 1) * hidden].iter_mut().zip(y) {

@@ -475,3 +475,54 @@ fn a_full_queue_answers_503_with_retry_after() {
     assert_eq!(busy[0].json()["error"]["type"], "server_error");
     server.stop().unwrap();
 }
+
+/// Serves `body` to one HTTP request on a loopback port (a stand-in for a remote image host).
+fn one_shot_host(body: Vec<u8>) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        if let Ok((mut s, _)) = listener.accept() {
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = s.write_all(head.as_bytes());
+            let _ = s.write_all(&body);
+        }
+    });
+    addr
+}
+
+#[test]
+fn remote_images_only_when_allowed_and_within_the_size_limit() {
+    let image_request = |url: String| {
+        json!({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "what?"}]}]})
+    };
+    let options = ServeOptions {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        media: MediaPolicy {
+            allow_remote: true,
+            max_bytes: 64,
+            ..MediaPolicy::default()
+        },
+        ..ServeOptions::default()
+    };
+    let server = Running::start(options, Duration::ZERO);
+    let host = one_shot_host(PNG.to_vec());
+    let r = chat(server.addr, image_request(format!("http://{host}/p.png")));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "echo(1): what?");
+    // Control: an image over --max-image-mib is refused, naming the URL.
+    let mut big = PNG.to_vec();
+    big.resize(1000, 0);
+    let host = one_shot_host(big);
+    let url = format!("http://{host}/big.png");
+    let r = chat(server.addr, image_request(url.clone()));
+    assert_eq!(r.status, 400);
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains(&url));
+    server.stop().unwrap();
+}

@@ -56,17 +56,33 @@ pub fn open_pack(path: &Path) -> Arc<Pack> {
     }
 }
 
-/// The backend the arguments ask for.
-pub fn backend(args: &GemmArgs, pack: &Pack) -> Result<BackendChoice, String> {
-    match args.gemm {
-        GemmMode::Host => Ok(BackendChoice::Host),
-        GemmMode::Device | GemmMode::Ab => crate::device::backend(args, pack),
+impl GemmArgs {
+    /// The arguments as the engine states a backend (the one statement every front end shares).
+    pub fn spec(&self) -> engine::BackendSpec {
+        engine::BackendSpec {
+            mode: match self.gemm {
+                GemmMode::Host => engine::GemmMode::Host,
+                GemmMode::Device => engine::GemmMode::Device,
+                GemmMode::Ab => engine::GemmMode::Ab,
+            },
+            runtime: self.runtime.clone(),
+            designs: self.designs.clone(),
+        }
     }
+}
+
+/// The backend the arguments ask for (`engine::BackendSpec::choice`); the program's name holds the
+/// device ticket.
+pub fn backend(args: &GemmArgs) -> Result<BackendChoice, String> {
+    let program = std::env::args()
+        .next()
+        .unwrap_or_else(|| "xdna-vl probe".into());
+    args.spec().choice(&program).map_err(|e| e.to_string())
 }
 
 /// A forward over `pack` with `capacity` slots and the arguments' backend; refusals exit 2.
 pub fn forward(pack: &Arc<Pack>, args: &GemmArgs, capacity: usize) -> Forward {
-    let choice = backend(args, pack).unwrap_or_else(|e| refuse(e));
+    let choice = backend(args).unwrap_or_else(|e| refuse(e));
     let options = ForwardOptions {
         capacity,
         threads: args.threads,

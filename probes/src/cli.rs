@@ -90,3 +90,41 @@ pub fn forward(pack: &Arc<Pack>, args: &GemmArgs, capacity: usize) -> Forward {
     };
     Forward::new(pack, choice, options).unwrap_or_else(|e| refuse(e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(gemm: GemmMode, designs: Option<&str>) -> GemmArgs {
+        GemmArgs {
+            gemm,
+            runtime: Some(PathBuf::from("/lib/runtime.so")),
+            designs: designs.map(PathBuf::from),
+            threads: 1,
+        }
+    }
+
+    #[test]
+    fn the_probes_backend_is_the_engines_statement() {
+        assert!(matches!(
+            backend(&args(GemmMode::Host, None)),
+            Ok(BackendChoice::Host)
+        ));
+        match backend(&args(GemmMode::Ab, Some("/d"))) {
+            Ok(BackendChoice::Ab(c)) => {
+                assert_eq!(c.designs, PathBuf::from("/d"));
+                assert_eq!(c.runtime, Some(PathBuf::from("/lib/runtime.so")));
+            }
+            _ => panic!("--gemm ab did not give the A/B backend"),
+        }
+        assert!(matches!(
+            backend(&args(GemmMode::Device, Some("/d"))),
+            Ok(BackendChoice::Device(_))
+        ));
+        // Control: the device without designs is refused, with the engine's message.
+        let Err(e) = backend(&args(GemmMode::Device, None)) else {
+            panic!("--gemm device without --designs was accepted");
+        };
+        assert!(e.contains("needs --designs DIR"), "{e}");
+    }
+}

@@ -32,7 +32,7 @@ pub use images::{ImageEncoder, TowerEncoder};
 pub use message::{Content, Image, Message, Role};
 pub use prompt::{Prompt, PromptAblation, PromptBuilder, PromptImage};
 pub use sampling::{Sampler, SamplingParams};
-pub use session::{Event, FinishReason, Generation, Session, SessionOptions, Timings};
+pub use session::{decode_step, Event, FinishReason, Generation, Session, SessionOptions, Timings};
 pub use stream::{StopFilter, TextStream};
 pub use template::ChatTemplate;
 pub use tokenizer::{SpecialIds, Tokenizer};

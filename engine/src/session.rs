@@ -140,6 +140,21 @@ struct RowKey {
     image: Option<(u64, usize)>,
 }
 
+/// One decode step by the rule every caller shares: `token` at the forward's next free cache slot,
+/// rotated by `*next_rotary_pos`, which then moves on by one (after an image the rotary position
+/// runs behind the slot, so the two are separate numbers). The session's decode loop and the
+/// probes' teacher-forced replays both step through here.
+pub fn decode_step<'f>(
+    forward: &'f mut Forward,
+    token: u32,
+    next_rotary_pos: &mut i64,
+) -> std::result::Result<&'f [f32], forward::ForwardError> {
+    let slot = forward.next_slot();
+    let logits = forward.step(token, *next_rotary_pos, slot)?;
+    *next_rotary_pos += 1;
+    Ok(logits)
+}
+
 pub struct Session {
     forward: Forward,
     format: ChatFormat,
@@ -439,15 +454,13 @@ impl Session {
 
     /// One decode step: `token` at the next slot and rotary position; its logits into `self.logits`.
     fn feed(&mut self, token: u32) -> Result<()> {
-        let slot = self.forward.next_slot();
-        let logits = self.forward.step(token, self.next_rotary_pos, slot)?;
+        let logits = decode_step(&mut self.forward, token, &mut self.next_rotary_pos)?;
         self.logits.clear();
         self.logits.extend_from_slice(logits);
         self.cached.push(RowKey {
             id: token,
             image: None,
         });
-        self.next_rotary_pos += 1;
         Ok(())
     }
 

@@ -59,6 +59,8 @@ typedef int32_t xvl_status;
 #define XVL_ERR_INPUTS 8      /* row embeddings, planes, image rows or DeepStack sets refused */
 #define XVL_ERR_BACKEND 9     /* the GEMM backend failed (device: runtime, designs, launch) */
 #define XVL_ERR_PANIC 10      /* a panic was caught inside; the handle is unusable */
+#define XVL_ERR_IMAGE 11      /* a chat picture cannot be read, decoded or encoded */
+#define XVL_ERR_CHAT 12       /* no tokenizer / chat template in the pack, or the chat cannot be rendered */
 
 /* ---- option values --------------------------------------------------------------------------- */
 
@@ -71,6 +73,10 @@ typedef int32_t xvl_status;
 
 #define XVL_LOGITS_LAST_ROW 0 /* a step writes vocab floats: the last row's logits */
 #define XVL_LOGITS_ALL_ROWS 1 /* a step writes rows x vocab floats, row-major */
+
+#define XVL_ROLE_SYSTEM 0    /* xvl_message.role */
+#define XVL_ROLE_USER 1      /* the only role that can show pictures */
+#define XVL_ROLE_ASSISTANT 2
 
 /* ---- types ----------------------------------------------------------------------------------- */
 
@@ -178,6 +184,67 @@ xvl_status xvl_step_batch(xvl_forward *f, const uint32_t *tokens, size_t n_token
 xvl_status xvl_step_batch_embeds(xvl_forward *f, const float *embeds, size_t embeds_len,
                                  const xvl_hybrid *hybrid, size_t start_slot, uint32_t which,
                                  float *logits, size_t logits_len);
+
+/* ---- chat: messages in, text out ------------------------------------------------------------ */
+/*
+ * The whole model behind one handle: the pack's tokenizer and chat template, its vision tower and
+ * decoder, sampling and streaming — the engine every xdna-vl front end uses. A chat handle keeps its
+ * KV cache between runs: a conversation that starts like the previous run's prompt (same ids, same
+ * pictures) reuses those rows instead of prefilling them again. Thread safety, panics and the last
+ * error are as for xvl_forward.
+ */
+
+/* An open pack as a chat session. Opaque. */
+typedef struct xvl_chat xvl_chat;
+
+/* One turn of the conversation. */
+typedef struct xvl_message {
+    uint32_t role;                   /* XVL_ROLE_* */
+    const char *text;                /* UTF-8, NUL-terminated; required ("" is allowed) */
+    const char *const *image_paths;  /* pictures (PNG, JPEG, WebP, GIF) shown before the text; */
+    size_t image_paths_len;          /*   user turns only; NULL with 0 = none */
+} xvl_message;
+
+/* How each answer token is chosen. Fill it with xvl_sampling_init, then change fields. */
+typedef struct xvl_sampling {
+    uint32_t struct_size; /* sizeof(xvl_sampling); set by xvl_sampling_init */
+    float temperature;    /* 0 (default) = greedy */
+    uint32_t top_k;       /* 0 (default) = off */
+    float top_p;          /* in (0, 1]; 1 (default) = off */
+    uint64_t seed;        /* the same seed gives the same answer; default 0 */
+    size_t max_tokens;    /* at least 1; default 256 */
+} xvl_sampling;
+
+/* Receives each piece of the answer as it is produced: len bytes of UTF-8 (whole characters, never
+ * half of one), followed by a NUL. Return 0 to go on; anything else ends the answer there (the run
+ * still succeeds, with the text so far). */
+typedef int32_t (*xvl_text_callback)(const char *piece, size_t len, void *user_data);
+
+/* Fills *sampling with the defaults (greedy, 256 tokens at most, seed 0). */
+xvl_status xvl_sampling_init(xvl_sampling *sampling);
+
+/* Opens the pack at pack_path as a chat (the pack must carry its tokenizer and chat template:
+ * `packs build` stores them; XVL_ERR_CHAT otherwise). options as for xvl_open; options->capacity is
+ * the context: prompt + answer tokens. On failure *out is NULL. */
+xvl_status xvl_chat_open(const char *pack_path, const xvl_open_options *options, xvl_chat **out);
+
+/* Frees a chat handle. NULL is ignored. */
+void xvl_chat_close(xvl_chat *chat);
+
+/* Answers the conversation messages[0..messages_len) (ending with a user turn) with the checkpoint's
+ * chat template, add_generation_prompt on. sampling NULL = the defaults. Every picture is read
+ * before anything runs: a missing or unreadable one is XVL_ERR_IMAGE with its path and
+ * messages[i].image_paths[j] in the message. A prompt longer than the context is XVL_ERR_CAPACITY.
+ *
+ * Out: on_text (NULL = none) gets each piece as produced. *text_needed (NULL = not wanted) gets the
+ * answer's size in bytes with its NUL; text (NULL with text_len 0 = not wanted) gets the answer,
+ * NUL-terminated. If text_len is smaller than that, the call returns XVL_ERR_BUFFER and writes
+ * nothing to text (but *text_needed and the callback's pieces are written): run the same
+ * messages again with a larger buffer — the same sampling gives the same answer, and the prompt's
+ * rows come from the cache. */
+xvl_status xvl_chat_run(xvl_chat *chat, const xvl_message *messages, size_t messages_len,
+                        const xvl_sampling *sampling, xvl_text_callback on_text, void *user_data,
+                        char *text, size_t text_len, size_t *text_needed);
 
 #ifdef __cplusplus
 }

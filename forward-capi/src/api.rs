@@ -2,15 +2,17 @@
 //! runs inside `guard` (no panic crosses into C), and maps a refusal to a status code plus the thread's
 //! last-error message. The model work is the safe Rust API of `forward`.
 
+use crate::chat::{self, XvlChat, XvlMessage, XvlSampling, XvlTextCallback};
 use crate::ffi_args;
 use crate::guard::guard;
 use crate::handle::{self, XvlForward};
 use crate::last_error;
 use crate::options::{self, XvlOpenOptions};
 use crate::status::*;
+use engine::{Event, Session, SessionOptions};
 use forward::{Forward, HybridInputs, Logits};
 use packs::Pack;
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
 /// The C struct `xvl_hybrid`: everything `xvl_step_batch_embeds` needs beside the row embeddings.
@@ -135,8 +137,8 @@ pub unsafe extern "C" fn xvl_open(
         // SAFETY: NULL or NUL-terminated (the caller's contract).
         let path = unsafe { ffi_args::path(F, "pack_path", pack_path) }?;
         // SAFETY: NULL or a caller's options struct (the caller's contract).
-        let request = unsafe { options::read(options) }?;
-        let backend = options::backend_choice(request.gemm)?;
+        let request = unsafe { options::read(F, options) }?;
+        let backend = options::backend_choice(F, request.gemm)?;
         let pack =
             Pack::open(&path).map_err(|e| CallError::new(XVL_ERR_PACK, format!("{F}: {e}")))?;
         let forward = Forward::new(&Arc::new(pack), backend, request.forward)
@@ -489,6 +491,141 @@ pub unsafe extern "C" fn xvl_step_batch_embeds(
         };
         // SAFETY: checked above; the caller's input buffers are no longer borrowed.
         unsafe { copy_logits(logits, produced) };
+        Ok(())
+    })
+}
+
+/// Fills `*sampling` with the defaults (greedy, 256 tokens at most, seed 0).
+///
+/// # Safety
+/// `sampling` must be NULL or valid for a write of one `xvl_sampling`.
+#[no_mangle]
+pub unsafe extern "C" fn xvl_sampling_init(sampling: *mut XvlSampling) -> XvlStatus {
+    const F: &str = "xvl_sampling_init";
+    guard(F, || {
+        // SAFETY: NULL or valid for one write (the caller's contract).
+        unsafe { ffi_args::write_out(F, "sampling", sampling, XvlSampling::defaults()) }
+    })
+}
+
+/// Opens the pack at `pack_path` as a chat: the engine's session (tokenizer, chat template, vision
+/// tower and decoder of the pack). `options.capacity` is the context (prompt + answer).
+///
+/// # Safety
+/// As for `xvl_open`.
+#[no_mangle]
+pub unsafe extern "C" fn xvl_chat_open(
+    pack_path: *const c_char,
+    options: *const XvlOpenOptions,
+    out: *mut *mut XvlChat,
+) -> XvlStatus {
+    const F: &str = "xvl_chat_open";
+    guard(F, || {
+        // SAFETY: NULL or valid for one write; cleared first so a failure never leaves garbage.
+        unsafe { ffi_args::write_out(F, "out", out, std::ptr::null_mut()) }?;
+        // SAFETY: NULL or NUL-terminated (the caller's contract).
+        let path = unsafe { ffi_args::path(F, "pack_path", pack_path) }?;
+        // SAFETY: NULL or a caller's options struct (the caller's contract).
+        let request = unsafe { options::read(F, options) }?;
+        let session_options = SessionOptions {
+            context: request.forward.capacity,
+            threads: request.forward.threads,
+            kv_dtype: request.forward.kv_dtype,
+            backend: options::backend_spec(F, request.gemm)?,
+            program: options::DEVICE_PROGRAM.into(),
+            ..SessionOptions::default()
+        };
+        let session =
+            Session::open(&path, None, &session_options).map_err(|e| CallError::engine(F, e))?;
+        let handle = Box::into_raw(Box::new(XvlChat::new(session)));
+        // SAFETY: `out` was checked writable above.
+        unsafe { out.write(handle) };
+        Ok(())
+    })
+}
+
+/// Frees a chat handle. NULL is ignored.
+///
+/// # Safety
+/// `chat` must be NULL or an open chat handle no other thread is using; it must not be used again.
+#[no_mangle]
+pub unsafe extern "C" fn xvl_chat_close(chat: *mut XvlChat) {
+    let _ = guard("xvl_chat_close", || {
+        if chat.is_null() {
+            return Ok(());
+        }
+        // SAFETY: an open handle (checked by tag, best effort) per the caller's contract.
+        unsafe { chat::from_ptr("xvl_chat_close", chat) }?;
+        // SAFETY: from Box::into_raw in xvl_chat_open, freed exactly once.
+        let mut boxed = unsafe { Box::from_raw(chat) };
+        boxed.retire();
+        drop(boxed);
+        Ok(())
+    });
+}
+
+/// Answers a conversation: `messages` (ending with a user turn) through the engine's one generate
+/// loop. Each piece of the answer goes to `on_text` (if not NULL) as it is produced; the whole
+/// answer, NUL-terminated, to `text` (if not NULL) and its size with the NUL to `*text_needed` (if
+/// not NULL).
+///
+/// # Safety
+/// `chat` NULL or an open chat handle; `messages` NULL or `messages_len` valid `xvl_message`s;
+/// `sampling` NULL or an `xvl_sampling`; `on_text` NULL or a function of the documented type;
+/// `text` NULL or valid for `text_len` byte writes; `text_needed` NULL or valid for one write.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn xvl_chat_run(
+    chat: *mut XvlChat,
+    messages: *const XvlMessage,
+    messages_len: usize,
+    sampling: *const XvlSampling,
+    on_text: XvlTextCallback,
+    user_data: *mut c_void,
+    text: *mut c_char,
+    text_len: usize,
+    text_needed: *mut usize,
+) -> XvlStatus {
+    const F: &str = "xvl_chat_run";
+    guard(F, || {
+        // SAFETY: forwarded contract.
+        let h = unsafe { chat::from_ptr(F, chat) }?;
+        if text.is_null() && text_len > 0 {
+            return Err(CallError::null(F, "text"));
+        }
+        // SAFETY: forwarded contract.
+        let params = unsafe { chat::sampling(F, sampling) }?;
+        let mut session = h.lock(F)?;
+        // SAFETY: forwarded contract.
+        let messages = unsafe { chat::messages(F, &session, messages, messages_len) }?;
+        let generation = session
+            .generate(&messages, &params, &mut |event| match event {
+                // SAFETY: forwarded contract.
+                Event::Text(piece) => unsafe { chat::deliver(on_text, user_data, piece) },
+                Event::Started { .. } => true,
+            })
+            .map_err(|e| CallError::engine(F, e))?;
+        let needed = generation.text.len() + 1;
+        if !text_needed.is_null() {
+            // SAFETY: non-NULL, valid for one write (the caller's contract).
+            unsafe { ffi_args::write_out(F, "text_needed", text_needed, needed) }?;
+        }
+        if !text.is_null() {
+            if text_len < needed {
+                return Err(CallError::new(
+                    XVL_ERR_BUFFER,
+                    format!(
+                        "{F}: `text` holds {text_len} bytes, the answer needs {needed} (with its NUL; \
+                         *text_needed says so too)"
+                    ),
+                ));
+            }
+            // SAFETY: `text` is non-NULL with at least `needed` writable bytes (checked above,
+            // the caller's contract for text_len).
+            let out = unsafe { ffi_args::output(text.cast::<u8>(), needed) };
+            out[..needed - 1].copy_from_slice(generation.text.as_bytes());
+            out[needed - 1] = 0;
+        }
         Ok(())
     })
 }

@@ -7,6 +7,7 @@
 //! `options`, `api`).
 
 mod api;
+mod chat;
 mod ffi_args;
 mod guard;
 mod handle;
@@ -15,6 +16,7 @@ mod options;
 pub mod status;
 
 pub use api::*;
+pub use chat::{XvlChat, XvlMessage, XvlSampling, XvlTextCallback};
 pub use handle::XvlForward;
 pub use options::XvlOpenOptions;
 pub use status::*;

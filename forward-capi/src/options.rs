@@ -3,7 +3,8 @@
 
 use crate::ffi_args;
 use crate::status::*;
-use forward::{BackendChoice, DeviceConfig, ForwardOptions, KvDtype};
+use engine::{BackendSpec, GemmMode};
+use forward::{BackendChoice, ForwardOptions, KvDtype};
 use std::ffi::c_char;
 use std::path::PathBuf;
 
@@ -70,20 +71,22 @@ pub struct OpenRequest {
 /// # Safety
 /// `options` must be NULL or point to at least 4 readable bytes (its `struct_size`), and to a whole
 /// `xvl_open_options` when `struct_size` says so; its paths must be NULL or NUL-terminated.
-pub unsafe fn read(options: *const XvlOpenOptions) -> Result<OpenRequest, CallError> {
-    const F: &str = "xvl_open";
+pub unsafe fn read(
+    function: &str,
+    options: *const XvlOpenOptions,
+) -> Result<OpenRequest, CallError> {
     if options.is_null() {
-        return Err(CallError::null(F, "options"));
+        return Err(CallError::null(function, "options"));
     }
     if !options.is_aligned() {
-        return Err(CallError::argument(F, "`options` is not aligned"));
+        return Err(CallError::argument(function, "`options` is not aligned"));
     }
     // Read the size alone first: a struct from an older or newer header may be shorter than ours.
     // SAFETY: non-NULL and aligned (checked); the caller guarantees the first field is readable.
     let struct_size = unsafe { std::ptr::addr_of!((*options).struct_size).read() };
     if struct_size != XvlOpenOptions::SIZE {
         return Err(CallError::argument(
-            F,
+            function,
             format!(
                 "options.struct_size = {struct_size}, this library's xvl_open_options is {} bytes \
                  (call xvl_open_options_init, and build against the header that ships with the library)",
@@ -98,7 +101,7 @@ pub unsafe fn read(options: *const XvlOpenOptions) -> Result<OpenRequest, CallEr
         XVL_KV_BF16 => KvDtype::Bf16,
         other => {
             return Err(CallError::argument(
-                F,
+                function,
                 format!("options.kv_dtype = {other}, expected XVL_KV_F32 (0) or XVL_KV_BF16 (1)"),
             ))
         }
@@ -109,9 +112,10 @@ pub unsafe fn read(options: *const XvlOpenOptions) -> Result<OpenRequest, CallEr
     };
     // SAFETY: NULL or NUL-terminated by the caller's contract.
     let runtime_path =
-        unsafe { ffi_args::optional_path(F, "options.runtime_path", o.runtime_path) }?;
+        unsafe { ffi_args::optional_path(function, "options.runtime_path", o.runtime_path) }?;
     // SAFETY: as above.
-    let designs_dir = unsafe { ffi_args::optional_path(F, "options.designs_dir", o.designs_dir) }?;
+    let designs_dir =
+        unsafe { ffi_args::optional_path(function, "options.designs_dir", o.designs_dir) }?;
     let gemm = match o.gemm {
         XVL_GEMM_HOST => GemmRequest::Host,
         XVL_GEMM_DEVICE => GemmRequest::Device {
@@ -124,7 +128,7 @@ pub unsafe fn read(options: *const XvlOpenOptions) -> Result<OpenRequest, CallEr
         },
         other => {
             return Err(CallError::argument(
-                F,
+                function,
                 format!(
                     "options.gemm = {other}, expected XVL_GEMM_HOST (0), XVL_GEMM_DEVICE (1) or XVL_GEMM_AB (2)"
                 ),
@@ -143,42 +147,47 @@ pub unsafe fn read(options: *const XvlOpenOptions) -> Result<OpenRequest, CallEr
 }
 
 /// Who holds the device, as other processes waiting for the device-hold ticket see it.
-const DEVICE_PROGRAM: &str = "libxdna_vl";
+pub const DEVICE_PROGRAM: &str = "libxdna_vl";
 
-/// The forward's backend for a request. The device backends need a designs directory; the runtime
-/// defaults to `XDNA_VL_RUNTIME`, then the installed XRT shim.
-pub fn backend_choice(gemm: GemmRequest) -> Result<BackendChoice, CallError> {
-    type Choice = fn(DeviceConfig) -> BackendChoice;
-    let (name, choice, runtime_path, designs_dir): (_, Choice, _, _) = match gemm {
-        GemmRequest::Host => return Ok(BackendChoice::Host),
+/// The engine's statement of the backend a request asks for (`engine::BackendSpec`, the one every
+/// front end uses). The device backends need a designs directory; the runtime defaults to
+/// `XDNA_VL_RUNTIME`, then the installed XRT shim.
+pub fn backend_spec(function: &str, gemm: GemmRequest) -> Result<BackendSpec, CallError> {
+    let (name, mode, runtime, designs) = match gemm {
+        GemmRequest::Host => return Ok(BackendSpec::default()),
         GemmRequest::Device {
             runtime_path,
             designs_dir,
         } => (
             "XVL_GEMM_DEVICE",
-            BackendChoice::Device,
+            GemmMode::Device,
             runtime_path,
             designs_dir,
         ),
         GemmRequest::Ab {
             runtime_path,
             designs_dir,
-        } => ("XVL_GEMM_AB", BackendChoice::Ab, runtime_path, designs_dir),
+        } => ("XVL_GEMM_AB", GemmMode::Ab, runtime_path, designs_dir),
     };
-    let Some(designs) = designs_dir else {
+    if designs.is_none() {
         return Err(CallError::new(
             XVL_ERR_NULL,
             format!(
-                "xvl_open: `options.designs_dir` is NULL; {name} needs a designs directory with its \
+                "{function}: `options.designs_dir` is NULL; {name} needs a designs directory with its \
                  manifest.json (`npu-designs emu PACK -o DIR` writes one for the software NPU)"
             ),
         ));
-    };
-    let config = DeviceConfig {
-        runtime: runtime_path,
+    }
+    Ok(BackendSpec {
+        mode,
+        runtime,
         designs,
-        program: DEVICE_PROGRAM.into(),
-        ..DeviceConfig::default()
-    };
-    Ok(choice(config))
+    })
+}
+
+/// The forward's backend for a request (through the engine's `BackendSpec::choice`).
+pub fn backend_choice(function: &str, gemm: GemmRequest) -> Result<BackendChoice, CallError> {
+    backend_spec(function, gemm)?
+        .choice(DEVICE_PROGRAM)
+        .map_err(|e| CallError::new(XVL_ERR_BACKEND, format!("{function}: {e}")))
 }

@@ -1,5 +1,6 @@
 //! Status codes (the `XVL_*` defines of `xdna_vl.h`) and the error every entry point returns.
 
+use engine::EngineError;
 use forward::ForwardError;
 
 /// What every entry point returns: `XVL_OK` or one of the `XVL_ERR_*` codes.
@@ -26,6 +27,10 @@ pub const XVL_ERR_INPUTS: XvlStatus = 8;
 pub const XVL_ERR_BACKEND: XvlStatus = 9;
 /// A panic was caught inside the library; the handle is unusable (close it).
 pub const XVL_ERR_PANIC: XvlStatus = 10;
+/// A picture of a chat message cannot be read, decoded or encoded.
+pub const XVL_ERR_IMAGE: XvlStatus = 11;
+/// The pack has no tokenizer or chat template, or the chat cannot be rendered into a prompt.
+pub const XVL_ERR_CHAT: XvlStatus = 12;
 
 /// `XVL_GEMM_*`: which GEMM backend `xvl_open` builds.
 pub const XVL_GEMM_HOST: u32 = 0;
@@ -40,6 +45,11 @@ pub const XVL_KV_BF16: u32 = 1;
 pub const XVL_LOGITS_LAST_ROW: u32 = 0;
 pub const XVL_LOGITS_ALL_ROWS: u32 = 1;
 
+/// `XVL_ROLE_*`: who speaks in an `xvl_message`.
+pub const XVL_ROLE_SYSTEM: u32 = 0;
+pub const XVL_ROLE_USER: u32 = 1;
+pub const XVL_ROLE_ASSISTANT: u32 = 2;
+
 /// Every `#define` of the header with its value, so a test can compare the two.
 pub const HEADER_DEFINES: &[(&str, i64)] = &[
     ("XVL_OK", XVL_OK as i64),
@@ -53,6 +63,8 @@ pub const HEADER_DEFINES: &[(&str, i64)] = &[
     ("XVL_ERR_INPUTS", XVL_ERR_INPUTS as i64),
     ("XVL_ERR_BACKEND", XVL_ERR_BACKEND as i64),
     ("XVL_ERR_PANIC", XVL_ERR_PANIC as i64),
+    ("XVL_ERR_IMAGE", XVL_ERR_IMAGE as i64),
+    ("XVL_ERR_CHAT", XVL_ERR_CHAT as i64),
     ("XVL_GEMM_HOST", XVL_GEMM_HOST as i64),
     ("XVL_GEMM_DEVICE", XVL_GEMM_DEVICE as i64),
     ("XVL_GEMM_AB", XVL_GEMM_AB as i64),
@@ -60,6 +72,9 @@ pub const HEADER_DEFINES: &[(&str, i64)] = &[
     ("XVL_KV_BF16", XVL_KV_BF16 as i64),
     ("XVL_LOGITS_LAST_ROW", XVL_LOGITS_LAST_ROW as i64),
     ("XVL_LOGITS_ALL_ROWS", XVL_LOGITS_ALL_ROWS as i64),
+    ("XVL_ROLE_SYSTEM", XVL_ROLE_SYSTEM as i64),
+    ("XVL_ROLE_USER", XVL_ROLE_USER as i64),
+    ("XVL_ROLE_ASSISTANT", XVL_ROLE_ASSISTANT as i64),
 ];
 
 /// The name of a status code, as `xvl_status_name` returns it (NUL-terminated).
@@ -76,6 +91,8 @@ pub fn status_name(status: XvlStatus) -> &'static str {
         XVL_ERR_INPUTS => "XVL_ERR_INPUTS\0",
         XVL_ERR_BACKEND => "XVL_ERR_BACKEND\0",
         XVL_ERR_PANIC => "XVL_ERR_PANIC\0",
+        XVL_ERR_IMAGE => "XVL_ERR_IMAGE\0",
+        XVL_ERR_CHAT => "XVL_ERR_CHAT\0",
         _ => "XVL_UNKNOWN_STATUS\0",
     }
 }
@@ -114,6 +131,26 @@ impl CallError {
             ForwardError::Options(_) => XVL_ERR_ARGUMENT,
             ForwardError::Pack(_) => XVL_ERR_PACK,
             ForwardError::Backend(_) => XVL_ERR_BACKEND,
+        };
+        CallError::new(status, format!("{function}: {e}"))
+    }
+
+    /// An engine error (a chat run), its message prefixed by the entry point that hit it.
+    pub fn engine(function: &str, e: EngineError) -> CallError {
+        let status = match e {
+            EngineError::Forward(e) => return CallError::forward(function, e),
+            EngineError::Pack(_) | EngineError::Read { .. } => XVL_ERR_PACK,
+            EngineError::MissingAsset { .. }
+            | EngineError::Asset { .. }
+            | EngineError::Tokenizer(_)
+            | EngineError::Template(_)
+            | EngineError::Prompt(_) => XVL_ERR_CHAT,
+            EngineError::OverContext { .. } => XVL_ERR_CAPACITY,
+            EngineError::Sampling(_) => XVL_ERR_ARGUMENT,
+            EngineError::Image { .. } | EngineError::Preprocess(_) | EngineError::Vision(_) => {
+                XVL_ERR_IMAGE
+            }
+            EngineError::NonFiniteLogits { .. } => XVL_ERR_BACKEND,
         };
         CallError::new(status, format!("{function}: {e}"))
     }

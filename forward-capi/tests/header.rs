@@ -8,7 +8,7 @@ mod common;
 use common::Link;
 use std::collections::BTreeMap;
 use std::process::Command;
-use xdna_vl::{XvlAbStats, XvlHybrid, XvlOpenOptions, HEADER_DEFINES};
+use xdna_vl::{XvlAbStats, XvlHybrid, XvlMessage, XvlOpenOptions, XvlSampling, HEADER_DEFINES};
 
 /// name -> (return type, parameter types), types normalized (`const char*`, `size_t`, ...).
 type Signatures = BTreeMap<String, (String, Vec<String>)>;
@@ -111,6 +111,11 @@ fn rust_type_to_c(t: &str) -> String {
         "usize" => "size_t",
         "f32" => "float",
         "c_char" => "char",
+        "c_void" => "void",
+        "XvlChat" => "xvl_chat",
+        "XvlMessage" => "xvl_message",
+        "XvlSampling" => "xvl_sampling",
+        "XvlTextCallback" => "xvl_text_callback",
         "XvlForward" => "xvl_forward",
         "XvlOpenOptions" => "xvl_open_options",
         "XvlHybrid" => "xvl_hybrid",
@@ -198,7 +203,7 @@ fn exported_symbols() -> Vec<String> {
 fn header_prototypes_equal_the_rust_definitions_and_the_exported_symbols() {
     let header = header_signatures(&header_text());
     let rust = rust_signatures(&api_text());
-    assert_eq!(header.len(), 19, "prototypes parsed: {:?}", header.keys());
+    assert_eq!(header.len(), 23, "prototypes parsed: {:?}", header.keys());
     let diffs = compare("xdna_vl.h", &header, "src/api.rs", &rust);
     assert!(diffs.is_empty(), "header vs Rust:\n{}", diffs.join("\n"));
 
@@ -340,7 +345,17 @@ fn struct_layouts_and_linked_functions_agree_with_the_c_compiler() {
         "xvl_ab_stats",
         [gemms, differing_gemms, differing_values, max_abs_diff]
     );
-    assert_eq!(checked, 19);
+    layout!(
+        XvlMessage,
+        "xvl_message",
+        [role, text, image_paths, image_paths_len]
+    );
+    layout!(
+        XvlSampling,
+        "xvl_sampling",
+        [struct_size, temperature, top_k, top_p, seed, max_tokens]
+    );
+    assert_eq!(checked, 29);
     // Every field C printed was compared (a field added to the header but not here is caught).
     let printed_fields = c.keys().filter(|k| k.contains('.')).count();
     assert_eq!(
@@ -353,4 +368,5 @@ fn struct_layouts_and_linked_functions_agree_with_the_c_compiler() {
     // Control: a struct_size other than the library's is refused by xvl_open (see bad_args.c); here,
     // the Rust size the check uses is the C size.
     assert_eq!(XvlOpenOptions::SIZE as usize, num("xvl_open_options", 0));
+    assert_eq!(XvlSampling::SIZE as usize, num("xvl_sampling", 0));
 }

@@ -56,21 +56,75 @@ pub fn open_pack(path: &Path) -> Arc<Pack> {
     }
 }
 
-/// The backend the arguments ask for.
-pub fn backend(args: &GemmArgs, pack: &Pack) -> Result<BackendChoice, String> {
-    match args.gemm {
-        GemmMode::Host => Ok(BackendChoice::Host),
-        GemmMode::Device | GemmMode::Ab => crate::device::backend(args, pack),
+impl GemmArgs {
+    /// The arguments as the engine states a backend (the one statement every front end shares).
+    pub fn spec(&self) -> engine::BackendSpec {
+        engine::BackendSpec {
+            mode: match self.gemm {
+                GemmMode::Host => engine::GemmMode::Host,
+                GemmMode::Device => engine::GemmMode::Device,
+                GemmMode::Ab => engine::GemmMode::Ab,
+            },
+            runtime: self.runtime.clone(),
+            designs: self.designs.clone(),
+        }
     }
+}
+
+/// The backend the arguments ask for (`engine::BackendSpec::choice`); the program's name holds the
+/// device ticket.
+pub fn backend(args: &GemmArgs) -> Result<BackendChoice, String> {
+    let program = std::env::args()
+        .next()
+        .unwrap_or_else(|| "xdna-vl probe".into());
+    args.spec().choice(&program).map_err(|e| e.to_string())
 }
 
 /// A forward over `pack` with `capacity` slots and the arguments' backend; refusals exit 2.
 pub fn forward(pack: &Arc<Pack>, args: &GemmArgs, capacity: usize) -> Forward {
-    let choice = backend(args, pack).unwrap_or_else(|e| refuse(e));
+    let choice = backend(args).unwrap_or_else(|e| refuse(e));
     let options = ForwardOptions {
         capacity,
         threads: args.threads,
         ..ForwardOptions::default()
     };
     Forward::new(pack, choice, options).unwrap_or_else(|e| refuse(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(gemm: GemmMode, designs: Option<&str>) -> GemmArgs {
+        GemmArgs {
+            gemm,
+            runtime: Some(PathBuf::from("/lib/runtime.so")),
+            designs: designs.map(PathBuf::from),
+            threads: 1,
+        }
+    }
+
+    #[test]
+    fn the_probes_backend_is_the_engines_statement() {
+        assert!(matches!(
+            backend(&args(GemmMode::Host, None)),
+            Ok(BackendChoice::Host)
+        ));
+        match backend(&args(GemmMode::Ab, Some("/d"))) {
+            Ok(BackendChoice::Ab(c)) => {
+                assert_eq!(c.designs, PathBuf::from("/d"));
+                assert_eq!(c.runtime, Some(PathBuf::from("/lib/runtime.so")));
+            }
+            _ => panic!("--gemm ab did not give the A/B backend"),
+        }
+        assert!(matches!(
+            backend(&args(GemmMode::Device, Some("/d"))),
+            Ok(BackendChoice::Device(_))
+        ));
+        // Control: the device without designs is refused, with the engine's message.
+        let Err(e) = backend(&args(GemmMode::Device, None)) else {
+            panic!("--gemm device without --designs was accepted");
+        };
+        assert!(e.contains("needs --designs DIR"), "{e}");
+    }
 }

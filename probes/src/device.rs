@@ -1,28 +1,7 @@
-//! The device side of `--gemm device|ab`: the runtime and designs the arguments name.
+//! The device side of `--gemm ab`: the host/device comparison as JSON fields (the backend itself is
+//! chosen by `engine::BackendSpec`, see `cli::backend`).
 
-use crate::cli::{GemmArgs, GemmMode};
-use forward::{AbReport, BackendChoice, DeviceConfig, Forward};
-use packs::Pack;
-
-pub fn backend(args: &GemmArgs, _pack: &Pack) -> Result<BackendChoice, String> {
-    let designs = args.designs.clone().ok_or_else(|| {
-        "--gemm device|ab needs --designs DIR (a designs directory with its manifest; \
-         `npu-designs emu PACK -o DIR` writes one for the software NPU)"
-            .to_string()
-    })?;
-    let config = DeviceConfig {
-        runtime: args.runtime.clone(),
-        designs,
-        program: std::env::args()
-            .next()
-            .unwrap_or_else(|| "xdna-vl probe".into()),
-        ..DeviceConfig::default()
-    };
-    Ok(match args.gemm {
-        GemmMode::Ab => BackendChoice::Ab(config),
-        _ => BackendChoice::Device(config),
-    })
-}
+use forward::{AbReport, Forward};
 
 /// The A/B counters of a forward running `--gemm ab`, as JSON fields.
 pub fn ab_json(fwd: &Forward) -> serde_json::Value {

@@ -1,6 +1,6 @@
 //! Replaying a reference prompt through the forward: prefill every row, then teacher-forced greedy
-//! steps (each at cache slot `rows + i`, rotary position `max(position) + 1 + i`), and the text-only
-//! control — the one procedure the probe, the tests and the C ABI test share.
+//! steps (`engine::decode_step`: the next free cache slot, rotary positions from `max(position) + 1`
+//! on), and the text-only control — the one procedure the probe, the tests and the C ABI test share.
 
 use crate::compare::{cosine, RowsCompared};
 use crate::reference::Reference;
@@ -102,14 +102,14 @@ pub fn replay(
     let mut greedy_ids = vec![argmax(&all_ours[(rows - 1) * vocab..])];
     on_step(0, greedy_ids[0], &all_ours[(rows - 1) * vocab..], forward);
     let mut decode = RowsCompared::default();
-    let next_pos = inputs.next_rotary_pos();
+    // The slot is the forward's next free one, the rotary position the engine's decode rule's.
+    let mut rotary_pos = inputs.next_rotary_pos();
     for (i, &fed) in reference.greedy_ids[..reference.greedy_ids.len() - 1]
         .iter()
         .enumerate()
     {
-        let logits = forward
-            .step(fed as u32, next_pos + i as i64, rows + i)
-            .map_err(|e| e.to_string())?;
+        let logits =
+            engine::decode_step(forward, fed as u32, &mut rotary_pos).map_err(|e| e.to_string())?;
         let expected = &reference.decode_logits[i * vocab..(i + 1) * vocab];
         decode.push_rows(logits, expected, vocab);
         all_ours.extend_from_slice(logits);

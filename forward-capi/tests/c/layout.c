@@ -33,6 +33,18 @@ int main(void) {
     FIELD(xvl_ab_stats, differing_gemms);
     FIELD(xvl_ab_stats, differing_values);
     FIELD(xvl_ab_stats, max_abs_diff);
+    printf("xvl_message %zu %zu\n", sizeof(xvl_message), _Alignof(xvl_message));
+    FIELD(xvl_message, role);
+    FIELD(xvl_message, text);
+    FIELD(xvl_message, image_paths);
+    FIELD(xvl_message, image_paths_len);
+    printf("xvl_sampling %zu %zu\n", sizeof(xvl_sampling), _Alignof(xvl_sampling));
+    FIELD(xvl_sampling, struct_size);
+    FIELD(xvl_sampling, temperature);
+    FIELD(xvl_sampling, top_k);
+    FIELD(xvl_sampling, top_p);
+    FIELD(xvl_sampling, seed);
+    FIELD(xvl_sampling, max_tokens);
 
     /* Every declared function, linked. */
     any_fn fns[] = {
@@ -43,6 +55,8 @@ int main(void) {
         (any_fn)xvl_ab_report,
         (any_fn)xvl_reset,          (any_fn)xvl_truncate,        (any_fn)xvl_embed_row,
         (any_fn)xvl_step,           (any_fn)xvl_step_batch,      (any_fn)xvl_step_batch_embeds,
+        (any_fn)xvl_sampling_init,  (any_fn)xvl_chat_open,       (any_fn)xvl_chat_close,
+        (any_fn)xvl_chat_run,
     };
     size_t linked = 0;
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) linked += fns[i] != NULL;

@@ -274,14 +274,13 @@ fn generate(
         print!("generated: {}", ids[0]);
         let _ = std::io::stdout().flush();
     }
-    let next_pos = inputs.next_rotary_pos();
+    let mut rotary_pos = inputs.next_rotary_pos();
     for i in 0..steps.saturating_sub(1) {
         if answer.stop_at == ids.last().copied() {
             break;
         }
         let t = Instant::now();
-        let logits = fwd
-            .step(ids[i], next_pos + i as i64, rows + i)
+        let logits = engine::decode_step(fwd, ids[i], &mut rotary_pos)
             .unwrap_or_else(|e| cli::refuse(e))
             .to_vec();
         let id = argmax(&logits);

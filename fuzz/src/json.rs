@@ -106,6 +106,12 @@ pub fn mutate_value(rng: &mut Rng, v: &mut Value) {
     let Some(node) = node_mut(v, &path) else {
         return;
     };
+    if let (Some(u), true) = (node.as_u64(), rng.chance(1, 3)) {
+        // Scale a count: large enough to cost memory or time, often still under a validation
+        // bound (2^20 and 2^24 in the semantics).
+        *node = json!(u.max(1).saturating_mul(1 << rng.range(4, 30)));
+        return;
+    }
     match rng.below(10) {
         0..=2 => *node = edge_value(rng),
         3 => {

@@ -274,6 +274,20 @@ fn plant_value(
     })
 }
 
+/// Patches that mutate only `__metadata__` of `file` (through `meta`), 1-3 times.
+pub fn mutate_metadata(rng: &mut Rng, file: &str, bytes: &[u8], meta: MetaHook) -> Vec<FilePatch> {
+    let Some((header_len, mut header)) = parse_cached(bytes) else {
+        return Vec::new();
+    };
+    if let Some(Value::Object(md)) = header.get_mut("__metadata__") {
+        for _ in 0..rng.range(1, 3) {
+            meta(rng, md);
+        }
+    }
+    let text = serde_json::to_vec(&Value::Object(header)).expect("a Value serializes");
+    rewrite_header(file, bytes, header_len, &text)
+}
+
 /// Patches that mutate the safetensors file `file` (contents `bytes`).
 pub fn mutate(rng: &mut Rng, file: &str, bytes: &[u8], meta: MetaHook) -> Vec<FilePatch> {
     let Some((header_len, header)) = parse_cached(bytes) else {

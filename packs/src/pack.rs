@@ -55,6 +55,13 @@ pub enum PackError {
         dtype: Dtype,
         shape: Vec<usize>,
     },
+    #[error("{path}: __metadata__.semantics.{field} = {value}, but the file holds only {tensors} tensors (at least one per layer or block)")]
+    TooManyLayers {
+        path: PathBuf,
+        field: &'static str,
+        value: usize,
+        tensors: usize,
+    },
     #[error("{path}: no tensor named {name}")]
     NotFound { path: PathBuf, name: String },
     #[error("{path}: tensor {name} is not a {what}")]
@@ -266,6 +273,24 @@ impl Pack {
             .map(|(i, t)| (t.name.clone(), i))
             .collect();
 
+        // The plan is a few weights per layer: bound the layer counts by the tensors the file
+        // holds before planning (semantics allow 2^24 layers, a plan of tens of GB).
+        for (field, value) in [
+            ("num_layers", semantics.num_layers),
+            (
+                "vision.depth",
+                semantics.vision.as_ref().map_or(0, |v| v.depth),
+            ),
+        ] {
+            if value > tensors.len() {
+                return Err(PackError::TooManyLayers {
+                    path,
+                    field,
+                    value,
+                    tensors: tensors.len(),
+                });
+            }
+        }
         let mut plan = layout::weights(&semantics);
         if !layout::head_is_stored(&semantics) && index.contains_key(LM_HEAD) {
             // A tied f32/bf16 pack need not store the head; if it does, it must be well formed.

@@ -91,8 +91,18 @@ impl Target for PackTarget {
         let base = rng.below(self.bases.len());
         let bytes = self.bases[base].file(FILE).expect("a pack base");
         let mut patches: Vec<FilePatch> = Vec::new();
-        for _ in 0..rng.range(1, 2) {
-            patches.extend(crate::safetensors::mutate(rng, FILE, bytes, &mutate_meta));
+        if rng.chance(1, 4) {
+            // The semantics decide what open() plans and checks: mutate them often.
+            patches.extend(crate::safetensors::mutate_metadata(
+                rng,
+                FILE,
+                bytes,
+                &mutate_meta,
+            ));
+        } else {
+            for _ in 0..rng.range(1, 2) {
+                patches.extend(crate::safetensors::mutate(rng, FILE, bytes, &mutate_meta));
+            }
         }
         Input {
             base,

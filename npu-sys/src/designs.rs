@@ -235,7 +235,7 @@ impl Designs {
     }
 }
 
-/// Writes `dir/designs.json` (creating `dir`).
+/// Writes `dir/designs.json` (creating `dir`), atomically.
 pub fn write_manifest(dir: &Path, designs: Vec<ManifestEntry>) -> Result<PathBuf, DesignsError> {
     let path = dir.join(MANIFEST_FILE);
     let write_error = |e: std::io::Error| DesignsError::Write {
@@ -249,7 +249,10 @@ pub fn write_manifest(dir: &Path, designs: Vec<ManifestEntry>) -> Result<PathBuf
         designs,
     };
     let text = serde_json::to_string_pretty(&manifest).expect("a manifest always serialises");
-    fs::write(&path, text + "\n").map_err(write_error)?;
+    // Written beside and renamed over: a reader (or an interrupted build) never sees half a file.
+    let partial = dir.join(format!("{MANIFEST_FILE}.partial"));
+    fs::write(&partial, text + "\n").map_err(write_error)?;
+    fs::rename(&partial, &path).map_err(write_error)?;
     Ok(path)
 }
 

@@ -26,6 +26,15 @@ impl AccelNode {
         self.driver.as_deref() == Some(NPU_DRIVER)
     }
 
+    /// The design target of this NPU, from its PCI id, when known.
+    pub fn target(&self) -> Option<crate::tiling::NpuTarget> {
+        match self.pci_id {
+            Some((0x1022, 0x1502)) => Some(crate::tiling::NpuTarget::Npu1),
+            Some((0x1022, 0x17f0)) => Some(crate::tiling::NpuTarget::Npu2),
+            _ => None,
+        }
+    }
+
     /// XDNA generation from the PCI id, when known.
     pub fn generation(&self) -> Option<&'static str> {
         match self.pci_id {

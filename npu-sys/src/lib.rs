@@ -5,15 +5,20 @@
 //! - [`device`]: safe owners of its device, design, buffer and run handles;
 //! - [`detect`]: finding an `amdxdna` device node before opening anything;
 //! - [`designs`]: the designs directory and its manifest; [`plan`]: which designs a pack needs;
+//! - [`tiling`]: how a geometry is split over the AIE array; [`design_params`]: what the IRON
+//!   generator is given; [`toolchain`] and [`design_build`]: `npu-designs build` with mlir-aie;
 //! - [`gemm`]: a design with resident weights, as the forward's device backend uses it;
 //!   [`verify`]: a design checked against the pack's scalar oracle;
 //! - [`hold`]: the device-hold ticket, a FIFO cross-process lease on the NPU;
 //! - [`session`]: runtime, lease and device opened in the right order.
 
 mod abi;
+pub mod design_build;
+pub mod design_params;
 pub mod designs;
 pub mod detect;
 pub mod device;
+pub mod dma_plan;
 pub mod gemm;
 pub mod geometry;
 pub mod hold;
@@ -21,6 +26,7 @@ pub mod plan;
 pub mod runtime;
 pub mod session;
 pub mod tiling;
+pub mod toolchain;
 pub mod verify;
 
 pub use designs::{DesignEntry, Designs, DesignsError};

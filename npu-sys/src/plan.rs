@@ -111,7 +111,8 @@ pub fn role_of(p: Proj) -> &'static str {
     without_weight.rsplit('.').next().unwrap_or(without_weight)
 }
 
-/// Every linear of the pack's decoder (seven per layer) and its head.
+/// Every linear of the pack's decoder (seven per layer), its head, and its vision tower's linears
+/// when it has one (they share the device session: `Tower::prepare`).
 pub fn pack_linears(pack: &Pack) -> Result<Vec<LinearShape>, PackError> {
     let layers = pack.semantics().num_layers;
     let mut linears = Vec::with_capacity(layers * Proj::ALL.len() + 1);
@@ -138,7 +139,42 @@ pub fn pack_linears(pack: &Pack) -> Result<Vec<LinearShape>, PackError> {
         k: head.k,
         n: head.n,
     });
+    for t in pack.tensors() {
+        if t.kind == packs::TensorKind::Linear && t.name.starts_with(VISION_PREFIX) {
+            let linear = pack.linear(&t.name)?;
+            linears.push(LinearShape {
+                role: vision_role(&t.name),
+                kind: kind_of(&linear.data),
+                k: linear.k,
+                n: linear.n,
+            });
+        }
+    }
     Ok(linears)
+}
+
+const VISION_PREFIX: &str = "model.visual.";
+
+/// `vision qkv`, `vision merger.linear_fc1`, ...: a tower linear's name without the block index.
+fn vision_role(name: &str) -> String {
+    let rest = name
+        .strip_prefix(VISION_PREFIX)
+        .unwrap_or(name)
+        .trim_end_matches(".weight");
+    let rest = match rest.strip_prefix("blocks.") {
+        Some(b) => b.split_once('.').map_or(b, |(_, r)| r),
+        None => rest,
+    };
+    let rest = match rest.strip_prefix("deepstack_merger_list.") {
+        Some(d) => {
+            return format!(
+                "vision deepstack_merger.{}",
+                d.split_once('.').map_or(d, |(_, r)| r)
+            )
+        }
+        None => rest,
+    };
+    format!("vision {rest}")
 }
 
 /// The designs a pack needs.

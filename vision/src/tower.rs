@@ -1,13 +1,28 @@
-//! Pixel rows -> image rows and DeepStack sets, as transformers' Qwen3-VL vision model.
+//! Pixel rows -> image rows and DeepStack sets, as transformers' Qwen3-VL vision model
+//! (`Qwen3VLVisionModel`): patch embedding, interpolated learned positions, `depth` LayerNorm
+//! blocks with 2-D rotary attention within each image, the 2×2 patch merger and the DeepStack
+//! mergers tapped after the blocks `deepstack_visual_indexes`.
 //!
-//! CONTRACT (the engine calls exactly this; the bodies are being built, issue 14).
+//! Every linear goes through the caller's `gemm::GemmBackend` (ids `first_id..`, after the
+//! decoder's); LayerNorm, attention, GELU and rotary run on the CPU, forked on the caller's pool.
+
+mod attention;
+pub mod gelu;
+pub mod layer_norm;
+mod pos_embed;
+pub mod positions;
+mod rotary;
+mod weights;
 
 use std::sync::Arc;
 
-use gemm::GemmBackend;
+use gemm::{GemmBackend, WeightRef};
+use packs::semantics::VisionSemantics;
 use packs::Pack;
+use rayon::prelude::*;
 
 use crate::preprocess::PixelPatches;
+use weights::{BlockLinear, Merger, Params, TowerWeights};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VisionError {
@@ -35,38 +50,490 @@ pub struct VisionOutput {
     pub grids: Vec<[usize; 3]>,
 }
 
+/// Deliberate mistakes, for controls: the tests show the references catch each one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TowerAblation {
+    /// Position embeddings and rotary read the rows as raster order instead of merge-block order.
+    pub raster_positions: bool,
+    /// Interpolate the position table with half-pixel centres instead of aligned corners.
+    pub pos_embed_half_pixel: bool,
+    /// The tanh GELU in the mergers instead of the erf one.
+    pub merger_gelu_tanh: bool,
+    /// Tap DeepStack set j before block `deepstack_visual_indexes[j]` instead of after it.
+    pub deepstack_before_block: bool,
+    /// One attention segment over all images instead of one per image.
+    pub joint_attention: bool,
+}
+
+/// Reusable activations, grown to the largest encode seen (sized once per encode, never per layer).
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    mlp: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    attn_scratch: attention::AttnScratch,
+    merge_a: Vec<f32>,
+    merge_b: Vec<f32>,
+    pos: Vec<f32>,
+}
+
+fn grow(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+    &mut v[..len]
+}
+
 /// The vision tower of a pack, weights resolved once.
 pub struct Tower {
-    _pack: Arc<Pack>,
+    pack: Arc<Pack>,
+    sem: VisionSemantics,
+    weights: TowerWeights,
+    inv_freq: Vec<f32>,
+    first_id: usize,
+    ablation: TowerAblation,
+    scratch: Scratch,
 }
 
 impl Tower {
     /// Resolves the tower's weights in `pack`; refuses a pack without a tower by name.
     pub fn new(pack: &Arc<Pack>) -> Result<Tower, VisionError> {
-        Err(VisionError::NoTower {
-            path: pack.path().display().to_string(),
+        let path = pack.path().display().to_string();
+        let sem = pack
+            .semantics()
+            .vision
+            .clone()
+            .ok_or(VisionError::NoTower { path: path.clone() })?;
+        check_semantics(&sem).map_err(|e| VisionError::Input(format!("{path}: {e}")))?;
+        let weights = TowerWeights::resolve(pack, &sem)?;
+        Ok(Tower {
+            pack: pack.clone(),
+            inv_freq: rotary::inv_freq(sem.rope_theta, sem.head_dim()),
+            sem,
+            weights,
+            first_id: 0,
+            ablation: TowerAblation::default(),
+            scratch: Scratch::default(),
         })
+    }
+
+    pub fn semantics(&self) -> &VisionSemantics {
+        &self.sem
+    }
+
+    /// How many backend ids the tower uses (`first_id..first_id + weight_ids()`).
+    pub fn weight_ids(&self) -> usize {
+        self.weights.count()
+    }
+
+    /// Sets deliberate mistakes (controls only).
+    pub fn set_ablation(&mut self, ablation: TowerAblation) {
+        self.ablation = ablation;
     }
 
     /// Makes the tower's linears resident on `backend` under ids `first_id..` (after the
     /// decoder's: `Forward::weight_ids()`).
     pub fn prepare(
         &mut self,
-        _backend: &mut dyn GemmBackend,
-        _first_id: usize,
+        backend: &mut dyn GemmBackend,
+        first_id: usize,
     ) -> Result<(), VisionError> {
+        self.first_id = first_id;
+        let refs: Vec<WeightRef<'_>> = (0..self.weights.count())
+            .map(|l| self.weight_ref(l))
+            .collect();
+        backend.prepare(&refs)?;
         Ok(())
+    }
+
+    fn weight_ref(&self, local: usize) -> WeightRef<'_> {
+        WeightRef {
+            id: self.first_id + local,
+            linear: self.pack.linear_at(self.weights.linear_index(local)),
+        }
     }
 
     /// Runs the tower over `images` (each attends only to itself) on `backend`, forking on `pool`.
     pub fn encode(
         &mut self,
-        _backend: &mut dyn GemmBackend,
-        _pool: &rayon::ThreadPool,
-        _images: &[&PixelPatches],
+        backend: &mut dyn GemmBackend,
+        pool: &rayon::ThreadPool,
+        images: &[&PixelPatches],
     ) -> Result<VisionOutput, VisionError> {
-        Err(VisionError::Input(
-            "the vision tower is not built yet".into(),
-        ))
+        self.check_images(images)?;
+        let mut s = std::mem::take(&mut self.scratch);
+        let result = pool.install(|| self.run(backend, pool, images, &mut s));
+        self.scratch = s;
+        result
     }
+
+    fn check_images(&self, images: &[&PixelPatches]) -> Result<(), VisionError> {
+        let v = &self.sem;
+        let (row_len, merge) = (v.patch_row_len(), v.spatial_merge_size);
+        if images.is_empty() {
+            return Err(VisionError::Input("no images to encode".into()));
+        }
+        for (i, im) in images.iter().enumerate() {
+            let bad = |what: String| Err(VisionError::Input(format!("image {i}: {what}")));
+            let [t, h, w] = im.grid;
+            if im.row_len != row_len {
+                return bad(format!(
+                    "pixel rows hold {} values, the tower's patch rows hold {row_len} (channels {} x temporal {} x patch {}²)",
+                    im.row_len, v.in_channels, v.temporal_patch_size, v.patch_size
+                ));
+            }
+            if t == 0 || h == 0 || w == 0 || h % merge != 0 || w % merge != 0 {
+                return bad(format!(
+                    "grid (t, h, w) = ({t}, {h}, {w}): every side must be > 0 and h, w multiples of the merge size {merge}"
+                ));
+            }
+            let rows = t
+                .checked_mul(h)
+                .and_then(|x| x.checked_mul(w))
+                .ok_or_else(|| {
+                    VisionError::Input(format!("image {i}: grid ({t}, {h}, {w}) overflows"))
+                })?;
+            if Some(im.values.len()) != rows.checked_mul(row_len) {
+                return bad(format!(
+                    "{} pixel values, grid ({t}, {h}, {w}) needs {rows} rows x {row_len} = {}",
+                    im.values.len(),
+                    rows.saturating_mul(row_len)
+                ));
+            }
+            if let Some(at) = packs::first_non_finite(&im.values) {
+                return bad(format!(
+                    "pixel value [{}, {}] is {} (not finite)",
+                    at / row_len,
+                    at % row_len,
+                    im.values[at]
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn gemm(
+        &self,
+        backend: &mut dyn GemmBackend,
+        local: usize,
+        bias: &[f32],
+        x: &[f32],
+        rows: usize,
+        y: &mut [f32],
+    ) -> Result<(), VisionError> {
+        backend.gemm(&self.weight_ref(local), x, rows, y)?;
+        add_bias(y, bias);
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        backend: &mut dyn GemmBackend,
+        pool: &rayon::ThreadPool,
+        images: &[&PixelPatches],
+        s: &mut Scratch,
+    ) -> Result<VisionOutput, VisionError> {
+        let v = &self.sem;
+        let ab = self.ablation;
+        let w = &self.weights;
+        let p: Params<'_> = w.params(&self.pack)?;
+        let (h, inter, d, heads) = (
+            v.hidden_size,
+            v.intermediate_size,
+            v.head_dim(),
+            v.num_heads,
+        );
+        let (merge, unit) = (
+            v.spatial_merge_size,
+            v.spatial_merge_size * v.spatial_merge_size,
+        );
+        let eps = v.layer_norm_eps as f32;
+        let grids: Vec<[usize; 3]> = images.iter().map(|im| im.grid).collect();
+        let n: usize = grids.iter().map(|g| g[0] * g[1] * g[2]).sum();
+        let tokens = n / unit;
+        let half = d / 2;
+        let coords = positions::patch_coords(&grids, merge, ab.raster_positions);
+        let segments = positions::segments(&grids, ab.joint_attention);
+        let max_seg = segments.iter().map(|s| s.1).max().unwrap_or(0);
+        let tasks = pool.current_num_threads().max(1);
+        s.attn_scratch.reserve(n, h, max_seg, tasks);
+
+        // Patch embedding: one GEMM per image over its pixel rows, the bias after.
+        let x = grow(&mut s.x, n * h);
+        let mut at = 0;
+        for im in images {
+            let rows = im.values.len() / im.row_len;
+            self.gemm(
+                backend,
+                w.patch_embed_id(),
+                p.biases[w.patch_embed_id()],
+                &im.values,
+                rows,
+                &mut x[at * h..(at + rows) * h],
+            )?;
+            at += rows;
+        }
+        // Position embeddings and the rotary tables, per row from its (row, col).
+        let side = weights::isqrt(v.num_position_embeddings);
+        let frame_of: Vec<(usize, usize)> = grids
+            .iter()
+            .flat_map(|&[t, gh, gw]| std::iter::repeat_n((gh, gw), t * gh * gw))
+            .collect();
+        let pos = grow(&mut s.pos, tasks * h);
+        let per_task = n.div_ceil(tasks).max(1);
+        x.par_chunks_mut(per_task * h)
+            .zip(pos.par_chunks_mut(h))
+            .enumerate()
+            .for_each(|(t, (xs, acc))| {
+                for (i, row) in xs.chunks_exact_mut(h).enumerate() {
+                    let r = t * per_task + i;
+                    pos_embed::add_pos_embed(
+                        row,
+                        p.pos_embed,
+                        side,
+                        coords[r],
+                        frame_of[r],
+                        !ab.pos_embed_half_pixel,
+                        acc,
+                    );
+                }
+            });
+        let (cos, sin) = (grow(&mut s.cos, n * half), grow(&mut s.sin, n * half));
+        cos.par_chunks_mut(half)
+            .zip(sin.par_chunks_mut(half))
+            .enumerate()
+            .for_each(|(r, (c, sn))| rotary::cos_sin(&self.inv_freq, coords[r], c, sn));
+
+        let sets = v.deepstack_visual_indexes.len();
+        let out_h = v.out_hidden_size;
+        let mut out = VisionOutput {
+            image_embeds: vec![0.0; tokens * out_h],
+            deepstack: vec![0.0; sets * tokens * out_h],
+            sets,
+            tokens_per_image: grids.iter().map(|g| g[0] * g[1] * g[2] / unit).collect(),
+            grids: grids.clone(),
+        };
+        let tap = |block: usize, before: bool| -> Option<usize> {
+            if before != ab.deepstack_before_block {
+                return None;
+            }
+            v.deepstack_visual_indexes.iter().position(|&i| i == block)
+        };
+
+        for b in 0..v.depth {
+            if let Some(j) = tap(b, true) {
+                let set = &mut out.deepstack[j * tokens * out_h..(j + 1) * tokens * out_h];
+                self.merger(
+                    backend,
+                    &p,
+                    Merger::DeepStack(j),
+                    &s.x[..n * h],
+                    n,
+                    (&mut s.merge_a, &mut s.merge_b),
+                    set,
+                )?;
+            }
+            let [n1w, n1b, n2w, n2b] = p.block_norms[b];
+            // Attention: norm1, qkv, rotary on q and k, attention within segments, proj, residual.
+            norm_rows(&s.x[..n * h], h, n1w, n1b, eps, grow(&mut s.xn, n * h));
+            let qkv_id = w.block_id(b, BlockLinear::Qkv);
+            self.gemm(
+                backend,
+                qkv_id,
+                p.biases[qkv_id],
+                &s.xn[..n * h],
+                n,
+                grow(&mut s.qkv, n * 3 * h),
+            )?;
+            let (cos, sin) = (&s.cos[..n * half], &s.sin[..n * half]);
+            s.qkv[..n * 3 * h]
+                .par_chunks_mut(3 * h)
+                .enumerate()
+                .for_each(|(r, row)| {
+                    let (c, sn) = (
+                        &cos[r * half..(r + 1) * half],
+                        &sin[r * half..(r + 1) * half],
+                    );
+                    for head in row[..2 * h].chunks_exact_mut(d) {
+                        rotary::rotate_half(head, c, sn);
+                    }
+                });
+            attention::attend(
+                &s.qkv[..n * 3 * h],
+                heads,
+                d,
+                &segments,
+                &mut s.attn_scratch,
+                grow(&mut s.attn, n * h),
+            );
+            let proj_id = w.block_id(b, BlockLinear::Proj);
+            self.gemm(
+                backend,
+                proj_id,
+                p.biases[proj_id],
+                &s.attn[..n * h],
+                n,
+                grow(&mut s.proj, n * h),
+            )?;
+            add_rows(&mut s.x[..n * h], &s.proj[..n * h], h);
+            // MLP: norm2, fc1, tanh GELU, fc2, residual.
+            norm_rows(&s.x[..n * h], h, n2w, n2b, eps, grow(&mut s.xn, n * h));
+            let fc1 = w.block_id(b, BlockLinear::Fc1);
+            self.gemm(
+                backend,
+                fc1,
+                p.biases[fc1],
+                &s.xn[..n * h],
+                n,
+                grow(&mut s.mlp, n * inter),
+            )?;
+            s.mlp[..n * inter]
+                .par_chunks_mut(inter)
+                .for_each(gelu::gelu_tanh_inplace);
+            let fc2 = w.block_id(b, BlockLinear::Fc2);
+            self.gemm(
+                backend,
+                fc2,
+                p.biases[fc2],
+                &s.mlp[..n * inter],
+                n,
+                grow(&mut s.proj, n * h),
+            )?;
+            add_rows(&mut s.x[..n * h], &s.proj[..n * h], h);
+            if let Some(j) = tap(b, false) {
+                let set = &mut out.deepstack[j * tokens * out_h..(j + 1) * tokens * out_h];
+                self.merger(
+                    backend,
+                    &p,
+                    Merger::DeepStack(j),
+                    &s.x[..n * h],
+                    n,
+                    (&mut s.merge_a, &mut s.merge_b),
+                    set,
+                )?;
+            }
+        }
+        self.merger(
+            backend,
+            &p,
+            Merger::Final,
+            &s.x[..n * h],
+            n,
+            (&mut s.merge_a, &mut s.merge_b),
+            &mut out.image_embeds,
+        )?;
+        Ok(out)
+    }
+
+    /// A patch merger over the `n` rows of `x`: LayerNorm (per patch for the final merger, after
+    /// concatenating each merge block's patches for DeepStack's), fc1, erf GELU, fc2 into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn merger(
+        &self,
+        backend: &mut dyn GemmBackend,
+        p: &Params<'_>,
+        m: Merger,
+        x: &[f32],
+        n: usize,
+        (normed, hidden): (&mut Vec<f32>, &mut Vec<f32>),
+        out: &mut [f32],
+    ) -> Result<(), VisionError> {
+        let v = &self.sem;
+        let (h, merged) = (v.hidden_size, v.merged_hidden());
+        let tokens = n * h / merged;
+        let eps = v.layer_norm_eps as f32;
+        let [nw, nb] = p.merger_norms[self.weights.merger_norm_slot(m)];
+        let width = match m {
+            Merger::Final => h,
+            Merger::DeepStack(_) => merged,
+        };
+        norm_rows(x, width, nw, nb, eps, grow(normed, n * h));
+        let (fc1, fc2) = self.weights.merger_ids(m);
+        let hid = grow(hidden, tokens * merged);
+        self.gemm(backend, fc1, p.biases[fc1], &normed[..n * h], tokens, hid)?;
+        let tanh = self.ablation.merger_gelu_tanh;
+        hid.par_chunks_mut(merged).for_each(|row| {
+            if tanh {
+                gelu::gelu_tanh_inplace(row)
+            } else {
+                gelu::gelu_erf_inplace(row)
+            }
+        });
+        self.gemm(
+            backend,
+            fc2,
+            p.biases[fc2],
+            &hidden[..tokens * merged],
+            tokens,
+            out,
+        )?;
+        Ok(())
+    }
+}
+
+/// Refuses vision facts the tower cannot run.
+fn check_semantics(v: &VisionSemantics) -> Result<(), String> {
+    if v.num_heads == 0 || !v.hidden_size.is_multiple_of(v.num_heads) {
+        return Err(format!(
+            "vision hidden_size {} is not a multiple of num_heads {}",
+            v.hidden_size, v.num_heads
+        ));
+    }
+    if !v.head_dim().is_multiple_of(4) {
+        return Err(format!(
+            "vision head_dim {} must be a multiple of 4 (2-D rotary: head_dim/4 frequencies per axis)",
+            v.head_dim()
+        ));
+    }
+    if v.spatial_merge_size == 0 || v.depth == 0 || v.num_position_embeddings == 0 {
+        return Err(
+            "vision spatial_merge_size, depth and num_position_embeddings must be > 0".into(),
+        );
+    }
+    if let Some(&i) = v.deepstack_visual_indexes.iter().find(|&&i| i >= v.depth) {
+        return Err(format!(
+            "deepstack_visual_indexes holds {i}, the tower has {} blocks",
+            v.depth
+        ));
+    }
+    if v.hidden_act != "gelu_pytorch_tanh" {
+        return Err(format!(
+            "vision hidden_act {:?} is not supported (expected \"gelu_pytorch_tanh\")",
+            v.hidden_act
+        ));
+    }
+    Ok(())
+}
+
+/// LayerNorm over every `width`-wide row of `x` into `out`.
+fn norm_rows(x: &[f32], width: usize, w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
+    out.par_chunks_mut(width)
+        .zip(x.par_chunks(width))
+        .for_each(|(o, r)| layer_norm::layer_norm(r, w, b, eps, o));
+}
+
+/// `y[r] += bias` for every row.
+fn add_bias(y: &mut [f32], bias: &[f32]) {
+    let n = bias.len();
+    y.par_chunks_mut(n).for_each(|row| {
+        for (a, b) in row.iter_mut().zip(bias) {
+            *a += b;
+        }
+    });
+}
+
+/// The residual: `x += y`.
+fn add_rows(x: &mut [f32], y: &[f32], width: usize) {
+    x.par_chunks_mut(width)
+        .zip(y.par_chunks(width))
+        .for_each(|(a, b)| {
+            for (a, b) in a.iter_mut().zip(b) {
+                *a += b;
+            }
+        });
 }

@@ -5,8 +5,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use npu_sys::design_build::{build_designs, plan_params};
 use npu_sys::designs::{write_emu_designs, Designs};
+use npu_sys::detect::find_npus;
 use npu_sys::plan::{plan_pack, Plan};
+use npu_sys::tiling::NpuTarget;
+use npu_sys::toolchain::{find_toolchain, SearchEnv};
 use npu_sys::verify::{verify_design, GemmCase};
 use npu_sys::NpuSession;
 use packs::Pack;
@@ -14,7 +18,7 @@ use packs::Pack;
 #[derive(Parser)]
 #[command(
     name = "npu-designs",
-    about = "GEMM designs for the NPU: plan, software stubs, checks"
+    about = "GEMM designs for the NPU: plan, build with mlir-aie, software stubs, checks"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -29,6 +33,27 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// Build every design PACK needs with mlir-aie (IRON generator, Peano, aiecc.py) into DIR.
+    /// Resumes: designs already built with the same parameters are kept.
+    Build {
+        pack: PathBuf,
+        #[arg(short = 'o', long = "out")]
+        out: PathBuf,
+        /// npu1 (XDNA: Phoenix, Hawk Point; 4 columns) or npu2 (XDNA2: Strix, Krackan, Strix
+        /// Halo; 8 columns). Default: the NPU of this machine.
+        #[arg(long)]
+        device: Option<String>,
+    },
+    /// Write the parameters of every design PACK needs (what `build` gives the IRON generator)
+    /// as DIR/<name>.params.json, without building anything.
+    Params {
+        pack: PathBuf,
+        #[arg(short = 'o', long = "out")]
+        out: PathBuf,
+        /// npu1 or npu2.
+        #[arg(long)]
+        device: String,
     },
     /// Write a designs directory for the software NPU covering PACK (manifest + stub files).
     Emu {
@@ -72,6 +97,33 @@ fn plan_of(pack: &Path) -> Result<Plan, String> {
     plan_pack(&pack).map_err(|e| e.to_string())
 }
 
+fn parse_device(name: &str) -> Result<NpuTarget, String> {
+    NpuTarget::parse(name).ok_or_else(|| {
+        format!("--device {name}: expected npu1 (XDNA, 4 columns) or npu2 (XDNA2, 8 columns)")
+    })
+}
+
+/// The design target of this machine's NPU, or a refusal asking for --device.
+fn detected_target() -> Result<NpuTarget, String> {
+    let why = match find_npus() {
+        Ok(nodes) => match nodes.iter().find_map(|n| n.target()) {
+            Some(target) => return Ok(target),
+            None => format!(
+                "found {} but not its generation",
+                nodes
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        },
+        Err(e) => e.to_string(),
+    };
+    Err(format!(
+        "no --device given and this machine's NPU generation is unknown ({why}); pass --device npu1 (XDNA: Phoenix, Hawk Point) or --device npu2 (XDNA2: Strix, Krackan, Strix Halo)"
+    ))
+}
+
 fn run(cli: Cli) -> Result<ExitCode, String> {
     match cli.command {
         Command::Plan { pack, json } => {
@@ -84,6 +136,44 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             } else {
                 println!("{plan}");
             }
+        }
+        Command::Build { pack, out, device } => {
+            let plan = plan_of(&pack)?;
+            let tools = find_toolchain(&SearchEnv::from_process()).map_err(|e| e.to_string())?;
+            let target = match device {
+                Some(name) => parse_device(&name)?,
+                None => detected_target()?,
+            };
+            let all = plan_params(&plan.geometries(), target).map_err(|e| e.to_string())?;
+            println!(
+                "building {} designs for {} into {} (aiecc {}, Peano {}, python {})",
+                all.len(),
+                target.as_str(),
+                out.display(),
+                tools.aiecc.display(),
+                tools.peano.display(),
+                tools.python.display()
+            );
+            let report = build_designs(&all, &out, &tools, &mut |line| println!("{line}"))
+                .map_err(|e| e.to_string())?;
+            println!(
+                "{} built, {} kept; manifest {}",
+                report.built.len(),
+                report.kept.len(),
+                out.join(npu_sys::designs::MANIFEST_FILE).display()
+            );
+        }
+        Command::Params { pack, out, device } => {
+            let plan = plan_of(&pack)?;
+            let target = parse_device(&device)?;
+            let all = plan_params(&plan.geometries(), target).map_err(|e| e.to_string())?;
+            std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+            for params in &all {
+                let path = npu_sys::design_build::params_file(&out, &params.name);
+                std::fs::write(&path, params.to_json())
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+            println!("wrote {} design parameters to {}", all.len(), out.display());
         }
         Command::Emu { pack, out } => {
             let plan = plan_of(&pack)?;

@@ -128,7 +128,7 @@ fn chat_body_corpus() {
 
 #[test]
 fn image_corpus() {
-    corpus("image", 300, &[]);
+    corpus("image", 2000, &["cannot decode", "cannot read the image header", "not a PNG, JPEG, WebP or GIF"]);
 }
 
 /// A target that panics on one input and hangs on another: the harness's own control.

@@ -22,10 +22,28 @@ pub struct ImageTarget {
 impl ImageTarget {
     pub fn new() -> Result<ImageTarget, String> {
         let fx = super::fixtures().join("chat");
-        let bases = ["picture-1.png", "picture-2.png"]
+        let pre = super::fixtures().join("preprocess");
+        let mut bases = ["picture-1.png", "picture-2.png"]
             .into_iter()
             .map(|f| super::file_base(f, FILE, &fx.join(f)))
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
+        // Every decoder and colour path the preprocessing fixtures exercise, small ones.
+        for f in [
+            "gif_2frames_160x120.gif",
+            "gif_sub_frame_transparent_96x64.gif",
+            "jpeg_exif6_200x150.jpg",
+            "jpeg_cmyk_96x64.jpg",
+            "jpeg_gray_200x150.jpg",
+            "palette_alpha_levels_200x150.png",
+            "gray16_80x60.png",
+            "gray4bit_64x40.png",
+            "png_exif8_96x64.png",
+            "png_xmp6_96x64.png",
+            "rgb_trns_96x64.png",
+            "tiny_20x14.png",
+        ] {
+            bases.push(super::file_base(f, FILE, &pre.join(f))?);
+        }
         let path = fx.join("Qwen3-VL-tiny/preprocessor_config.json");
         let text = std::fs::read(&path).map_err(|e| e.to_string())?;
         let json = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
@@ -77,7 +95,7 @@ impl Target for ImageTarget {
             _ => rng.range(1, 100_000) as u32,
         };
         let bytes = match rng.below(4) {
-            0 => {
+            0 if png.starts_with(b"\x89PNG") => {
                 let (w, h) = (edge(rng), edge(rng));
                 png_with_size(png, w, h)
             }
@@ -110,8 +128,9 @@ impl Target for ImageTarget {
             ..PreprocessOptions::default()
         };
         let p = preprocess_bytes(bytes, "image", &self.cfg, &opts).map_err(|e| {
-            let vision::preprocess::PreprocessError::Image { what, .. } = &e;
-            category::of_message(what)
+            let what = e.to_string();
+            let what = what.strip_prefix("image: ").unwrap_or(&what);
+            format!("{}: {}", category::of(&e), category::of_message(what))
         })?;
         assert_eq!(p.values.len(), p.grid.iter().product::<usize>() * p.row_len);
         Ok(())

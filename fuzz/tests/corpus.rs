@@ -18,7 +18,12 @@ fn config(tmp: &Path, inputs: u64) -> RunConfig {
         seed: 18,
         hang_seconds: 20.0,
         crash_dir: tmp.join("crashes"),
-        scratch: tmp.join("scratch"),
+        // tmpfs when there is one: on ext4, rewriting a file in place flushes it on close.
+        scratch: if Path::new("/dev/shm").is_dir() {
+            Path::new("/dev/shm").join(format!("fuzz-test-{}", std::process::id()))
+        } else {
+            tmp.join("scratch")
+        },
         progress_seconds: 0.0,
     }
 }
@@ -48,7 +53,9 @@ fn corpus(name: &str, inputs: u64, deep: &[&str]) -> Report {
             r => assert_eq!(r, Ok(()), "{name}: base {} refused", base.name),
         }
     }
-    let report = runner::run(target, &config(tmp.path(), inputs));
+    let cfg = config(tmp.path(), inputs);
+    let report = runner::run(target, &cfg);
+    let _ = std::fs::remove_dir(&cfg.scratch);
     report.print();
     assert_eq!(report.inputs, inputs, "{name}: every input ran");
     assert!(
@@ -128,7 +135,15 @@ fn chat_body_corpus() {
 
 #[test]
 fn image_corpus() {
-    corpus("image", 2000, &["cannot decode", "cannot read the image header", "not a PNG, JPEG, WebP or GIF"]);
+    corpus(
+        "image",
+        2000,
+        &[
+            "cannot decode",
+            "cannot read the image header",
+            "not a PNG, JPEG, WebP or GIF",
+        ],
+    );
 }
 
 /// A target that panics on one input and hangs on another: the harness's own control.

@@ -24,6 +24,13 @@ pub enum BuildError {
         row: usize,
         value: f32,
     },
+    #[error("{path}: tensor {tensor}: row {row} holds a non-finite value ({value}); weights must be finite")]
+    NonFiniteWeight {
+        path: PathBuf,
+        tensor: String,
+        row: usize,
+        value: f32,
+    },
     #[error("{path}: {what}")]
     Asset { path: PathBuf, what: String },
     #[error("unknown random shape {0:?} (expected one of: {names})", names = crate::random::RandomShape::NAMES.join(", "))]
@@ -89,7 +96,20 @@ pub fn build_from_hf(
                 .read_rows(&weight.source, first_row, values)
                 .map_err(BuildError::from)
         },
-    )?;
+    )
+    .map_err(|e| match e {
+        // Name the shard that holds the bad value.
+        BuildError::NonFinite { tensor, row, value } => match checkpoint.source_path(&tensor) {
+            Some(path) => BuildError::NonFiniteWeight {
+                path: path.to_path_buf(),
+                tensor,
+                row,
+                value,
+            },
+            None => BuildError::NonFinite { tensor, row, value },
+        },
+        e => e,
+    })?;
     report.warnings = checkpoint.warnings().to_vec();
     Ok(report)
 }

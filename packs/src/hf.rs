@@ -819,6 +819,12 @@ impl Checkpoint {
         &self.dir
     }
 
+    /// The shard holding the weight with pack name `name`.
+    pub fn source_path(&self, name: &str) -> Option<&Path> {
+        let t = self.tensors.get(name)?;
+        Some(&self.shards[t.shard].path)
+    }
+
     /// What the pack will leave out, and why.
     pub fn warnings(&self) -> &[String] {
         &self.warnings

@@ -81,8 +81,30 @@ impl Target for ChatBodyTarget {
                 &file
             }
         };
-        server::api::parse_chat_body(body, MAX_TOKENS_CAP)
-            .map(|_| ())
-            .map_err(|e| category::of_message(&e.message))
+        let b = server::api::parse_chat_body(body, MAX_TOKENS_CAP)
+            .map_err(|e| category::of_message(&e.message))?;
+        // What the engine is handed must be in range: never more tokens than the cap, no
+        // non-finite sampling parameter, at least one message.
+        let s = &b.sampling;
+        assert!(
+            s.max_tokens.is_none_or(|m| m <= MAX_TOKENS_CAP),
+            "{:?}",
+            s.max_tokens
+        );
+        for v in [
+            s.temperature,
+            s.top_p,
+            s.min_p,
+            s.repetition_penalty,
+            s.frequency_penalty,
+            s.presence_penalty,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            assert!(v.is_finite(), "a sampling parameter is {v}");
+        }
+        assert!(!b.messages.is_empty());
+        Ok(())
     }
 }

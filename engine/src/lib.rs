@@ -1,1 +1,38 @@
 //! The session every front end calls: messages in, streamed text out.
+//!
+//! - [`ChatAssets`] / [`ChatFormat`]: the checkpoint's tokenizer, chat template and generation config;
+//! - [`Message`] / [`Image`]: a conversation; [`PromptBuilder`] turns it into ids with each image's
+//!   pads expanded and the three position planes ([`rope_index`]);
+//! - [`Session`]: the decoder, its KV cache, the next slot and rotary position, the history, and
+//!   the one generate loop ([`Session::generate`], [`Session::chat`]);
+//! - [`sampling`]: greedy, temperature, top-k, top-p, min-p, repetition penalty, seeded;
+//! - [`stream`]: UTF-8-safe incremental text and stop strings.
+
+pub mod assets;
+pub mod backend;
+pub mod error;
+pub mod format;
+pub mod generation_config;
+pub mod images;
+pub mod message;
+pub mod prompt;
+pub mod rope_index;
+pub mod sampling;
+pub mod session;
+pub mod stream;
+pub mod template;
+pub mod tokenizer;
+
+pub use assets::ChatAssets;
+pub use backend::{BackendSpec, GemmMode};
+pub use error::{EngineError, Result};
+pub use format::ChatFormat;
+pub use generation_config::GenerationConfig;
+pub use images::{ImageEncoder, TowerEncoder};
+pub use message::{Content, Image, Message, Role};
+pub use prompt::{Prompt, PromptAblation, PromptBuilder, PromptImage};
+pub use sampling::{Sampler, SamplingParams};
+pub use session::{Event, FinishReason, Generation, Session, SessionOptions, Timings};
+pub use stream::{StopFilter, TextStream};
+pub use template::ChatTemplate;
+pub use tokenizer::{SpecialIds, Tokenizer};

@@ -206,8 +206,11 @@ pub struct ImagePreprocess {
     pub resample: u32,
 }
 
-/// PIL's code for BICUBIC, the one resample filter the preprocessing implements.
+/// PIL's code for BICUBIC, Qwen3-VL's resample filter.
 pub const RESAMPLE_BICUBIC: u32 = 3;
+/// PIL's convolution filters, the ones the preprocessing implements: LANCZOS 1, BILINEAR 2,
+/// BICUBIC 3, BOX 4, HAMMING 5 (NEAREST 0 is not).
+pub const RESAMPLE_SUPPORTED: std::ops::RangeInclusive<u32> = 1..=5;
 
 impl ImagePreprocess {
     /// Refuses, by key, a config the preprocessing could not follow or that disagrees with the tower.
@@ -252,9 +255,9 @@ impl ImagePreprocess {
                 self.rescale_factor
             ));
         }
-        if self.resample != RESAMPLE_BICUBIC {
+        if !RESAMPLE_SUPPORTED.contains(&self.resample) {
             return err(format!(
-                "resample = {} is not supported (expected {RESAMPLE_BICUBIC}, bicubic)",
+                "resample = {} is not supported (expected one of PIL's convolution filters 1..=5; Qwen3-VL uses {RESAMPLE_BICUBIC}, bicubic)",
                 self.resample
             ));
         }

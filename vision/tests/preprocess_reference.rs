@@ -19,33 +19,10 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/preprocess")
 }
 
-/// preprocessor_config.json -> ImagePreprocess (the fields transformers reads).
+/// preprocessor_config.json -> ImagePreprocess, as `packs build` reads it.
 fn config_from_json(path: &Path) -> ImagePreprocess {
     let v: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-    let u = |k: &str| v[k].as_u64().unwrap();
-    let f3 = |k: &str| {
-        let a = v[k].as_array().unwrap();
-        [
-            a[0].as_f64().unwrap(),
-            a[1].as_f64().unwrap(),
-            a[2].as_f64().unwrap(),
-        ]
-    };
-    ImagePreprocess {
-        patch_size: u("patch_size") as usize,
-        merge_size: u("merge_size") as usize,
-        temporal_patch_size: u("temporal_patch_size") as usize,
-        min_pixels: v["size"]["shortest_edge"].as_u64().unwrap(),
-        max_pixels: v["size"]["longest_edge"].as_u64().unwrap(),
-        image_mean: f3("image_mean"),
-        image_std: f3("image_std"),
-        rescale_factor: v["rescale_factor"].as_f64().unwrap(),
-        do_resize: v["do_resize"].as_bool().unwrap(),
-        do_rescale: v["do_rescale"].as_bool().unwrap(),
-        do_normalize: v["do_normalize"].as_bool().unwrap(),
-        do_convert_rgb: v["do_convert_rgb"].as_bool().unwrap(),
-        resample: u("resample") as u32,
-    }
+    packs::hf::parse_preprocessor_config(path, &v).unwrap()
 }
 
 struct Fixtures {

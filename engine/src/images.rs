@@ -1,0 +1,78 @@
+//! Pictures into the prompt: decoding and preprocessing (the `vision` crate) and the encoder that
+//! turns pixel rows into image rows and DeepStack sets (the vision tower, on the forward's backend).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use forward::GemmBackend;
+use packs::semantics::ImagePreprocess;
+use packs::Pack;
+use vision::preprocess::{PixelPatches, PreprocessOptions};
+use vision::tower::{Tower, VisionOutput};
+
+use crate::error::Result;
+use crate::message::Image;
+
+/// Pixel rows -> image rows. The tower in a product; a fixed table of transformers' rows in tests.
+pub trait ImageEncoder: Send {
+    /// The spatial merge (2x2 patches per image token in Qwen3-VL).
+    fn merge_size(&self) -> usize;
+    /// Makes the encoder's weights resident on `backend` under ids `first_id..`.
+    fn prepare(&mut self, backend: &mut dyn GemmBackend, first_id: usize) -> Result<()>;
+    fn encode(
+        &mut self,
+        backend: &mut dyn GemmBackend,
+        pool: &rayon::ThreadPool,
+        images: &[&PixelPatches],
+    ) -> Result<VisionOutput>;
+}
+
+/// The pack's vision tower.
+pub struct TowerEncoder {
+    tower: Tower,
+    merge: usize,
+}
+
+impl TowerEncoder {
+    pub fn new(pack: &Arc<Pack>) -> Result<TowerEncoder> {
+        let merge = pack
+            .semantics()
+            .vision
+            .as_ref()
+            .map(|v| v.spatial_merge_size)
+            .ok_or_else(|| vision::tower::VisionError::NoTower {
+                path: pack.path().display().to_string(),
+            })?;
+        Ok(TowerEncoder {
+            tower: Tower::new(pack)?,
+            merge,
+        })
+    }
+}
+
+impl ImageEncoder for TowerEncoder {
+    fn merge_size(&self) -> usize {
+        self.merge
+    }
+    fn prepare(&mut self, backend: &mut dyn GemmBackend, first_id: usize) -> Result<()> {
+        Ok(self.tower.prepare(backend, first_id)?)
+    }
+    fn encode(
+        &mut self,
+        backend: &mut dyn GemmBackend,
+        pool: &rayon::ThreadPool,
+        images: &[&PixelPatches],
+    ) -> Result<VisionOutput> {
+        Ok(self.tower.encode(backend, pool, images)?)
+    }
+}
+
+/// Decodes and preprocesses the picture at `path` with the pack's preprocessing settings.
+pub fn load_image(
+    path: &Path,
+    preprocess: &ImagePreprocess,
+    options: &PreprocessOptions,
+) -> Result<Image> {
+    let patches = vision::preprocess::load_image(path, preprocess, options)?;
+    Ok(Image::new(path.display().to_string(), patches))
+}

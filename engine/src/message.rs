@@ -1,0 +1,139 @@
+//! A conversation: system, user and assistant turns; a user turn holds text and images in order.
+
+use std::sync::Arc;
+
+use vision::preprocess::PixelPatches;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+}
+
+/// A preprocessed picture and what identifies it: two images are the same image when their pixel
+/// rows are (the cached prefix of a chat is reused only up to the first different image).
+#[derive(Clone, Debug)]
+pub struct Image {
+    /// The file (or caller's name) it came from, for messages.
+    pub name: String,
+    pub patches: Arc<PixelPatches>,
+    /// A hash of the grid and every pixel value.
+    pub identity: u64,
+}
+
+impl Image {
+    pub fn new(name: impl Into<String>, patches: PixelPatches) -> Image {
+        let identity = pixel_identity(&patches);
+        Image {
+            name: name.into(),
+            patches: Arc::new(patches),
+            identity,
+        }
+    }
+
+    pub fn grid(&self) -> [usize; 3] {
+        self.patches.grid
+    }
+}
+
+/// FNV-1a over the grid and the values' bits: equal rows give equal identities; any changed value
+/// changes it (a collision would need two pictures equal in 64 bits of hash).
+fn pixel_identity(p: &PixelPatches) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |x: u64| {
+        h ^= x;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    };
+    for g in p.grid {
+        eat(g as u64);
+    }
+    for v in &p.values {
+        eat(u64::from(v.to_bits()));
+    }
+    h
+}
+
+#[derive(Clone, Debug)]
+pub enum Content {
+    Text(String),
+    Image(Image),
+}
+
+#[derive(Clone, Debug)]
+pub struct Message {
+    pub role: Role,
+    pub content: Vec<Content>,
+}
+
+impl Message {
+    pub fn system(text: impl Into<String>) -> Message {
+        Message {
+            role: Role::System,
+            content: vec![Content::Text(text.into())],
+        }
+    }
+    pub fn assistant(text: impl Into<String>) -> Message {
+        Message {
+            role: Role::Assistant,
+            content: vec![Content::Text(text.into())],
+        }
+    }
+    /// A user turn: the images first, then the text (the order transformers' examples use).
+    pub fn user(images: Vec<Image>, text: impl Into<String>) -> Message {
+        let mut content: Vec<Content> = images.into_iter().map(Content::Image).collect();
+        let text = text.into();
+        if !text.is_empty() {
+            content.push(Content::Text(text));
+        }
+        Message {
+            role: Role::User,
+            content,
+        }
+    }
+
+    pub fn images(&self) -> impl Iterator<Item = &Image> {
+        self.content.iter().filter_map(|c| match c {
+            Content::Image(i) => Some(i),
+            Content::Text(_) => None,
+        })
+    }
+
+    /// The text parts joined.
+    pub fn text(&self) -> String {
+        self.content
+            .iter()
+            .filter_map(|c| match c {
+                Content::Text(t) => Some(t.as_str()),
+                Content::Image(_) => None,
+            })
+            .collect()
+    }
+
+    /// As transformers' messages: a user turn as a list of items, other turns as a string.
+    pub fn to_template_json(&self) -> serde_json::Value {
+        let content = match self.role {
+            Role::User => serde_json::Value::Array(
+                self.content
+                    .iter()
+                    .map(|c| match c {
+                        Content::Text(t) => serde_json::json!({"type": "text", "text": t}),
+                        Content::Image(i) => serde_json::json!({"type": "image", "image": i.name}),
+                    })
+                    .collect(),
+            ),
+            _ => serde_json::Value::String(self.text()),
+        };
+        serde_json::json!({"role": self.role.as_str(), "content": content})
+    }
+}

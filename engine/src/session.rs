@@ -1,0 +1,589 @@
+//! A `Session`: the decoder with its KV cache, the next cache slot and the next rotary position,
+//! the conversation so far, and the one generate loop every front end calls. A new prompt reuses
+//! the cached rows it shares with the previous one (same ids and, on image rows, the same picture)
+//! and prefills only the rest.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use forward::{Forward, ForwardOptions, HybridInputs, KvDtype, Logits};
+use packs::Pack;
+use vision::preprocess::PreprocessOptions;
+
+use crate::assets::ChatAssets;
+use crate::backend::BackendSpec;
+use crate::error::{EngineError, Result};
+use crate::format::ChatFormat;
+use crate::images::{ImageEncoder, TowerEncoder};
+use crate::message::{Image, Message};
+use crate::prompt::{Prompt, PromptAblation, PromptBuilder};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::stream::{StopFilter, TextStream};
+
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// KV cache slots: the longest prompt + answer.
+    pub context: usize,
+    pub threads: usize,
+    pub backend: BackendSpec,
+    pub kv_dtype: KvDtype,
+    /// Names the holder of the device ticket.
+    pub program: String,
+    /// Deliberate mistakes, for controls.
+    pub ablation: PromptAblation,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            context: 4096,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            backend: BackendSpec::default(),
+            kv_dtype: KvDtype::F32,
+            program: "xdna-vl".into(),
+            ablation: PromptAblation::default(),
+        }
+    }
+}
+
+/// Why an answer ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence id was sampled (not shown).
+    Eos(u32),
+    /// A stop string was met (not shown).
+    Stop(String),
+    /// `max_tokens` were produced.
+    MaxTokens,
+    /// The KV cache is full.
+    ContextFull,
+    /// The caller's event callback returned false (a client went away).
+    Cancelled,
+}
+
+impl FinishReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FinishReason::Eos(_) => "eos",
+            FinishReason::Stop(_) => "stop",
+            FinishReason::MaxTokens => "max_tokens",
+            FinishReason::ContextFull => "context_full",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Timings {
+    /// The vision tower over the prompt's new images.
+    pub tower: Duration,
+    /// The prefill of the rows not reused from the cache.
+    pub prefill: Duration,
+    pub prefilled_tokens: usize,
+    /// Decode steps (each feeds one sampled token).
+    pub decode: Duration,
+    pub decode_steps: usize,
+    /// From the call to the first sampled token (rendering, tower and prefill included).
+    pub time_to_first_token: Duration,
+}
+
+impl Timings {
+    pub fn prefill_tokens_per_s(&self) -> f64 {
+        per_second(self.prefilled_tokens, self.prefill)
+    }
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        per_second(self.decode_steps, self.decode)
+    }
+}
+
+fn per_second(n: usize, d: Duration) -> f64 {
+    if d.is_zero() {
+        0.0
+    } else {
+        n as f64 / d.as_secs_f64()
+    }
+}
+
+/// What a generation reports while it works.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// The prompt fits and its images were encoded; the prefill is done and sampling starts.
+    Started {
+        prompt_tokens: usize,
+        image_tokens: usize,
+        reused_tokens: usize,
+    },
+    /// More answer text (whole UTF-8 characters, never part of a stop string).
+    Text(&'a str),
+}
+
+/// One answer.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// The answer's text (special tokens skipped, stopped before a stop string).
+    pub text: String,
+    /// Every sampled id, the end-of-sequence id included.
+    pub ids: Vec<u32>,
+    pub finish: FinishReason,
+    pub prompt_tokens: usize,
+    pub image_tokens: usize,
+    /// Prompt rows taken from the cache instead of prefilled.
+    pub reused_tokens: usize,
+    pub timings: Timings,
+}
+
+/// What a cache row holds: its id and, for an image row, which picture and which of its rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RowKey {
+    id: u32,
+    image: Option<(u64, usize)>,
+}
+
+pub struct Session {
+    forward: Forward,
+    format: ChatFormat,
+    encoder: Option<Box<dyn ImageEncoder>>,
+    /// Why there is no encoder (shown when a prompt has an image).
+    no_encoder: String,
+    context: usize,
+    ablation: PromptAblation,
+    /// The rows the KV cache holds, in slot order (always `forward.next_slot()` long).
+    cached: Vec<RowKey>,
+    /// The rotary position of the next token fed (all three planes).
+    next_rotary_pos: i64,
+    history: Vec<Message>,
+    /// Last-row logits, reused step to step.
+    logits: Vec<f32>,
+}
+
+impl Session {
+    /// A session over `pack` with the chat files `assets`; the pack's vision tower encodes images.
+    pub fn new(pack: &Arc<Pack>, assets: &ChatAssets, options: &SessionOptions) -> Result<Session> {
+        let format = ChatFormat::new(assets)?;
+        let vocab = pack.semantics().vocab_size;
+        for (name, id) in [
+            ("<|im_end|>", format.tokenizer.special.im_end),
+            ("<|image_pad|>", format.tokenizer.special.image_pad),
+        ] {
+            if id as usize >= vocab {
+                return Err(EngineError::Tokenizer(format!(
+                    "{}: {name} is id {id}, outside the pack's vocabulary (0..{vocab}): a tokenizer for another model",
+                    assets.source_name
+                )));
+            }
+        }
+        if let Some(image_id) = pack.semantics().image_token_id {
+            if image_id != format.tokenizer.special.image_pad {
+                return Err(EngineError::Tokenizer(format!(
+                    "{}: <|image_pad|> is id {}, the pack's image_token_id is {image_id}",
+                    assets.source_name, format.tokenizer.special.image_pad
+                )));
+            }
+        }
+        let choice = options.backend.choice(&options.program)?;
+        let forward = Forward::new(
+            pack,
+            choice,
+            ForwardOptions {
+                capacity: options.context,
+                threads: options.threads,
+                kv_dtype: options.kv_dtype,
+                ..ForwardOptions::default()
+            },
+        )?;
+        let mut session = Session {
+            forward,
+            format,
+            encoder: None,
+            no_encoder: String::new(),
+            context: options.context,
+            ablation: options.ablation,
+            cached: Vec::new(),
+            next_rotary_pos: 0,
+            history: Vec::new(),
+            logits: Vec::new(),
+        };
+        match TowerEncoder::new(pack) {
+            Ok(tower) => session.set_image_encoder(Box::new(tower))?,
+            Err(e) => session.no_encoder = e.to_string(),
+        }
+        Ok(session)
+    }
+
+    /// Opens the pack at `path` (its chat files from `assets`, or from the pack).
+    pub fn open(
+        path: &Path,
+        assets: Option<&ChatAssets>,
+        options: &SessionOptions,
+    ) -> Result<Session> {
+        let pack = Arc::new(Pack::open(path)?);
+        let assets = match assets {
+            Some(a) => a.clone(),
+            None => crate::assets::from_pack(&pack)?,
+        };
+        Session::new(&pack, &assets, options)
+    }
+
+    /// Replaces the image encoder (its weights made resident after the decoder's).
+    pub fn set_image_encoder(&mut self, mut encoder: Box<dyn ImageEncoder>) -> Result<()> {
+        let first_id = self.forward.weight_ids();
+        encoder.prepare(self.forward.backend_mut(), first_id)?;
+        self.encoder = Some(encoder);
+        Ok(())
+    }
+
+    pub fn format(&self) -> &ChatFormat {
+        &self.format
+    }
+    pub fn forward(&self) -> &Forward {
+        &self.forward
+    }
+    pub fn history(&self) -> &[Message] {
+        &self.history
+    }
+    pub fn context(&self) -> usize {
+        self.context
+    }
+    /// The cache slot the next row goes to.
+    pub fn next_slot(&self) -> usize {
+        self.forward.next_slot()
+    }
+    /// The rotary position the next row fed rotates by.
+    pub fn next_rotary_pos(&self) -> i64 {
+        self.next_rotary_pos
+    }
+    /// The checkpoint's recommended sampling (generation config) with its eos ids.
+    pub fn default_sampling(&self) -> SamplingParams {
+        self.format.default_sampling()
+    }
+
+    /// Adds a turn to the conversation without answering it (a system message, or a restored
+    /// conversation); the next `chat` renders it with the rest.
+    pub fn push_history(&mut self, message: Message) {
+        self.history.push(message);
+    }
+
+    /// Image tokens `image` takes in a prompt (t*h*w / merge^2).
+    pub fn image_tokens(&self, image: &Image) -> usize {
+        image.patches.tokens(self.builder().merge)
+    }
+
+    /// Forgets the conversation and the cache.
+    pub fn reset(&mut self) {
+        self.history.clear();
+        self.forward.reset();
+        self.cached.clear();
+        self.next_rotary_pos = 0;
+    }
+
+    /// Decodes and preprocesses an encoded picture (PNG, JPEG, WebP, GIF) given as bytes; `name`
+    /// names it in messages.
+    pub fn image_from_bytes(&self, name: &str, bytes: &[u8]) -> Result<Image> {
+        let pre = self.preprocess(name)?;
+        let patches =
+            vision::preprocess::preprocess_bytes(bytes, name, pre, &PreprocessOptions::default())?;
+        Ok(Image::new(name, patches))
+    }
+
+    fn preprocess(&self, name: &str) -> Result<&packs::semantics::ImagePreprocess> {
+        self.forward.semantics().preprocess.as_ref().ok_or_else(|| EngineError::Image {
+            name: name.to_string(),
+            what: format!(
+                "the pack {} has no image preprocessing settings: rebuild it with `packs build` from a checkpoint with a vision tower",
+                self.forward.pack().path().display()
+            ),
+        })
+    }
+
+    /// Decodes and preprocesses a picture with the pack's settings.
+    pub fn load_image(&self, path: &Path) -> Result<Image> {
+        if !path.is_file() {
+            return Err(EngineError::Image {
+                name: path.display().to_string(),
+                what: "no such file".into(),
+            });
+        }
+        let pre = self.preprocess(&path.display().to_string())?;
+        crate::images::load_image(path, pre, &PreprocessOptions::default())
+    }
+
+    fn builder(&self) -> PromptBuilder<'_> {
+        PromptBuilder {
+            tokenizer: &self.format.tokenizer,
+            template: &self.format.template,
+            merge: self.encoder.as_ref().map_or(2, |e| e.merge_size()),
+            ablation: self.ablation,
+        }
+    }
+
+    /// The prompt `messages` make (text, ids, image places, planes).
+    pub fn prompt(&self, messages: &[Message]) -> Result<Prompt> {
+        self.builder().build(messages)
+    }
+
+    /// A chat turn: `user` joins the history, the answer is generated on the whole history (its
+    /// cached prefix reused) and joins it too. On error the history is as before.
+    pub fn chat(
+        &mut self,
+        user: Message,
+        params: &SamplingParams,
+        on_event: &mut dyn FnMut(Event<'_>) -> bool,
+    ) -> Result<Generation> {
+        self.history.push(user);
+        let messages = self.history.clone();
+        match self.generate(&messages, params, on_event) {
+            Ok(g) => {
+                self.history.push(Message::assistant(g.text.clone()));
+                Ok(g)
+            }
+            Err(e) => {
+                self.history.pop();
+                Err(e)
+            }
+        }
+    }
+
+    /// Answers `messages` (a whole conversation, ending with a user turn). `on_event` hears when
+    /// sampling starts and receives the answer's text as it is produced, never half a character;
+    /// returning false stops the answer there ([`FinishReason::Cancelled`]).
+    pub fn generate(
+        &mut self,
+        messages: &[Message],
+        params: &SamplingParams,
+        on_event: &mut dyn FnMut(Event<'_>) -> bool,
+    ) -> Result<Generation> {
+        let start = Instant::now();
+        let mut params = params.clone();
+        if params.eos_ids.is_empty() {
+            params.eos_ids = self.format.eos_ids();
+        }
+        let mut sampler = Sampler::new(params)?;
+        let prompt = self.prompt(messages)?;
+        let rows = prompt.rows();
+        if rows == 0 {
+            return Err(EngineError::Prompt(
+                "the chat template rendered an empty prompt".into(),
+            ));
+        }
+        if rows > self.context {
+            return Err(EngineError::OverContext {
+                prompt: rows,
+                context: self.context,
+            });
+        }
+        let mut timings = Timings::default();
+        let reused = self.prefill(&prompt, &mut timings)?;
+        let mut cancelled = !on_event(Event::Started {
+            prompt_tokens: rows,
+            image_tokens: prompt.image_tokens(),
+            reused_tokens: reused,
+        });
+
+        let mut history_ids = prompt.ids.clone();
+        let mut ids = Vec::new();
+        let mut stream = TextStream::new();
+        let mut stops = StopFilter::new(&sampler.params.stop);
+        let mut finish = FinishReason::Cancelled;
+        let decode_start = Instant::now();
+        while !cancelled {
+            let step = ids.len();
+            let token = sampler.sample(&mut self.logits, &history_ids, &ids, step)?;
+            if step == 0 {
+                timings.time_to_first_token = start.elapsed();
+            }
+            ids.push(token);
+            history_ids.push(token);
+            if sampler.params.eos_ids.contains(&token) {
+                finish = FinishReason::Eos(token);
+                break;
+            }
+            let (shown, stop) = stops.push(&stream.push(&self.format.tokenizer, token)?);
+            if !shown.is_empty() && !on_event(Event::Text(&shown)) {
+                cancelled = true;
+                continue;
+            }
+            if let Some(s) = stop {
+                finish = FinishReason::Stop(s);
+                break;
+            }
+            if ids.len() >= sampler.params.max_tokens {
+                finish = FinishReason::MaxTokens;
+                break;
+            }
+            if self.forward.next_slot() >= self.context {
+                finish = FinishReason::ContextFull;
+                break;
+            }
+            self.feed(token)?;
+            timings.decode_steps += 1;
+        }
+        timings.decode = decode_start.elapsed();
+        if !matches!(finish, FinishReason::Stop(_) | FinishReason::Cancelled) {
+            let (shown, _) = stops.push(&stream.finish(&self.format.tokenizer)?);
+            let rest = shown + &stops.finish();
+            if !rest.is_empty() {
+                on_event(Event::Text(&rest));
+            }
+        }
+        Ok(Generation {
+            text: stops.shown().to_string(),
+            ids,
+            finish,
+            prompt_tokens: rows,
+            image_tokens: prompt.image_tokens(),
+            reused_tokens: reused,
+            timings,
+        })
+    }
+
+    /// One decode step: `token` at the next slot and rotary position; its logits into `self.logits`.
+    fn feed(&mut self, token: u32) -> Result<()> {
+        let slot = self.forward.next_slot();
+        let logits = self.forward.step(token, self.next_rotary_pos, slot)?;
+        self.logits.clear();
+        self.logits.extend_from_slice(logits);
+        self.cached.push(RowKey {
+            id: token,
+            image: None,
+        });
+        self.next_rotary_pos += 1;
+        Ok(())
+    }
+
+    /// Brings the cache to `prompt`: keeps the rows it shares with what is cached, prefills the
+    /// rest (running the tower on the images among them). Returns the rows reused.
+    fn prefill(&mut self, prompt: &Prompt, timings: &mut Timings) -> Result<usize> {
+        let rows = prompt.rows();
+        let keys = row_keys(prompt);
+        // The cache may hold rows of a failed step only up to the forward's slot.
+        self.cached.truncate(self.forward.next_slot());
+        let mut reuse = self
+            .cached
+            .iter()
+            .zip(&keys)
+            .take_while(|(a, b)| a == b)
+            .count()
+            // At least the last row is prefilled: its logits choose the first token.
+            .min(rows - 1);
+        // A cut inside an image moves to the image's start: its rows are encoded whole.
+        for img in &prompt.images {
+            let (first, end) = (img.span.first_row, img.span.first_row + img.tokens);
+            if first < reuse && reuse < end {
+                reuse = first;
+            }
+        }
+        self.forward.truncate(reuse);
+        self.cached.truncate(reuse);
+
+        let new_images: Vec<&crate::prompt::PromptImage> = prompt
+            .images
+            .iter()
+            .filter(|i| i.span.first_row >= reuse)
+            .collect();
+        let hidden = self.forward.semantics().hidden_size;
+        let vision = if new_images.is_empty() {
+            None
+        } else {
+            let encoder = self.encoder.as_mut().ok_or_else(|| EngineError::Image {
+                name: new_images[0].image.name.clone(),
+                what: format!("cannot be read by this pack: {}", self.no_encoder),
+            })?;
+            let patches: Vec<&vision::preprocess::PixelPatches> = new_images
+                .iter()
+                .map(|i| i.image.patches.as_ref())
+                .collect();
+            let pool = Arc::clone(self.forward.pool());
+            let tower_start = Instant::now();
+            let out = encoder.encode(self.forward.backend_mut(), &pool, &patches)?;
+            timings.tower = tower_start.elapsed();
+            let want: Vec<usize> = new_images.iter().map(|i| i.tokens).collect();
+            if out.tokens_per_image != want
+                || out.image_embeds.len() != want.iter().sum::<usize>() * hidden
+            {
+                return Err(EngineError::Image {
+                    name: new_images[0].image.name.clone(),
+                    what: format!(
+                        "the image encoder gave {:?} rows ({} values) for images of {want:?} tokens x hidden {hidden}",
+                        out.tokens_per_image,
+                        out.image_embeds.len()
+                    ),
+                });
+            }
+            Some(out)
+        };
+
+        let prefill_start = Instant::now();
+        let new_rows = rows - reuse;
+        let mut embeds = vec![0.0f32; new_rows * hidden];
+        let mut image_rows = Vec::new();
+        let mut next_image_row = 0;
+        for (r, (row, &id)) in embeds
+            .chunks_exact_mut(hidden)
+            .zip(&prompt.ids[reuse..])
+            .enumerate()
+        {
+            if keys[reuse + r].image.is_some() {
+                let v = vision
+                    .as_ref()
+                    .expect("image rows come with the tower's output");
+                row.copy_from_slice(&v.image_embeds[next_image_row * hidden..][..hidden]);
+                next_image_row += 1;
+                image_rows.push(r);
+            } else {
+                self.forward.embed_row(id, row);
+            }
+        }
+        let hybrid = if self.forward.rotary().layout.is_mrope() {
+            let plane = |p: usize| &prompt.planes[p * rows + reuse..(p + 1) * rows];
+            HybridInputs {
+                planes: Some([plane(0), plane(1), plane(2)].concat()),
+                start_pos: 0,
+                image_rows,
+                deepstack: vision
+                    .as_ref()
+                    .map(|v| v.deepstack.clone())
+                    .unwrap_or_default(),
+                deepstack_sets: vision.as_ref().map_or(0, |v| v.sets),
+            }
+        } else {
+            // A text-only decoder without MRoPE: plain positions (images were refused above).
+            HybridInputs::text(reuse as i64)
+        };
+        let logits = self
+            .forward
+            .step_batch_embeds(&embeds, &hybrid, reuse, Logits::LastRow)?;
+        self.logits.clear();
+        self.logits.extend_from_slice(logits);
+        self.cached.extend_from_slice(&keys[reuse..]);
+        self.next_rotary_pos = prompt.next_rotary_pos();
+        timings.prefill = prefill_start.elapsed();
+        timings.prefilled_tokens = new_rows;
+        Ok(reuse)
+    }
+}
+
+/// Each prompt row's key: image rows carry their picture's identity and their index in it.
+fn row_keys(prompt: &Prompt) -> Vec<RowKey> {
+    let mut keys: Vec<RowKey> = prompt
+        .ids
+        .iter()
+        .map(|&id| RowKey { id, image: None })
+        .collect();
+    for img in &prompt.images {
+        for i in 0..img.tokens {
+            keys[img.span.first_row + i].image = Some((img.image.identity, i));
+        }
+    }
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    /// The server runs a session on its own worker thread.
+    #[test]
+    fn a_session_can_move_to_another_thread() {
+        fn send<T: Send + 'static>() {}
+        send::<super::Session>();
+    }
+}

@@ -1,0 +1,229 @@
+//! The command line: subcommands, flags (each with an example in --help) and what they become.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use engine::{BackendSpec, GemmMode, SamplingParams};
+
+#[derive(Parser)]
+#[command(
+    name = "xdna-vl",
+    version,
+    about = "Ask a Qwen3-VL model about pictures, on the CPU or the AMD NPU",
+    long_about = "Ask a Qwen3-VL model about pictures, on the CPU or the AMD NPU.\n\n\
+Start with `xdna-vl run`: with no pack it builds the bundled tiny model (a random-weight \
+Qwen3-VL, so its answers are gibberish) and asks it about two bundled pictures.\n\n\
+Examples:\n  xdna-vl run\n  xdna-vl run qwen3-vl-2b-q4.pack --image cat.jpg --prompt \"What is in this picture?\"\n  \
+xdna-vl run model.pack --prompt \"Hello\" --json\n  xdna-vl chat model.pack\n\n\
+Make a pack from a Hugging Face checkpoint with `packs build CHECKPOINT -o model.pack --quant q4`.\n\
+Bad input (a missing file, an unknown flag value, a prompt over the context) exits with status 2."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Answer one prompt (with pictures) and exit: the answer as it is produced on stdout, then a
+    /// timing line on stderr.
+    Run(RunArgs),
+    /// Talk with the model: one message per line; /image FILE attaches a picture to the next
+    /// message, /reset forgets the conversation, /exit (or end of input) leaves.
+    Chat(ChatArgs),
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The question. Default (with no --prompt and no --image): "Describe these pictures." about
+    /// the two bundled pictures. Example: --prompt "What colour is the car?"
+    #[arg(long, value_name = "TEXT", conflicts_with = "prompt_file")]
+    pub prompt: Option<String>,
+    /// Read the question from a UTF-8 text file. Example: --prompt-file question.txt
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Option<PathBuf>,
+    /// A picture, before the question (repeat for several, in order; PNG, JPEG, WebP, GIF).
+    /// Example: --image cat.jpg --image dog.png
+    #[arg(long, value_name = "FILE")]
+    pub image: Vec<PathBuf>,
+    /// A system message before the question. Example: --system "Answer in one sentence."
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
+    /// Print one JSON object (text, ids, finish reason, token counts, timings) instead of the
+    /// streamed answer and the timing line.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+#[derive(Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// A system message for the whole conversation. Example: --system "You are terse."
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GemmArg {
+    /// Every GEMM on the CPU.
+    Host,
+    /// Every projection on the NPU runtime (real, or the software NPU).
+    Device,
+    /// Both, compared GEMM by GEMM; the host's result is used.
+    Ab,
+}
+
+#[derive(Args)]
+pub struct ModelArgs {
+    /// The pack (`packs build CHECKPOINT -o model.pack --quant q4`). Default: the bundled tiny
+    /// model, built into a pack under $XDG_CACHE_HOME/xdna-vl (or ~/.cache/xdna-vl) on first use.
+    /// Example: xdna-vl run qwen3-vl-2b-q4.pack
+    pub pack: Option<PathBuf>,
+    /// Take the tokenizer, chat template and generation config from this checkpoint directory
+    /// instead of the pack. Example: --assets ~/models/Qwen3-VL-2B-Instruct
+    #[arg(long, value_name = "DIR")]
+    pub assets: Option<PathBuf>,
+    /// Where the matrix products run. Example: --gemm device --designs designs/
+    #[arg(long, value_enum, default_value = "host")]
+    pub gemm: GemmArg,
+    /// The NPU runtime library (default: $XDNA_VL_RUNTIME, then the installed XRT shim).
+    /// Example: --runtime /opt/xilinx/xrt/lib/libxrt_coreutil.so
+    #[arg(long, value_name = "LIB")]
+    pub runtime: Option<PathBuf>,
+    /// The designs directory holding manifest.json (`npu-designs`), for --gemm device|ab.
+    /// Example: --designs designs/
+    #[arg(long, value_name = "DIR")]
+    pub designs: Option<PathBuf>,
+    /// Threads for the CPU work. Example: --threads 8
+    #[arg(long, default_value_t = default_threads())]
+    pub threads: usize,
+    /// Context length in tokens: prompt (image tokens included) + answer. A longer prompt is
+    /// refused. The KV cache is allocated for all of it up front (Qwen3-VL-2B: 224 KiB per token
+    /// in f32, half in bf16). Example: --ctx 8192
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: usize,
+    /// How the KV cache stores keys and values: f32 (exact) or bf16 (half the memory, rounded
+    /// when written). Example: --kv bf16
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv: KvArg,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KvArg {
+    F32,
+    Bf16,
+}
+
+#[derive(Args, Clone)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 = greedy (always the most likely token). Default: the pack's
+    /// generation config (greedy when it has none). Example: --temperature 0.7
+    #[arg(long, value_name = "T")]
+    pub temperature: Option<f32>,
+    /// Always take the most likely token (same as --temperature 0).
+    #[arg(long, conflicts_with = "temperature")]
+    pub greedy: bool,
+    /// Sample only among the K most likely tokens (0 = all). Example: --top-k 20
+    #[arg(long, value_name = "K")]
+    pub top_k: Option<usize>,
+    /// Sample only among the most likely tokens whose probabilities sum to P. Example: --top-p 0.8
+    #[arg(long, value_name = "P")]
+    pub top_p: Option<f32>,
+    /// Drop tokens less likely than P times the most likely one. Example: --min-p 0.05
+    #[arg(long, value_name = "P")]
+    pub min_p: Option<f32>,
+    /// Make tokens already in the prompt or answer less likely (1 = off). Example: --repeat-penalty 1.1
+    #[arg(long, value_name = "X")]
+    pub repeat_penalty: Option<f32>,
+    /// Lower a token's score by X for every time it is already in the answer (OpenAI's
+    /// frequency_penalty, -2..2). Example: --frequency-penalty 0.5
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub frequency_penalty: Option<f32>,
+    /// Lower a token's score by X once it is in the answer (OpenAI's presence_penalty, -2..2).
+    /// Example: --presence-penalty 0.5
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub presence_penalty: Option<f32>,
+    /// Seed of the sampler: the same seed gives the same answer. Example: --seed 42
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Most tokens in an answer. Example: --max-tokens 512
+    #[arg(long, value_name = "N")]
+    pub max_tokens: Option<usize>,
+    /// End the answer before this text (repeatable). Example: --stop "\n\n"
+    #[arg(long, value_name = "TEXT")]
+    pub stop: Vec<String>,
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+impl ModelArgs {
+    pub fn kv_dtype(&self) -> forward::KvDtype {
+        match self.kv {
+            KvArg::F32 => forward::KvDtype::F32,
+            KvArg::Bf16 => forward::KvDtype::Bf16,
+        }
+    }
+
+    pub fn backend(&self) -> BackendSpec {
+        BackendSpec {
+            mode: match self.gemm {
+                GemmArg::Host => GemmMode::Host,
+                GemmArg::Device => GemmMode::Device,
+                GemmArg::Ab => GemmMode::Ab,
+            },
+            runtime: self.runtime.clone(),
+            designs: self.designs.clone(),
+        }
+    }
+}
+
+impl SamplingArgs {
+    /// The pack's recommendation with the flags given on top.
+    pub fn params(&self, defaults: SamplingParams) -> SamplingParams {
+        let mut p = defaults;
+        if let Some(t) = self.temperature {
+            p.temperature = t;
+        }
+        if self.greedy {
+            p.temperature = 0.0;
+        }
+        if let Some(k) = self.top_k {
+            p.top_k = k;
+        }
+        if let Some(x) = self.top_p {
+            p.top_p = x;
+        }
+        if let Some(x) = self.min_p {
+            p.min_p = x;
+        }
+        if let Some(x) = self.repeat_penalty {
+            p.repetition_penalty = x;
+        }
+        if let Some(x) = self.frequency_penalty {
+            p.frequency_penalty = x;
+        }
+        if let Some(x) = self.presence_penalty {
+            p.presence_penalty = x;
+        }
+        if let Some(n) = self.max_tokens {
+            p.max_tokens = n;
+        }
+        p.seed = self.seed;
+        p.stop.extend(self.stop.iter().map(|s| unescape(s)));
+        p
+    }
+}
+
+/// `\n` and `\t` typed in a flag mean the characters.
+fn unescape(s: &str) -> String {
+    s.replace("\\n", "\n").replace("\\t", "\t")
+}

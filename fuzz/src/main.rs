@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use fuzz::runner::{self, RunConfig};
 use fuzz::targets;
 
-const USAGE: &str = "usage: fuzz --target <pack|checkpoint|inputs|chat-body|image|all> [--inputs N] \
+const USAGE: &str = "usage: fuzz --target <pack|checkpoint|inputs|chat-body|image|template|all> [--inputs N] \
 [--seconds S] [--seed S] [--hang-seconds S] [--crash-dir DIR] [--scratch DIR] [--replay INDEX]\n       \
 fuzz build-pack <checkpoint-dir> <out.pack> [f32|bf16|i8|q4]";
 

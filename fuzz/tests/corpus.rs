@@ -146,6 +146,11 @@ fn image_corpus() {
     );
 }
 
+#[test]
+fn template_corpus() {
+    corpus("template", 600, &["compile: ", "render: ", "messages not JSON"]);
+}
+
 /// A target that panics on one input and hangs on another: the harness's own control.
 struct Planted {
     bases: Vec<Base>,

@@ -11,9 +11,17 @@ pub mod checkpoint;
 pub mod image;
 pub mod inputs;
 pub mod pack;
+pub mod template;
 
 /// Every target's name, in the order `--target all` runs them.
-pub const NAMES: [&str; 5] = ["pack", "checkpoint", "inputs", "chat-body", "image"];
+pub const NAMES: [&str; 6] = [
+    "pack",
+    "checkpoint",
+    "inputs",
+    "chat-body",
+    "image",
+    "template",
+];
 
 /// The repository's test fixtures (tests/fixtures).
 pub fn fixtures() -> PathBuf {
@@ -28,6 +36,7 @@ pub fn by_name(name: &str, work: &Path) -> Result<Arc<dyn Target>, String> {
         "inputs" => Arc::new(inputs::InputsTarget::new()?),
         "chat-body" => Arc::new(chat_body::ChatBodyTarget::new()),
         "image" => Arc::new(image::ImageTarget::new()?),
+        "template" => Arc::new(template::TemplateTarget::new()?),
         other => {
             return Err(format!(
                 "unknown target {other:?} (expected one of: {}, all)",

@@ -148,7 +148,11 @@ fn image_corpus() {
 
 #[test]
 fn template_corpus() {
-    corpus("template", 600, &["compile: ", "render: ", "messages not JSON"]);
+    corpus(
+        "template",
+        600,
+        &["compile: ", "render: ", "messages not JSON"],
+    );
 }
 
 /// A target that panics on one input and hangs on another: the harness's own control.

@@ -151,10 +151,10 @@ impl Target for TemplateTarget {
                     category::of_message(&e.to_string())
                 )
             })?;
-        let tc = (input.knobs % 4 != 0).then_some(&self.tokenizer_config);
+        let tc = (!input.knobs.is_multiple_of(4)).then_some(&self.tokenizer_config);
         let t = ChatTemplate::new(&template, tc)
             .map_err(|e| format!("compile: {}", category::of_message(&e.to_string())))?;
-        t.render(&messages, input.knobs % 2 == 0)
+        t.render(&messages, input.knobs.is_multiple_of(2))
             .map(|_| ())
             .map_err(|e| format!("render: {}", category::of_message(&e.to_string())))
     }

@@ -48,6 +48,9 @@ const SNIPPETS: [&str; 24] = [
 pub struct TemplateTarget {
     bases: Vec<Base>,
     tokenizer_config: serde_json::Value,
+    /// Each base's template compiled with and without the tokenizer config: inputs that mutate
+    /// only the messages render these.
+    compiled: Vec<[ChatTemplate; 2]>,
 }
 
 impl TemplateTarget {
@@ -72,9 +75,19 @@ impl TemplateTarget {
         }
         let tc = read(&fx.join("chat/Qwen3-VL-tiny/tokenizer_config.json"))?;
         let tokenizer_config = serde_json::from_slice(&tc).map_err(|e| e.to_string())?;
+        let mut compiled = Vec::new();
+        for b in &bases {
+            let text = std::str::from_utf8(b.file(TEMPLATE).expect("a template"))
+                .map_err(|e| e.to_string())?;
+            let with =
+                ChatTemplate::new(text, Some(&tokenizer_config)).map_err(|e| e.to_string())?;
+            let without = ChatTemplate::new(text, None).map_err(|e| e.to_string())?;
+            compiled.push([without, with]);
+        }
         Ok(TemplateTarget {
             bases,
             tokenizer_config,
+            compiled,
         })
     }
 }
@@ -151,9 +164,16 @@ impl Target for TemplateTarget {
                     category::of_message(&e.to_string())
                 )
             })?;
-        let tc = (!input.knobs.is_multiple_of(4)).then_some(&self.tokenizer_config);
-        let t = ChatTemplate::new(&template, tc)
-            .map_err(|e| format!("compile: {}", category::of_message(&e.to_string())))?;
+        let with_tc = !input.knobs.is_multiple_of(4);
+        let fresh;
+        let t = if input.patches.iter().any(|p| p.file == TEMPLATE) {
+            let tc = with_tc.then_some(&self.tokenizer_config);
+            fresh = ChatTemplate::new(&template, tc)
+                .map_err(|e| format!("compile: {}", category::of_message(&e.to_string())))?;
+            &fresh
+        } else {
+            &self.compiled[input.base][usize::from(with_tc)]
+        };
         t.render(&messages, input.knobs.is_multiple_of(2))
             .map(|_| ())
             .map_err(|e| format!("render: {}", category::of_message(&e.to_string())))

@@ -84,7 +84,12 @@ pub fn build_from_hf(
 ) -> Result<BuildReport, BuildError> {
     let checkpoint = crate::hf::Checkpoint::open(dir, opts.mrope_section, opts.vision)?;
     let sem = checkpoint.semantics(opts.quant, opts.vision_quant);
-    sem.validate()?;
+    // The quant options meet the config here (a q4 tower's K): name the config.
+    sem.validate()
+        .map_err(|source| crate::hf::HfError::Semantics {
+            path: dir.join(crate::hf::CONFIG),
+            source,
+        })?;
     let assets = read_assets(dir)?;
     let mut report = write_pack(
         out,

@@ -42,8 +42,13 @@ pub enum PackError {
         name: String,
         offset: u64,
     },
-    #[error("{path}: padding entry {name} must be a 1-D U8 tensor")]
-    BadPadding { path: PathBuf, name: String },
+    #[error("{path}: padding entry {name} is {dtype} {shape:?}, expected a 1-D U8 tensor")]
+    BadPadding {
+        path: PathBuf,
+        name: String,
+        dtype: Dtype,
+        shape: Vec<usize>,
+    },
     #[error("{path}: required tensor {name} is missing")]
     Missing { path: PathBuf, name: String },
     #[error("{path}: tensor {name} is {found_dtype} {found_shape:?}, expected {dtype} {shape:?}")]
@@ -245,7 +250,12 @@ impl Pack {
         for e in header.entries {
             if names::is_padding(&e.name) {
                 if e.dtype != Dtype::U8 || e.shape.len() != 1 {
-                    return Err(PackError::BadPadding { path, name: e.name });
+                    return Err(PackError::BadPadding {
+                        path,
+                        name: e.name,
+                        dtype: e.dtype,
+                        shape: e.shape,
+                    });
                 }
                 continue;
             }

@@ -22,6 +22,11 @@ pub trait Target: Send + Sync {
     /// Runs the parser on the base copy in `dir` (patches applied); `out` is an empty directory
     /// for anything the parser writes. `Err` is a refusal, by category.
     fn run(&self, dir: &Path, out: &Path, input: &Input) -> Result<(), String>;
+    /// The parser reads the input's bytes from memory (a request body, an encoded image, a
+    /// template): the runner skips writing them to the scratch directory.
+    fn in_memory(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -193,7 +198,10 @@ fn worker(target: Arc<dyn Target>, cfg: RunConfig, shared: Arc<Shared>, t0: Inst
         let mut rng = Rng::for_input(cfg.seed, index);
         let input = target.generate(&mut rng);
         let dir = &dirs[input.base];
-        input::apply(dir, &input).expect("apply an input's patches");
+        let on_disk = !target.in_memory();
+        if on_disk {
+            input::apply(dir, &input).expect("apply an input's patches");
+        }
         shared
             .started_ns
             .store(t0.elapsed().as_nanos() as u64, Ordering::SeqCst);
@@ -204,9 +212,11 @@ fn worker(target: Arc<dyn Target>, cfg: RunConfig, shared: Arc<Shared>, t0: Inst
             // The watchdog gave up on this worker (a hang); its successor carries on.
             return;
         }
-        input::restore(dir, &target.bases()[input.base], &input).expect("restore the base");
-        for e in std::fs::read_dir(&out).into_iter().flatten().flatten() {
-            let _ = std::fs::remove_file(e.path());
+        if on_disk {
+            input::restore(dir, &target.bases()[input.base], &input).expect("restore the base");
+            for e in std::fs::read_dir(&out).into_iter().flatten().flatten() {
+                let _ = std::fs::remove_file(e.path());
+            }
         }
         let mut report = shared.report.lock().unwrap_or_else(|e| e.into_inner());
         report.inputs += 1;

@@ -71,6 +71,10 @@ impl Target for ChatBodyTarget {
         }
     }
 
+    fn in_memory(&self) -> bool {
+        true
+    }
+
     fn run(&self, dir: &Path, _out: &Path, input: &Input) -> Result<(), String> {
         // In memory: the server hands the parser the body bytes, no file is involved.
         let file;

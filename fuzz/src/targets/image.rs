@@ -112,6 +112,10 @@ impl Target for ImageTarget {
         }
     }
 
+    fn in_memory(&self) -> bool {
+        true
+    }
+
     fn run(&self, dir: &Path, _out: &Path, input: &Input) -> Result<(), String> {
         let file;
         let bytes = match input.patches.first().map(|p| &p.patch) {

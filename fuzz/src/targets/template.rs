@@ -152,11 +152,22 @@ impl Target for TemplateTarget {
         }
     }
 
-    fn run(&self, dir: &Path, _out: &Path, input: &Input) -> Result<(), String> {
-        let read = |f: &str| std::fs::read(dir.join(f)).map_err(|e| e.to_string());
-        let template = read(TEMPLATE)?;
-        let template =
-            String::from_utf8(template).map_err(|_| "template is not UTF-8".to_string())?;
+    fn in_memory(&self) -> bool {
+        true
+    }
+
+    fn run(&self, _dir: &Path, _out: &Path, input: &Input) -> Result<(), String> {
+        // The input's version of a file: its replacement, else the base's.
+        let read = |f: &str| -> Result<&[u8], String> {
+            let patched = input.patches.iter().rev().find(|p| p.file == f);
+            match patched.map(|p| &p.patch) {
+                Some(Patch::Replace(b)) => Ok(b.as_slice()),
+                Some(_) => Err(format!("{f}: only replaced, never patched")),
+                None => Ok(self.bases[input.base].file(f).expect("a base file")),
+            }
+        };
+        let template = std::str::from_utf8(read(TEMPLATE)?)
+            .map_err(|_| "template is not UTF-8".to_string())?;
         let messages: serde_json::Value =
             serde_json::from_slice(&read(MESSAGES)?).map_err(|e| {
                 format!(
@@ -168,7 +179,7 @@ impl Target for TemplateTarget {
         let fresh;
         let t = if input.patches.iter().any(|p| p.file == TEMPLATE) {
             let tc = with_tc.then_some(&self.tokenizer_config);
-            fresh = ChatTemplate::new(&template, tc)
+            fresh = ChatTemplate::new(template, tc)
                 .map_err(|e| format!("compile: {}", category::of_message(&e.to_string())))?;
             &fresh
         } else {

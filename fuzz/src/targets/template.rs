@@ -168,13 +168,12 @@ impl Target for TemplateTarget {
         };
         let template = std::str::from_utf8(read(TEMPLATE)?)
             .map_err(|_| "template is not UTF-8".to_string())?;
-        let messages: serde_json::Value =
-            serde_json::from_slice(&read(MESSAGES)?).map_err(|e| {
-                format!(
-                    "messages not JSON: {}",
-                    category::of_message(&e.to_string())
-                )
-            })?;
+        let messages: serde_json::Value = serde_json::from_slice(read(MESSAGES)?).map_err(|e| {
+            format!(
+                "messages not JSON: {}",
+                category::of_message(&e.to_string())
+            )
+        })?;
         let with_tc = !input.knobs.is_multiple_of(4);
         let fresh;
         let t = if input.patches.iter().any(|p| p.file == TEMPLATE) {

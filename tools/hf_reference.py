@@ -220,6 +220,118 @@ PRESETS: dict[str, dict] = {
 }
 COMMITTED = ["hd128", "odd", "bf16-sharded"]
 
+# Qwen3-VL-MoE (`Qwen3VLMoeForConditionalGeneration`, model_type qwen3_vl_moe): `model="moe"`; the
+# text config gains num_experts, num_experts_per_tok, moe_intermediate_size, decoder_sparse_step,
+# mlp_only_layers. `expert_layout="hub"` rewrites the saved fused expert tensors in the hub's
+# (transformers 4.57) orientation, [E, H, 2I] and [E, I, H], and spells num_local_experts as
+# num_experts, as the hub's Qwen3-VL-30B-A3B does; transformers loads it back transposed.
+# `tie_router_rows` = [[layer, a, b], ...] zeroes router rows a and b, so experts a and b have logit
+# exactly 0 in every row, whatever the summation order (equal rows are not enough: torch's F.linear
+# gives two equal weight rows different last bits in most rows), and torch.topk's tie-breaking
+# decides wherever the two straddle the k-th place. hidden != 2 * moe_intermediate and
+# hidden != moe_intermediate keep the two orientations apart (transformers takes a tensor of the
+# 5.x shape as it is).
+PRESETS.update({
+    "moe-top2": dict(
+        description="Qwen3-VL-MoE: 6 experts, top-2, expert intermediate 32, 3 layers with layer 1 dense "
+        "(mlp_only_layers), head_dim 32, heads 3 / kv 1, mrope [6,5,5], untied head, two images, "
+        "2 DeepStack sets (after the sparse layer 0 and the dense layer 1); 5.x layout, bf16 in one file",
+        model="moe",
+        seed=5005,
+        dtype="bfloat16",
+        config_spelling="5.x",
+        expert_layout="5.x",
+        max_shard_size=None,
+        tie_word_embeddings=False,
+        text=dict(
+            vocab_size=320,
+            hidden_size=96,
+            intermediate_size=128,
+            num_hidden_layers=3,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=32,
+            rope_theta=10_000.0,
+            mrope_section=[6, 5, 5],
+            rms_norm_eps=1e-6,
+            initializer_range=0.1,
+            num_experts=6,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],
+        ),
+        vision=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0, 1],
+            initializer_range=0.1,
+        ),
+        images=[[64, 64], [96, 64]],
+        image_kinds=["noise", "checker"],
+        prompt=[5, "image", 4, "image", 9],
+        text_rows=13,
+        greedy=8,
+        min_margin=0.01,
+        min_margin_quant=0.02,
+        max_repeat=2,
+        max_attempts=200,
+    ),
+    "moe-top4": dict(
+        description="Qwen3-VL-MoE: 6 experts, top-4, expert intermediate 96, 2 sparse layers, router "
+        "rows 1 and 4 of layer 0 zero (a tie in every row there), head_dim 32, heads 2 / kv 1, mrope [8,4,4], "
+        "tied head, one image, 2 DeepStack sets; bf16 in shards, the hub's expert orientation and 4.57 config",
+        model="moe",
+        seed=6010,
+        dtype="bfloat16",
+        config_spelling="4.57",
+        expert_layout="hub",
+        max_shard_size="200KB",
+        tie_word_embeddings=True,
+        tie_router_rows=[[0, 1, 4]],
+        text=dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=32,
+            rope_theta=1_000_000.0,
+            mrope_section=[8, 4, 4],
+            rms_norm_eps=1e-6,
+            initializer_range=0.1,
+            num_experts=6,
+            num_experts_per_tok=4,
+            moe_intermediate_size=96,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        ),
+        vision=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0, 1],
+            initializer_range=0.08,
+        ),
+        images=[[64, 128]],
+        image_kinds=["gradient"],
+        prompt=[9, "image", 14],
+        text_rows=11,
+        greedy=8,
+        min_margin=0.01,
+        min_margin_quant=0.02,
+        max_repeat=5,  # a tied 64-wide head loops easily; 5 keeps the search short
+        max_attempts=200,
+    ),
+})
+MOE_COMMITTED = ["moe-top2", "moe-top4"]
+
 
 # ---------------------------------------------------------------------------------------------
 # The pack kinds' exact arithmetic (issue 2, "Quant kinds"). Every op below is an f32 elementwise
@@ -301,6 +413,34 @@ class QuantLinear(torch.nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
 
+class QuantExperts(torch.nn.Module):
+    """`Qwen3VLMoeTextExperts` with each expert's gate, up and down as QuantLinear (the pack stores
+    them as three ordinary linears): the same loop, experts ascending, weighted outputs added with
+    index_add_ from zero."""
+
+    def __init__(self, experts, kind: str):
+        super().__init__()
+        inter = experts.intermediate_dim
+        self.num_experts = experts.num_experts
+        self.act_fn = experts.act_fn
+        gu, down = experts.gate_up_proj.detach(), experts.down_proj.detach()
+        self.gate = torch.nn.ModuleList(QuantLinear(gu[e, :inter], kind) for e in range(self.num_experts))
+        self.up = torch.nn.ModuleList(QuantLinear(gu[e, inter:], kind) for e in range(self.num_experts))
+        self.down = torch.nn.ModuleList(QuantLinear(down[e], kind) for e in range(self.num_experts))
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        final = torch.zeros_like(hidden_states)
+        for e in range(self.num_experts):
+            top_k_pos, token_idx = torch.where(top_k_index.T == e)
+            if token_idx.numel() == 0:
+                continue
+            x = hidden_states[token_idx]
+            h = self.act_fn(self.gate[e](x)) * self.up[e](x)
+            h = self.down[e](h) * top_k_weights[token_idx, top_k_pos, None]
+            final.index_add_(0, token_idx, h.to(final.dtype))
+        return final
+
+
 @contextlib.contextmanager
 def quantized_text_decoder(model, kind: str):
     """Within the block, the seven projections of every text layer and the head are QuantLinear
@@ -310,8 +450,12 @@ def quantized_text_decoder(model, kind: str):
     swapped = []  # (parent, attribute, original)
     try:
         for layer in lm.layers:
-            for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
-                                  (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
+            sparse = hasattr(layer.mlp, "experts")
+            if sparse:  # the router stays f32 (as in the pack)
+                swapped.append((layer.mlp, "experts", layer.mlp.experts))
+                layer.mlp.experts = QuantExperts(layer.mlp.experts, kind)
+            mlp = () if sparse else ((layer.mlp, ("gate_proj", "up_proj", "down_proj")),)
+            for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),) + mlp:
                 for name in names:
                     lin = getattr(parent, name)
                     assert lin.bias is None, f"{name} has a bias; the pack kinds have none"
@@ -343,7 +487,10 @@ def special_ids(spec: dict) -> dict:
 
 
 def build_config(spec: dict):
-    from transformers import Qwen3VLConfig
+    if spec.get("model") == "moe":
+        from transformers import Qwen3VLMoeConfig as Qwen3VLConfig
+    else:
+        from transformers import Qwen3VLConfig
 
     text = dict(spec["text"])
     theta = text.pop("rope_theta")
@@ -620,9 +767,23 @@ def plain_forward(sd: dict, tc, ids: torch.Tensor, embeds: torch.Tensor, planes:
         att = torch.softmax(q @ k.transpose(1, 2) * d**-0.5 + causal, -1) @ v
         h = h + att.transpose(0, 1).reshape(rows, nh * d) @ sd[p + "self_attn.o_proj.weight"].T
         n = rms(h, sd[p + "post_attention_layernorm.weight"])
-        g = n @ sd[p + "mlp.gate_proj.weight"].T
-        u = n @ sd[p + "mlp.up_proj.weight"].T
-        h = h + (torch.nn.functional.silu(g) * u) @ sd[p + "mlp.down_proj.weight"].T
+        if p + "mlp.gate.weight" in sd:  # sparse: softmax, top-k, renormalize, weighted experts
+            probs = torch.softmax(n @ sd[p + "mlp.gate.weight"].T, -1)
+            w, idx = torch.topk(probs, tc.num_experts_per_tok, dim=-1)
+            w = w / w.sum(-1, keepdim=True)
+            gu, dn = sd[p + "mlp.experts.gate_up_proj"], sd[p + "mlp.experts.down_proj"]
+            inter = tc.moe_intermediate_size
+            out = torch.zeros_like(h)
+            for r in range(rows):
+                for j in range(idx.shape[1]):
+                    e = int(idx[r, j])
+                    g, u = n[r] @ gu[e, :inter].T, n[r] @ gu[e, inter:].T
+                    out[r] += w[r, j] * ((torch.nn.functional.silu(g) * u) @ dn[e].T)
+            h = h + out
+        else:
+            g = n @ sd[p + "mlp.gate_proj.weight"].T
+            u = n @ sd[p + "mlp.up_proj.weight"].T
+            h = h + (torch.nn.functional.silu(g) * u) @ sd[p + "mlp.down_proj.weight"].T
         if li < deepstack.shape[0] and image_rows.numel():
             h[image_rows] = h[image_rows] + deepstack[li]
     head = sd.get("lm_head.weight", sd[pre + "embed_tokens.weight"])
@@ -719,6 +880,45 @@ def save_checkpoint(model, spec: dict, ck_dir: str) -> None:
             os.remove(gen)
     if spec["config_spelling"] == "4.57":
         rewrite_config_457(os.path.join(ck_dir, "config.json"))
+    if spec.get("expert_layout") == "hub":
+        rewrite_experts_hub(ck_dir)
+
+
+def rewrite_experts_hub(ck_dir: str) -> None:
+    """The hub's (4.57) orientation of the fused expert tensors, [E, H, 2I] and [E, I, H], and its
+    spelling num_experts for 5.x's num_local_experts."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    for f in sorted(os.listdir(ck_dir)):
+        if not f.endswith(".safetensors"):
+            continue
+        path = os.path.join(ck_dir, f)
+        with safe_open(path, "pt") as st:
+            meta = st.metadata()
+            tensors = {k: st.get_tensor(k) for k in st.keys()}
+        if not any(".mlp.experts." in k for k in tensors):
+            continue
+        tensors = {k: (v.transpose(1, 2).contiguous() if ".mlp.experts." in k else v)
+                   for k, v in tensors.items()}
+        save_file(tensors, path, metadata=meta)
+    path = os.path.join(ck_dir, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    text = cfg["text_config"]
+    text["num_experts"] = text.pop("num_local_experts")
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def tie_router_rows(model, spec: dict) -> None:
+    """Router rows a and b zeroed: experts a and b get logit 0 (and equal softmax) in every row."""
+    with torch.no_grad():
+        for layer, a, b in spec.get("tie_router_rows", []):
+            gate = model.model.language_model.layers[layer].mlp.gate.weight
+            gate[a].zero_()
+            gate[b].zero_()
 
 
 def check_reloaded(model, spec: dict, fresh) -> None:
@@ -748,8 +948,26 @@ def compute_references(model, spec: dict, name: str, attempt: int, quant: bool):
     greedy = int(spec["greedy"])
 
     summary: dict = dict(case=name, description=spec["description"])
+    routed: dict[int, list] = {}  # sparse layer -> [(router logits, chosen experts)] per call
+    hooks = []
+    for li, layer in enumerate(model.model.language_model.layers):
+        if hasattr(layer.mlp, "gate") and hasattr(layer.mlp, "experts"):
+            hooks.append(layer.mlp.gate.register_forward_hook(
+                lambda _m, _i, out, li=li: routed.setdefault(li, []).append((out[0].detach(), out[2].detach()))))
     with torch.no_grad():
         inputs, prefill, ids, decode = run_pixel_path(model, prompt, image_token_id, greedy)
+    for h in hooks:
+        h.remove()
+    if spec.get("tie_router_rows"):
+        # The tie must decide something: rows whose two tied experts are not both in or both out.
+        equal = split = 0
+        for layer, a, b in spec["tie_router_rows"]:
+            for logits, chosen in routed[layer]:
+                equal += int((logits[:, a] == logits[:, b]).sum())
+                split += int(((chosen == a).any(-1) != (chosen == b).any(-1)).sum())
+        summary["router_tie_rows_equal"], summary["router_tie_rows_split"] = equal, split
+        assert split > 0, f"no routed row splits the tied experts ({summary})"
+    with torch.no_grad():
 
         # The saved inputs are what the language model consumed: planes from get_rope_index,
         # image rows and sets from the vision tower, and the hand-fed decoder gives the same logits.
@@ -801,7 +1019,10 @@ def compute_references(model, spec: dict, name: str, attempt: int, quant: bool):
 
 
 def generate_case(name: str, spec: dict, out_root: str, quant: bool = True) -> dict:
-    from transformers import Qwen3VLForConditionalGeneration
+    if spec.get("model") == "moe":
+        from transformers import Qwen3VLMoeForConditionalGeneration as Qwen3VLForConditionalGeneration
+    else:
+        from transformers import Qwen3VLForConditionalGeneration
 
     case_dir = os.path.join(out_root, name)
     if os.path.isdir(case_dir):
@@ -814,6 +1035,7 @@ def generate_case(name: str, spec: dict, out_root: str, quant: bool = True) -> d
     cfg = build_config(spec)
     fresh = Qwen3VLForConditionalGeneration(cfg).eval()
     randomize_norms(fresh, torch.Generator().manual_seed(seed + 1))
+    tie_router_rows(fresh, spec)
     save_checkpoint(fresh, spec, ck_dir)
 
     model = Qwen3VLForConditionalGeneration.from_pretrained(
@@ -889,6 +1111,10 @@ def generate_case(name: str, spec: dict, out_root: str, quant: bool = True) -> d
         rope_delta=inputs.rope_delta, text_rows=int(text_ids.shape[0]), greedy=greedy,
         special_ids=specials,
     )
+    if spec.get("model") == "moe":
+        summary.update(num_experts=int(tc.num_experts), top_k=int(tc.num_experts_per_tok),
+                       moe_intermediate=int(tc.moe_intermediate_size),
+                       mlp_only_layers=list(tc.mlp_only_layers), expert_layout=spec["expert_layout"])
     with open(os.path.join(case_dir, "case.json"), "w") as f:
         json.dump(dict(spec=spec, summary=summary), f, indent=2)
         f.write("\n")
@@ -917,6 +1143,30 @@ def save_safetensors(path: str, tensors: dict[str, torch.Tensor], metadata: dict
         for b in blobs:
             f.write(b)
     os.replace(tmp, path)
+
+
+TOPK_SHAPES = [(4, 2), (6, 4), (8, 2), (8, 4), (16, 4), (60, 4), (128, 8), (128, 2), (128, 1), (40, 17), (5, 5)]
+
+
+def write_topk_ties(out_root: str, cases: int = 64, seed: int = 7007) -> str:
+    """torch.topk (largest, sorted) on rows drawn from a few levels, so most rows hold ties:
+    `values_{n}_{k}` F32 [cases, n] and `indices_{n}_{k}` I64 [cases, k] per shape. The decoder's
+    routing must pick the same experts in the same order."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for n, k in TOPK_SHAPES:
+        rows = []
+        for _ in range(cases):
+            levels = torch.rand(int(torch.randint(1, n + 1, (1,), generator=gen)), generator=gen)
+            rows.append(levels[torch.randint(0, levels.numel(), (n,), generator=gen)])
+        values = torch.softmax(torch.stack(rows).log(), -1)  # probabilities, ties kept bit-equal
+        tensors[f"values_{n}_{k}"] = values.contiguous()
+        tensors[f"indices_{n}_{k}"] = torch.topk(values, k, dim=-1).indices.contiguous()
+    path = os.path.join(out_root, "moe-topk", "ties.safetensors")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    save_safetensors(path, tensors, {"description": "torch.topk(values, k) on tie-heavy rows",
+                                     "torch_version": torch.__version__})
+    return path
 
 
 def dir_size(path: str) -> int:
@@ -1053,12 +1303,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-readme", action="store_true", help="do not write <out>/README.md")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--list", action="store_true", help="print the presets as JSON and exit")
+    ap.add_argument("--moe", action="store_true",
+                    help=f"generate the committed MoE cases ({', '.join(MOE_COMMITTED)}) instead")
     args = ap.parse_args(argv)
 
     if args.list:
         print(json.dumps(PRESETS, indent=2))
         return 0
-    cases = args.case or COMMITTED
+    cases = args.case or (MOE_COMMITTED if args.moe else COMMITTED)
     if args.name and len(cases) != 1:
         print("error: --name needs exactly one --case", file=sys.stderr)
         return 2
@@ -1067,6 +1319,8 @@ def main(argv: list[str]) -> int:
     torch.use_deterministic_algorithms(True)
     os.makedirs(args.out, exist_ok=True)
 
+    if args.moe and args.case is None:
+        print("== moe-topk:", write_topk_ties(args.out), flush=True)
     summaries = []
     for case in cases:
         spec = copy.deepcopy(PRESETS[case])
@@ -1080,7 +1334,7 @@ def main(argv: list[str]) -> int:
         s["size_kb"] = math.ceil(dir_size(os.path.join(args.out, name)) / 1024)
         print(json.dumps(s, indent=1), flush=True)
         summaries.append(s)
-    if not args.no_readme and args.case is None and not args.override:
+    if not args.no_readme and args.case is None and not args.override and not args.moe:
         write_readme(args.out, summaries)
     return 0
 

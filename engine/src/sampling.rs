@@ -181,16 +181,8 @@ impl Sampler {
     }
 }
 
-/// The first index of the largest value.
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+/// Greedy: the decoder's own rule (the first index of the largest logit, as torch.argmax).
+pub use forward::sampling::argmax;
 
 /// transformers' `RepetitionPenaltyLogitsProcessor`: for every id seen, a positive logit is divided
 /// by the penalty, a negative one multiplied.

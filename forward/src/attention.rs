@@ -431,7 +431,7 @@ mod simd {
 
 /// Softmax of one head's scores in place, in f32: each score becomes `exp(score - max) * (1 / sum)`,
 /// with [`crate::mathf`]'s exp and its order of the sum.
-fn softmax(scores: &mut [f32]) {
+pub(crate) fn softmax(scores: &mut [f32]) {
     let max = crate::mathf::max(scores);
     let inv = 1.0 / crate::mathf::exp_shifted_sum(scores, max);
     for p in scores.iter_mut() {

@@ -10,6 +10,7 @@ pub mod inputs;
 pub mod kv;
 pub mod mathf;
 pub mod model;
+pub mod moe;
 pub mod norm;
 pub mod rope;
 pub mod sampling;

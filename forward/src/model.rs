@@ -6,8 +6,10 @@ use crate::device::{AbGemm, DeviceConfig, DeviceGemm};
 use crate::host::HostGemm;
 use crate::hybrid::HybridInputs;
 use crate::kv::{KvCache, KvData, KvDtype, KvElem, KvStore};
+use crate::moe::{self, MoeScratch, MoeStats, Routing};
 use crate::norm::{rmsnorm, rmsnorm_inplace};
 use crate::rope::{rotate_half, RopeLayout, Rotary};
+use packs::moe::ExpertProj;
 use packs::names::{self, Norm, Proj};
 use packs::{Embedding, LinearIndex, NormIndex, Pack, PackError, Semantics};
 use rayon::prelude::*;
@@ -62,6 +64,14 @@ pub struct Ablation {
     pub deepstack_before_layer: bool,
     /// Add DeepStack to every prompt row (row r takes set row r % image_rows), not only image rows.
     pub deepstack_every_row: bool,
+    /// Leave DeepStack out after the sparse (MoE) layers.
+    pub deepstack_skip_sparse_layers: bool,
+    /// Keep the raw softmax weights of the top-k experts where the pack asks for renormalization.
+    pub moe_skip_renormalize: bool,
+    /// Run every expert with its gate and up projections swapped.
+    pub moe_swap_gate_up: bool,
+    /// Break routing ties by the lower expert index instead of torch.topk's order.
+    pub moe_ties_lower_index: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -110,6 +120,8 @@ struct Scratch {
     proj: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// Router logits of a sparse layer (rows x experts).
+    router: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
     logits: Vec<f32>,
@@ -131,14 +143,24 @@ pub struct Forward {
     backend: Box<dyn GemmBackend>,
     pool: Arc<rayon::ThreadPool>,
     kv: KvCache,
-    /// Linear weights, resolved once in the pack's table; id = layer * 7 + proj, the head last.
+    /// Linear weights, resolved once in the pack's table, the head last. Layer l's start at
+    /// `layer_base[l]`: q, k, v, o, then gate, up, down (dense) or each expert's gate, up, down
+    /// (sparse), so a dense pack's ids are layer * 7 + proj.
     linears: Vec<LinearIndex>,
+    layer_base: Vec<usize>,
+    /// Each sparse layer's router (f32), run on the host backend whatever `backend` is.
+    routers: Vec<Option<LinearIndex>>,
+    router_gemm: Option<HostGemm>,
+    routing: Option<Routing>,
+    moe_scratch: MoeScratch,
     /// Norm weights per layer, resolved once: input, post-attention, q, k.
     norms: Vec<[NormIndex; 4]>,
     final_norm: NormIndex,
     scratch: Scratch,
     options: ForwardOptions,
     trace: Vec<Vec<f32>>,
+    /// Per sparse layer of the last step (when tracing): the experts of every row.
+    routes_trace: Vec<Vec<usize>>,
     /// Wall time spent in attention (cache writes included) since [`Forward::take_attention_time`].
     attention_time: Duration,
 }
@@ -193,10 +215,29 @@ impl Forward {
         // step looks no layer weight up by name (those lookups, a String each for the scales'
         // names, were ~0.2 ms of a 2B decode step).
         let mut linears = Vec::with_capacity(sem.num_layers * 7);
+        let mut layer_base = Vec::with_capacity(sem.num_layers);
+        let mut routers = Vec::with_capacity(sem.num_layers);
         let mut norms = Vec::with_capacity(sem.num_layers);
         for l in 0..sem.num_layers {
-            for p in PROJS {
-                linears.push(pack.linear_index(&names::proj(l, p))?);
+            layer_base.push(linears.len());
+            match sem.moe.as_ref().filter(|_| sem.is_sparse(l)) {
+                None => {
+                    for p in PROJS {
+                        linears.push(pack.linear_index(&names::proj(l, p))?);
+                    }
+                    routers.push(None);
+                }
+                Some(m) => {
+                    for p in &PROJS[..4] {
+                        linears.push(pack.linear_index(&names::proj(l, *p))?);
+                    }
+                    for e in 0..m.num_experts {
+                        for p in ExpertProj::ALL {
+                            linears.push(pack.linear_index(&packs::moe::expert(l, e, p))?);
+                        }
+                    }
+                    routers.push(Some(pack.linear_index(&packs::moe::router(l))?));
+                }
             }
             norms.push([
                 pack.norm_index(&names::norm(l, Norm::Input))?,
@@ -211,6 +252,13 @@ impl Forward {
             .collect();
         backend.prepare(&refs)?;
         drop(refs);
+        let routing = sem.moe.as_ref().map(|m| Routing {
+            num_experts: m.num_experts,
+            top_k: m.top_k,
+            renormalize: m.norm_topk_prob && !options.ablation.moe_skip_renormalize,
+            ties_lower_index: options.ablation.moe_ties_lower_index,
+        });
+        let router_gemm = routing.map(|_| HostGemm::new(pool.clone()));
         let kv = KvCache::new(
             options.kv_dtype,
             sem.num_layers,
@@ -228,11 +276,17 @@ impl Forward {
             pool,
             kv,
             linears,
+            layer_base,
+            routers,
+            router_gemm,
+            routing,
+            moe_scratch: MoeScratch::default(),
             norms,
             final_norm,
             scratch: Scratch::default(),
             options,
             trace: Vec::new(),
+            routes_trace: Vec::new(),
             attention_time: Duration::ZERO,
         })
     }
@@ -286,6 +340,16 @@ impl Forward {
     /// attention and the rest (`bench` reports the three).
     pub fn take_attention_time(&mut self) -> Duration {
         std::mem::take(&mut self.attention_time)
+    }
+    /// Expert runs and routed rows of the sparse layers since the last call, and restarts the
+    /// count (`bench` turns them into bytes read per token).
+    pub fn take_moe_stats(&mut self) -> MoeStats {
+        std::mem::take(&mut self.moe_scratch.stats)
+    }
+    /// The experts each row of the last step's sparse layer `layer` was routed to, when tracing
+    /// is on: `rows x top_k`, in top-k order.
+    pub fn routes_trace(&self) -> &[Vec<usize>] {
+        &self.routes_trace
     }
     /// Hidden states after each layer of the last step (`rows x hidden` each), when tracing is on.
     pub fn layer_trace(&self) -> &[Vec<f32>] {
@@ -488,6 +552,65 @@ impl Forward {
         Ok(())
     }
 
+    /// The MoE MLP of sparse layer `layer` on the normalized rows `xn`, into `s.proj`: the router
+    /// on the host in f32, then each chosen expert's gate/up/down on the backend, once per batch
+    /// (`crate::moe`).
+    fn sparse_mlp(
+        &mut self,
+        layer: usize,
+        xn: &[f32],
+        rows: usize,
+        s: &mut Scratch,
+    ) -> Result<(), ForwardError> {
+        let (Some(rule), Some(router), Some(router_gemm)) =
+            (self.routing, self.routers[layer], self.router_gemm.as_mut())
+        else {
+            unreachable!("a sparse layer has a router and routing rule (set in Forward::new)")
+        };
+        let hidden = self.sem.hidden_size;
+        let inter = self.sem.moe.as_ref().map_or(0, |m| m.moe_intermediate_size);
+        let logits = grow(&mut s.router, rows * rule.num_experts);
+        let router = WeightRef {
+            id: 0,
+            linear: self.pack.linear_at(router),
+        };
+        router_gemm.gemm(&router, xn, rows, logits)?;
+        let mut scratch = std::mem::take(&mut self.moe_scratch);
+        moe::route(
+            &s.router[..rows * rule.num_experts],
+            rows,
+            rule,
+            &mut scratch,
+        );
+        if self.options.trace_layers {
+            self.routes_trace.push(scratch.routes.experts.clone());
+        }
+        let base = self.layer_base[layer] + 4;
+        let swap = self.options.ablation.moe_swap_gate_up;
+        let pool = Arc::clone(&self.pool);
+        let (gate, up) = (&mut s.gate, &mut s.up);
+        let result = moe::sparse_mlp(
+            xn,
+            rows,
+            hidden,
+            rule,
+            &mut scratch,
+            grow(&mut s.proj, rows * hidden),
+            |e, x, m, y| {
+                let id = base + 3 * e;
+                let (g, u) = if swap { (id + 1, id) } else { (id, id + 1) };
+                self.gemm_group([g, u], x, m, [grow(gate, m * inter), grow(up, m * inter)])?;
+                let up = &up[..m * inter];
+                for_rows(&pool, &mut gate[..m * inter], inter, |r, g| {
+                    crate::mathf::silu_mul(g, &up[r * inter..(r + 1) * inter])
+                });
+                self.gemm(id + 2, &gate[..m * inter], m, y)
+            },
+        );
+        self.moe_scratch = scratch;
+        result
+    }
+
     /// Runs the step on a thread of the persistent pool: each GEMM and attention inside then forks
     /// from a pool thread (a few microseconds) instead of entering the pool from outside (tens).
     fn run(
@@ -535,6 +658,7 @@ impl Forward {
         let ablation = self.options.ablation;
         let x = &mut x[..rows * hidden];
         self.trace.clear();
+        self.routes_trace.clear();
         let pack = Arc::clone(&self.pack);
         let pool = Arc::clone(&self.pool);
 
@@ -561,7 +685,7 @@ impl Forward {
                 for_rows(&pool, xn, hidden, |r, nr| {
                     rmsnorm(&x[r * hidden..(r + 1) * hidden], w_in, eps, nr)
                 });
-                let id = layer * 7;
+                let id = self.layer_base[layer];
                 let xn = &s.xn[..rows * hidden];
                 self.gemm_group(
                     [id, id + 1, id + 2],
@@ -616,27 +740,38 @@ impl Forward {
                     rmsnorm(&x[r * hidden..(r + 1) * hidden], w_post, eps, nr)
                 });
                 let xn = &s.xn[..rows * hidden];
-                self.gemm_group(
-                    [id + 4, id + 5],
-                    xn,
-                    rows,
-                    [
-                        grow(&mut s.gate, rows * inter),
-                        grow(&mut s.up, rows * inter),
-                    ],
-                )?;
-                let up = &s.up;
-                for_rows(&pool, &mut s.gate[..rows * inter], inter, |r, g| {
-                    crate::mathf::silu_mul(g, &up[r * inter..(r + 1) * inter])
-                });
-                self.gemm(
-                    id + 6,
-                    &s.gate[..rows * inter],
-                    rows,
-                    grow(&mut s.proj, rows * hidden),
-                )?;
+                let sparse = self.routers[layer].is_some();
+                if sparse {
+                    // The normalized rows are read while the other buffers are written.
+                    let xn = std::mem::take(&mut s.xn);
+                    let result = self.sparse_mlp(layer, &xn[..rows * hidden], rows, &mut s);
+                    s.xn = xn;
+                    result?;
+                } else {
+                    self.gemm_group(
+                        [id + 4, id + 5],
+                        xn,
+                        rows,
+                        [
+                            grow(&mut s.gate, rows * inter),
+                            grow(&mut s.up, rows * inter),
+                        ],
+                    )?;
+                    let up = &s.up;
+                    for_rows(&pool, &mut s.gate[..rows * inter], inter, |r, g| {
+                        crate::mathf::silu_mul(g, &up[r * inter..(r + 1) * inter])
+                    });
+                    self.gemm(
+                        id + 6,
+                        &s.gate[..rows * inter],
+                        rows,
+                        grow(&mut s.proj, rows * hidden),
+                    )?;
+                }
                 add_rows(&pool, x, &s.proj, hidden);
-                if !ablation.deepstack_before_layer {
+                // The tail, one path for dense and sparse layers alike: DeepStack after the layer.
+                let skip = sparse && ablation.deepstack_skip_sparse_layers;
+                if !ablation.deepstack_before_layer && !skip {
                     add_deepstack(x, hybrid, layer, hidden, ablation.deepstack_every_row);
                 }
                 if self.options.trace_layers {

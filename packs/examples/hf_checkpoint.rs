@@ -82,6 +82,7 @@ fn write(shape: &RandomShape, dir: &Path) -> std::io::Result<()> {
                     cols,
                     quant: QuantKind::F32,
                     source_shape: None,
+                    slice: None,
                 });
             }
         }

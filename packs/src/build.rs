@@ -98,7 +98,7 @@ pub fn build_from_hf(
         opts.progress,
         |weight, first_row, values| {
             checkpoint
-                .read_rows(&weight.source, first_row, values)
+                .read_weight(weight, first_row, values)
                 .map_err(BuildError::from)
         },
     )

@@ -13,11 +13,13 @@ use rayon::prelude::*;
 use serde_json::Value;
 
 use crate::container::{self, Dtype, Entry, HeaderError, LEN_PREFIX};
-use crate::layout;
+use crate::layout::{self, WeightPlan};
+use crate::moe::{self, ExpertProj, FusedOrientation, MoeSemantics};
 use crate::names;
 use crate::quant::QuantKind;
 use crate::semantics::{
     self, ImagePreprocess, Semantics, SemanticsError, VisionSemantics, ARCH_QWEN3, ARCH_QWEN3_VL,
+    ARCH_QWEN3_VL_MOE,
 };
 
 pub const CONFIG: &str = "config.json";
@@ -42,7 +44,7 @@ pub enum HfError {
     },
     #[error("{path}: {len} bytes, more than the {max} a JSON file of a checkpoint may hold")]
     TooLarge { path: PathBuf, len: u64, max: u64 },
-    #[error("{path}: model_type {found:?} is not supported (expected \"qwen3_vl\" or text-only \"qwen3\")")]
+    #[error("{path}: model_type {found:?} is not supported (expected \"qwen3_vl\", \"qwen3_vl_moe\" or text-only \"qwen3\")")]
     ModelType { path: PathBuf, found: String },
     #[error(
         "{path}: the config declares MRoPE (qwen3_vl) but {key}.mrope_section is missing; \
@@ -104,6 +106,17 @@ pub enum HfError {
         found: Vec<usize>,
         expected: Vec<usize>,
     },
+    #[error(
+        "{path}: fused expert tensor {name} has shape {found:?}, expected {expected:?} \
+         (transformers 5.x) or {transposed:?} (the hub's, transposed)"
+    )]
+    FusedShape {
+        path: PathBuf,
+        name: String,
+        found: Vec<usize>,
+        expected: [usize; 3],
+        transposed: [usize; 3],
+    },
     #[error("{path}: tensor {name} is {dtype}, expected BF16, F16 or F32")]
     TensorDtype {
         path: PathBuf,
@@ -148,10 +161,14 @@ pub fn parse_config(
         .and_then(Value::as_str)
         .unwrap_or("");
     let (architecture, text, text_prefix) = match model_type {
-        ARCH_QWEN3_VL => {
+        ARCH_QWEN3_VL | ARCH_QWEN3_VL_MOE => {
             let text = config.get("text_config").filter(|t| t.is_object());
             (
-                ARCH_QWEN3_VL,
+                if model_type == ARCH_QWEN3_VL {
+                    ARCH_QWEN3_VL
+                } else {
+                    ARCH_QWEN3_VL_MOE
+                },
                 text.ok_or_else(|| key_err("text_config", "missing object"))?,
                 "text_config.",
             )
@@ -242,7 +259,7 @@ pub fn parse_config(
         }
     }
 
-    let mrope = architecture == ARCH_QWEN3_VL;
+    let mrope = architecture != ARCH_QWEN3;
     let (mrope_section, mrope_interleaved) = if mrope {
         let from_config = match rope.and_then(|r| r.get("mrope_section")) {
             None | Some(Value::Null) => None,
@@ -315,15 +332,27 @@ pub fn parse_config(
     };
 
     let head_dim = size("head_dim")?;
+    let num_layers = required("num_hidden_layers")?;
+    let moe = if architecture == ARCH_QWEN3_VL_MOE {
+        Some(parse_moe(path, text, num_layers)?)
+    } else {
+        None
+    };
+    // Only dense layers use it; transformers' Qwen3VLMoeTextConfig defaults it to 5632.
+    let intermediate_size = match (size("intermediate_size")?, &moe) {
+        (Some(v), _) => v,
+        (None, Some(_)) => 5632,
+        (None, None) => required("intermediate_size")?,
+    };
     let semantics = Semantics {
         architecture: architecture.to_string(),
         vocab_size: required("vocab_size")?,
         hidden_size: required("hidden_size")?,
-        num_layers: required("num_hidden_layers")?,
+        num_layers,
         num_heads,
         num_kv_heads,
         head_dim: head_dim.unwrap_or(0),
-        intermediate_size: required("intermediate_size")?,
+        intermediate_size,
         rms_norm_eps,
         rope_theta,
         mrope,
@@ -339,11 +368,114 @@ pub fn parse_config(
         quant: QuantKind::F32,
         vision: None,
         preprocess: None,
+        moe,
     };
     Ok(ConfigFacts {
         semantics,
         head_dim,
         rope_key,
+    })
+}
+
+/// The MoE keys of a `qwen3_vl_moe` text config. Range checks (zero experts, top-k above the
+/// expert count, ...) are `MoeSemantics::validate`'s.
+fn parse_moe(path: &Path, text: &Value, num_layers: usize) -> Result<MoeSemantics, HfError> {
+    let key_err = |key: &str, what: String| HfError::Key {
+        path: path.to_path_buf(),
+        key: format!("text_config.{key}"),
+        what,
+    };
+    let size = |key: &str| -> Result<Option<usize>, HfError> {
+        match text.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|v| usize::try_from(v).ok())
+                .map(Some)
+                .ok_or_else(|| key_err(key, format!("expected a non-negative integer, got {v}"))),
+        }
+    };
+    // 4.57 and the hub write num_experts; 5.x writes its attribute name, num_local_experts.
+    let num_experts = match (size("num_experts")?, size("num_local_experts")?) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(key_err(
+                "num_experts",
+                format!("{a} disagrees with text_config.num_local_experts {b}"),
+            ))
+        }
+        (Some(a), _) | (None, Some(a)) => a,
+        (None, None) => {
+            return Err(key_err(
+                "num_experts",
+                "missing (the expert count; transformers 5.x spells it num_local_experts)".into(),
+            ))
+        }
+    };
+    let top_k = size("num_experts_per_tok")?.ok_or_else(|| {
+        key_err(
+            "num_experts_per_tok",
+            "missing (the experts each token is routed to, top-k)".into(),
+        )
+    })?;
+    let moe_intermediate_size = size("moe_intermediate_size")?.ok_or_else(|| {
+        key_err(
+            "moe_intermediate_size",
+            "missing (each expert's intermediate size)".into(),
+        )
+    })?;
+    let decoder_sparse_step = size("decoder_sparse_step")?.unwrap_or(1);
+    let mlp_only_layers = match text.get("mlp_only_layers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_u64().and_then(|v| usize::try_from(v).ok()))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| {
+                key_err(
+                    "mlp_only_layers",
+                    format!("expected layer indexes, got {}", Value::Array(a.clone())),
+                )
+            })?,
+        Some(v) => {
+            return Err(key_err(
+                "mlp_only_layers",
+                format!("expected an array, got {v}"),
+            ))
+        }
+    };
+    // transformers' Qwen3-VL-MoE router always divides the top-k weights by their sum; a config
+    // asking for the raw softmax weights describes another model than the one transformers runs.
+    match text.get("norm_topk_prob") {
+        None | Some(Value::Null) | Some(Value::Bool(true)) => {}
+        Some(Value::Bool(false)) => {
+            return Err(key_err(
+                "norm_topk_prob",
+                "false, but transformers' Qwen3-VL-MoE always renormalizes the top-k routing \
+                 weights (it has no such option): fix the config"
+                    .into(),
+            ))
+        }
+        Some(v) => {
+            return Err(key_err(
+                "norm_topk_prob",
+                format!("expected a boolean, got {v}"),
+            ))
+        }
+    }
+    let sparse_layers = MoeSemantics::sparse_layers_of(
+        num_layers,
+        num_experts,
+        decoder_sparse_step,
+        &mlp_only_layers,
+    );
+    Ok(MoeSemantics {
+        num_experts,
+        top_k,
+        moe_intermediate_size,
+        norm_topk_prob: true,
+        decoder_sparse_step,
+        mlp_only_layers,
+        sparse_layers,
     })
 }
 
@@ -587,6 +719,8 @@ struct Shard {
 struct SourceTensor {
     shard: usize,
     entry: Entry,
+    /// How a fused expert tensor is laid out (`None` for every other tensor).
+    fused: Option<FusedOrientation>,
 }
 
 /// An opened checkpoint: config facts and the location of every decoder tensor.
@@ -790,7 +924,56 @@ impl Checkpoint {
                     dtype: entry.dtype,
                 });
             }
-            tensors.insert(weight.name.clone(), SourceTensor { shard, entry });
+            tensors.insert(
+                weight.name.clone(),
+                SourceTensor {
+                    shard,
+                    entry,
+                    fused: None,
+                },
+            );
+        }
+        // Each sparse layer's fused expert tensors, in either orientation transformers loads.
+        if let Some(m) = &semantics.moe {
+            let (e, h, inter) = (
+                m.num_experts,
+                semantics.hidden_size,
+                m.moe_intermediate_size,
+            );
+            for &layer in &m.sparse_layers {
+                for (pack_name, n, k) in [
+                    (moe::fused_gate_up(layer), 2 * inter, h),
+                    (moe::fused_down(layer), h, inter),
+                ] {
+                    let name = source_name(&pack_name);
+                    let (shard, entry) = find(&name)?;
+                    let path = &shards[shard].path;
+                    let Some(orientation) = FusedOrientation::of(&entry.shape, e, n, k) else {
+                        return Err(HfError::FusedShape {
+                            path: path.clone(),
+                            name,
+                            found: entry.shape,
+                            expected: [e, n, k],
+                            transposed: [e, k, n],
+                        });
+                    };
+                    if !matches!(entry.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
+                        return Err(HfError::TensorDtype {
+                            path: path.clone(),
+                            name,
+                            dtype: entry.dtype,
+                        });
+                    }
+                    tensors.insert(
+                        pack_name,
+                        SourceTensor {
+                            shard,
+                            entry,
+                            fused: Some(orientation),
+                        },
+                    );
+                }
+            }
         }
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
@@ -830,6 +1013,59 @@ impl Checkpoint {
         &self.warnings
     }
 
+    /// Reads rows `first_row..` of `weight` as f32 into `values` (a whole number of rows): rows of
+    /// its own tensor, or of its expert's part of a fused tensor.
+    pub fn read_weight(
+        &self,
+        weight: &WeightPlan,
+        first_row: usize,
+        values: &mut [f32],
+    ) -> Result<(), HfError> {
+        match weight.slice {
+            None => self.read_rows(&weight.source, first_row, values),
+            Some(slice) => {
+                let t = self.tensor(&weight.source)?;
+                let (Some(orientation), [_, a, b]) = (t.fused, t.entry.shape.as_slice()) else {
+                    return Err(self.missing(&weight.source));
+                };
+                let (a, b) = (*a, *b);
+                // Within the expert's block: the first stored row (5.x) or column (hub) of the part.
+                let part = match slice.proj {
+                    ExpertProj::Up => weight.rows,
+                    ExpertProj::Gate | ExpertProj::Down => 0,
+                };
+                let block = slice.expert * a * b;
+                let cols = weight.cols;
+                match orientation {
+                    FusedOrientation::OutIn => {
+                        self.read_span(t, block + (part + first_row) * cols, values)
+                    }
+                    FusedOrientation::InOut => {
+                        // The block is [K, N']: our row r is its column part + r. Read whole
+                        // stored rows a chunk at a time and pick the columns.
+                        let rows = values.len() / cols;
+                        let chunk_rows = ((1 << 20) / b).clamp(1, a);
+                        let mut buf = vec![0f32; chunk_rows * b];
+                        let mut k0 = 0;
+                        while k0 < a {
+                            let n = chunk_rows.min(a - k0);
+                            let buf = &mut buf[..n * b];
+                            self.read_span(t, block + k0 * b, buf)?;
+                            for (dk, stored) in buf.chunks_exact(b).enumerate() {
+                                let src = &stored[part + first_row..part + first_row + rows];
+                                for (r, &v) in src.iter().enumerate() {
+                                    values[r * cols + k0 + dk] = v;
+                                }
+                            }
+                            k0 += n;
+                        }
+                        Ok(())
+                    }
+                }
+            }
+        }
+    }
+
     /// Reads rows `first_row..` of the weight with pack name `name` as f32 into `values`
     /// (a whole number of rows).
     pub fn read_rows(
@@ -838,22 +1074,32 @@ impl Checkpoint {
         first_row: usize,
         values: &mut [f32],
     ) -> Result<(), HfError> {
-        let t = self
-            .tensors
-            .get(name)
-            .ok_or_else(|| HfError::MissingTensor {
-                dir: self.dir.clone(),
-                name: name.to_string(),
-            })?;
-        let shard = &self.shards[t.shard];
+        let t = self.tensor(name)?;
         // A row is everything but the first axis (the Conv3d patch embedding reads as [hidden, C*T*P*P]).
         let cols = match t.entry.shape.as_slice() {
             [] => 1,
-            [n] => *n as u64,
-            [_, rest @ ..] => rest.iter().product::<usize>() as u64,
+            [n] => *n,
+            [_, rest @ ..] => rest.iter().product::<usize>(),
         };
+        self.read_span(t, first_row * cols, values)
+    }
+
+    fn missing(&self, name: &str) -> HfError {
+        HfError::MissingTensor {
+            dir: self.dir.clone(),
+            name: name.to_string(),
+        }
+    }
+
+    fn tensor(&self, name: &str) -> Result<&SourceTensor, HfError> {
+        self.tensors.get(name).ok_or_else(|| self.missing(name))
+    }
+
+    /// Reads `values.len()` consecutive elements of `t` from element `first` on, as f32.
+    fn read_span(&self, t: &SourceTensor, first: usize, values: &mut [f32]) -> Result<(), HfError> {
+        let shard = &self.shards[t.shard];
         let size = t.entry.dtype.size() as u64;
-        let offset = shard.data_start + t.entry.start + first_row as u64 * cols * size;
+        let offset = shard.data_start + t.entry.start + first as u64 * size;
         let len = values.len() as u64 * size;
         if offset + len > shard.data_start + t.entry.end {
             // Callers stay inside the tensor; this guards the arithmetic anyway.
@@ -861,7 +1107,7 @@ impl Checkpoint {
                 path: shard.path.clone(),
                 name: t.entry.name.clone(),
                 found: t.entry.shape.clone(),
-                expected: vec![first_row + values.len() / cols as usize, cols as usize],
+                expected: vec![first + values.len()],
             });
         }
         let mut bytes = vec![0u8; len as usize];

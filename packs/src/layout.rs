@@ -2,6 +2,7 @@
 //! produce) and the reader (what to require).
 
 use crate::container::Dtype;
+use crate::moe::{self, ExpertProj, ExpertSlice};
 use crate::names::{self, visual, Norm, Proj, EMBED, FINAL_NORM, LM_HEAD};
 use crate::quant::{QuantKind, Q4_GROUP};
 use crate::semantics::{Semantics, VisionSemantics};
@@ -31,6 +32,8 @@ pub struct WeightPlan {
     pub quant: QuantKind,
     /// Its shape in the checkpoint, when that is not `[rows, cols]` (the patch embedding's Conv3d).
     pub source_shape: Option<Vec<usize>>,
+    /// An expert's linear: its part of the fused tensor `source` (`crate::moe`).
+    pub slice: Option<ExpertSlice>,
 }
 
 /// How a weight's values are stored.
@@ -138,6 +141,7 @@ fn plan_weight(
         cols,
         quant,
         source_shape: None,
+        slice: None,
     }
 }
 
@@ -154,7 +158,11 @@ fn decoder_weights(sem: &Semantics) -> Vec<WeightPlan> {
     )];
     for layer in 0..sem.num_layers {
         plan.push(norm(names::norm(layer, Norm::Input), h));
+        let sparse = sem.is_sparse(layer);
         for p in Proj::ALL {
+            if sparse && matches!(p, Proj::Gate | Proj::Up | Proj::Down) {
+                continue;
+            }
             let (rows, cols) = match p {
                 Proj::Q => (sem.q_dim(), h),
                 Proj::K | Proj::V => (sem.kv_dim(), h),
@@ -169,6 +177,29 @@ fn decoder_weights(sem: &Semantics) -> Vec<WeightPlan> {
             }
             if p == Proj::O {
                 plan.push(norm(names::norm(layer, Norm::PostAttention), h));
+            }
+        }
+        if let Some(m) = sem.moe.as_ref().filter(|_| sparse) {
+            // The router stays f32 whatever the pack's kind: routing picks experts by its logits.
+            plan.push(plan_weight(
+                moe::router(layer),
+                WeightRole::Linear,
+                m.num_experts,
+                h,
+                QuantKind::F32,
+            ));
+            let inter = m.moe_intermediate_size;
+            for e in 0..m.num_experts {
+                for proj in ExpertProj::ALL {
+                    let (source, rows, cols) = match proj {
+                        ExpertProj::Gate | ExpertProj::Up => (moe::fused_gate_up(layer), inter, h),
+                        ExpertProj::Down => (moe::fused_down(layer), h, inter),
+                    };
+                    let mut w = linear(moe::expert(layer, e, proj), rows, cols);
+                    w.source = source;
+                    w.slice = Some(ExpertSlice { expert: e, proj });
+                    plan.push(w);
+                }
             }
         }
     }

@@ -10,6 +10,7 @@ pub mod container;
 mod encode;
 pub mod hf;
 pub mod layout;
+pub mod moe;
 pub mod names;
 pub mod pack;
 pub mod quant;

@@ -62,7 +62,8 @@ enum Command {
     },
     /// Write a random-weight pack with a named model shape (for benchmarks and tests).
     Random {
-        /// Model shape: "tiny" or "qwen3-vl-2b" (Qwen3-VL-2B-Instruct's text decoder).
+        /// Model shape: "tiny", "qwen3-vl-2b" (Qwen3-VL-2B-Instruct's text decoder) or
+        /// "qwen3-vl-30b-a3b-reduced" (Qwen3-VL-30B-A3B's, 4 of its 48 layers).
         #[arg(long)]
         shape: String,
         #[arg(long, value_parser = parse_quant)]
@@ -244,6 +245,24 @@ fn inspect(path: &Path, as_json: bool) -> CliResult {
         _ => println!("mrope       none (plain RoPE)"),
     }
     println!("deepstack   {} sets", sem.deepstack_sets);
+    if let Some(m) = &sem.moe {
+        println!(
+            "experts     {} per sparse layer, top-{} ({}), expert intermediate {}, router f32",
+            m.num_experts,
+            m.top_k,
+            if m.norm_topk_prob {
+                "weights renormalized"
+            } else {
+                "raw softmax weights"
+            },
+            m.moe_intermediate_size
+        );
+        let dense: Vec<usize> = (0..sem.num_layers).filter(|l| !m.is_sparse(*l)).collect();
+        println!(
+            "            sparse layers {:?} (decoder_sparse_step {}, mlp_only_layers {:?}); dense layers {:?}",
+            m.sparse_layers, m.decoder_sparse_step, m.mlp_only_layers, dense
+        );
+    }
     let id = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
     println!(
         "token ids   image {}  video {}  vision start {}  vision end {}",

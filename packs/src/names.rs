@@ -68,6 +68,11 @@ impl Norm {
     }
 }
 
+/// "model.language_model.layers.{layer}": the prefix of every tensor of a decoder layer.
+pub fn layer_prefix(layer: usize) -> String {
+    format!("{LAYERS}.{layer}")
+}
+
 /// "model.language_model.layers.{layer}.self_attn.q_proj.weight", ".mlp.gate_proj.weight", ...
 pub fn proj(layer: usize, p: Proj) -> String {
     format!("{LAYERS}.{layer}.{}", p.suffix())

@@ -301,6 +301,20 @@ impl Pack {
                 });
             }
         }
+        // A sparse layer plans three weights per expert: bound experts x sparse layers too.
+        if let Some(m) = &semantics.moe {
+            let sparse = (0..semantics.num_layers)
+                .filter(|&l| semantics.is_sparse(l))
+                .count();
+            if sparse.saturating_mul(m.num_experts) > tensors.len() {
+                return Err(PackError::TooManyLayers {
+                    path,
+                    field: "moe.num_experts (x sparse layers)",
+                    value: sparse.saturating_mul(m.num_experts),
+                    tensors: tensors.len(),
+                });
+            }
+        }
         let mut plan = layout::weights(&semantics);
         if !layout::head_is_stored(&semantics) && index.contains_key(LM_HEAD) {
             // A tied f32/bf16 pack need not store the head; if it does, it must be well formed.

@@ -8,9 +8,10 @@ use rayon::prelude::*;
 
 use crate::build::{self, BuildError, BuildReport};
 use crate::layout::{WeightPlan, WeightRole};
+use crate::moe::MoeSemantics;
 use crate::names::EMBED;
 use crate::quant::QuantKind;
-use crate::semantics::{Semantics, ARCH_QWEN3_VL};
+use crate::semantics::{Semantics, ARCH_QWEN3_VL, ARCH_QWEN3_VL_MOE};
 
 /// A named model shape.
 #[derive(Clone, Debug, PartialEq)]
@@ -21,13 +22,40 @@ pub struct RandomShape {
 }
 
 impl RandomShape {
-    pub const NAMES: [&'static str; 2] = ["tiny", "qwen3-vl-2b"];
+    pub const NAMES: [&'static str; 3] = ["tiny", "qwen3-vl-2b", "qwen3-vl-30b-a3b-reduced"];
 
     pub fn named(name: &str) -> Option<RandomShape> {
         match name {
             "tiny" => Some(RandomShape::tiny()),
             "qwen3-vl-2b" => Some(RandomShape::qwen3_vl_2b()),
+            "qwen3-vl-30b-a3b-reduced" => Some(RandomShape::qwen3_vl_30b_a3b_reduced()),
             _ => None,
+        }
+    }
+
+    /// Qwen3-VL-30B-A3B's text decoder (REFERENCE.md: hidden 2048, 32/4 heads of 128, 128 experts,
+    /// top-8, expert intermediate 768, untied head) with 4 of its 48 layers, so a q4 pack is ~2 GB
+    /// instead of ~17: per layer and token the same bytes are read as in the full model.
+    pub fn qwen3_vl_30b_a3b_reduced() -> RandomShape {
+        const LAYERS: usize = 4;
+        let mut semantics = RandomShape::qwen3_vl_2b().semantics;
+        semantics.architecture = ARCH_QWEN3_VL_MOE.into();
+        semantics.num_layers = LAYERS;
+        semantics.num_heads = 32;
+        semantics.num_kv_heads = 4;
+        semantics.tie_word_embeddings = false;
+        semantics.moe = Some(MoeSemantics {
+            num_experts: 128,
+            top_k: 8,
+            moe_intermediate_size: 768,
+            norm_topk_prob: true,
+            decoder_sparse_step: 1,
+            mlp_only_layers: Vec::new(),
+            sparse_layers: (0..LAYERS).collect(),
+        });
+        RandomShape {
+            name: "qwen3-vl-30b-a3b-reduced",
+            semantics,
         }
     }
 
@@ -59,6 +87,7 @@ impl RandomShape {
                 quant: QuantKind::F32,
                 vision: None,
                 preprocess: None,
+                moe: None,
             },
         }
     }
@@ -92,6 +121,7 @@ impl RandomShape {
                 quant: QuantKind::F32,
                 vision: None,
                 preprocess: None,
+                moe: None,
             },
         }
     }
@@ -133,7 +163,13 @@ pub fn write_random_with_progress(
 
 /// The random values of rows `first_row..` of `weight`.
 pub fn fill_random(seed: u64, weight: &WeightPlan, first_row: usize, values: &mut [f32]) {
-    let key = splitmix64(seed ^ fnv1a(weight.source.as_bytes()));
+    // An expert's linear is keyed by its own name (its source is the layer's fused tensor).
+    let keyed = if weight.slice.is_some() {
+        &weight.name
+    } else {
+        &weight.source
+    };
+    let key = splitmix64(seed ^ fnv1a(keyed.as_bytes()));
     let cols = weight.cols;
     // Uniform amplitudes: linears keep activations O(1) (std 1/sqrt(k)); norms near 1.
     // A tied head (source = the embedding) takes the embedding's values.

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::moe::MoeSemantics;
 use crate::quant::{QuantKind, Q4_GROUP};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -37,6 +38,10 @@ pub struct Semantics {
     pub vision: Option<VisionSemantics>,
     /// What image preprocessing needs (`preprocessor_config.json`), with the tower.
     pub preprocess: Option<ImagePreprocess>,
+    /// The experts and router of a `qwen3_vl_moe` pack; absent (not even null) in dense packs,
+    /// whose header is unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeSemantics>,
 }
 
 /// The vision tower's facts (`vision_config`).
@@ -273,10 +278,14 @@ impl ImagePreprocess {
 
 pub const ARCH_QWEN3_VL: &str = "qwen3_vl";
 pub const ARCH_QWEN3: &str = "qwen3";
+/// Qwen3-VL with mixture-of-experts layers (Qwen3-VL-30B-A3B); `Semantics::moe` says which.
+pub const ARCH_QWEN3_VL_MOE: &str = "qwen3_vl_moe";
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SemanticsError {
-    #[error("unsupported architecture {0:?} (expected \"qwen3_vl\" or \"qwen3\")")]
+    #[error(
+        "unsupported architecture {0:?} (expected \"qwen3_vl\", \"qwen3_vl_moe\" or \"qwen3\")"
+    )]
     Architecture(String),
     #[error("{field} must be > 0")]
     Zero { field: &'static str },
@@ -304,14 +313,31 @@ pub enum SemanticsError {
     Vision(String),
     #[error("preprocessor_config: {0}")]
     Preprocess(String),
+    #[error("mixture of experts: {0}")]
+    Moe(String),
 }
 
 impl Semantics {
     /// Refuses by name anything a forward could not run or would run wrongly.
     pub fn validate(&self) -> Result<(), SemanticsError> {
         use SemanticsError as E;
-        if self.architecture != ARCH_QWEN3_VL && self.architecture != ARCH_QWEN3 {
+        if ![ARCH_QWEN3_VL, ARCH_QWEN3_VL_MOE, ARCH_QWEN3].contains(&self.architecture.as_str()) {
             return Err(E::Architecture(self.architecture.clone()));
+        }
+        match (&self.moe, self.architecture == ARCH_QWEN3_VL_MOE) {
+            (Some(moe), true) => moe.validate(self.num_layers, self.quant)?,
+            (None, false) => {}
+            (None, true) => {
+                return Err(E::Moe(format!(
+                    "architecture {ARCH_QWEN3_VL_MOE} without its experts (moe)"
+                )))
+            }
+            (Some(_), false) => {
+                return Err(E::Moe(format!(
+                    "experts (moe) in a {} pack",
+                    self.architecture
+                )))
+            }
         }
         for (field, value) in [
             ("vocab_size", self.vocab_size),
@@ -390,6 +416,11 @@ impl Semantics {
 
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// Whether decoder layer `layer` has a router and experts instead of the dense MLP.
+    pub fn is_sparse(&self, layer: usize) -> bool {
+        self.moe.as_ref().is_some_and(|m| m.is_sparse(layer))
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod chat;
+pub mod client;
 pub mod error;
 pub mod media;
 pub mod queue;

@@ -2,7 +2,7 @@
 //! product's own engine is tested through `xdna-vl serve` in xdna-vl/tests): the OpenAI shapes,
 //! streaming, images, the key, the limits, the queue, cancellation and shutdown.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use server::chat::{ChatEngine, ChatRequest, Completion, EngineError, Event, Finish, Part};
+use server::client::{self, Reply};
 use server::{MediaPolicy, ModelInfo, ServeOptions};
 
 /// Answers "echo: <last user text>" one character per token, `delay` per token. A prompt of
@@ -140,86 +141,8 @@ impl Drop for Running {
     }
 }
 
-/// A response: status, headers (lower-case names), body (de-chunked).
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
-    }
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-    /// The SSE `data:` payloads.
-    fn events(&self) -> Vec<String> {
-        String::from_utf8_lossy(&self.body)
-            .lines()
-            .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
-            .collect()
-    }
-}
-
 fn request(addr: SocketAddr, method: &str, path: &str, key: Option<&str>, body: &[u8]) -> Reply {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    )
-    .unwrap();
-    s.write_all(body).unwrap();
-    read_reply(BufReader::new(s))
-}
-
-fn read_reply(mut r: impl BufRead) -> Reply {
-    let mut line = String::new();
-    r.read_line(&mut line).unwrap();
-    let status: u16 = line.split(' ').nth(1).unwrap().parse().unwrap();
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        r.read_line(&mut line).unwrap();
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (n, v) = l.split_once(':').unwrap();
-        headers.push((n.to_ascii_lowercase(), v.trim().to_string()));
-    }
-    let chunked = headers
-        .iter()
-        .any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
-    let mut body = Vec::new();
-    if chunked {
-        loop {
-            line.clear();
-            r.read_line(&mut line).unwrap();
-            let n = usize::from_str_radix(line.trim(), 16).unwrap();
-            if n == 0 {
-                break;
-            }
-            let mut chunk = vec![0; n + 2];
-            r.read_exact(&mut chunk).unwrap();
-            body.extend_from_slice(&chunk[..n]);
-        }
-    } else {
-        r.read_to_end(&mut body).unwrap();
-    }
-    Reply {
-        status,
-        headers,
-        body,
-    }
+    client::request(addr, method, path, key, body).unwrap()
 }
 
 fn chat(addr: SocketAddr, body: Value) -> Reply {

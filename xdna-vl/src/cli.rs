@@ -31,6 +31,50 @@ pub enum Command {
     /// Talk with the model: one message per line; /image FILE attaches a picture to the next
     /// message, /reset forgets the conversation, /exit (or end of input) leaves.
     Chat(ChatArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (POST /v1/chat/completions with images
+    /// and streaming, GET /v1/models, GET /health). One model, requests answered first come first
+    /// served; Ctrl-C or SIGTERM lets the running requests finish, then exits.
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The address to listen on; 0.0.0.0 opens it to the network. Example: --host 127.0.0.1
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// The port (0 picks a free one; the address is printed on stderr). Example: --port 8080
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on every route but /health (or set XDNA_VL_API_KEY,
+    /// which keeps the key out of the process list). Example: --api-key s3cret
+    #[arg(long, value_name = "KEY", env = "XDNA_VL_API_KEY")]
+    pub api_key: Option<String>,
+    /// Let requests name image files (a path or file://) under this directory; without it only
+    /// data URLs are taken. Example: --media-dir ~/Pictures
+    #[arg(long, value_name = "DIR")]
+    pub media_dir: Option<std::path::PathBuf>,
+    /// Fetch http(s) image URLs (off by default), within --max-image-mib and --remote-timeout.
+    #[arg(long)]
+    pub allow_remote_media: bool,
+    /// The largest image a request may bring, in MiB. Example: --max-image-mib 16
+    #[arg(long, value_name = "MIB", default_value_t = 32)]
+    pub max_image_mib: usize,
+    /// Seconds a remote image fetch may take. Example: --remote-timeout 5
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    pub remote_timeout: u64,
+    /// The largest request body, in MiB (larger: 413). Example: --body-limit-mib 64
+    #[arg(long, value_name = "MIB", default_value_t = 48)]
+    pub body_limit_mib: usize,
+    /// The most tokens one answer may have (a request asking for more gets this many).
+    /// Example: --max-tokens 1024
+    #[arg(long, value_name = "N", default_value_t = 2048)]
+    pub max_tokens: usize,
+    /// Requests that may wait beside the running one (more: 503 with Retry-After).
+    /// Example: --queue 32
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub queue: usize,
 }
 
 #[derive(Args)]

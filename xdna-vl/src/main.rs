@@ -1,10 +1,12 @@
-//! `xdna-vl`: the product binary. `run` answers one prompt, `chat` keeps a conversation; both on
-//! the engine's `Session` (the same generate loop as every other front end).
+//! `xdna-vl`: the product binary. `run` answers one prompt, `chat` keeps a conversation, `serve`
+//! answers HTTP clients; all on the engine's `Session` (the same generate loop as every other
+//! front end).
 
 mod bundled;
 mod chat;
 mod cli;
 mod run;
+mod serve;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -22,6 +24,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(&args),
         Command::Chat(args) => chat::chat(&args),
+        Command::Serve(args) => serve::serve(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

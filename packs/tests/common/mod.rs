@@ -90,6 +90,7 @@ pub fn expected_semantics(spec: &HfSpec, quant: QuantKind, dir: &Path) -> Semant
         quant,
         vision: None,
         preprocess: None,
+        moe: None,
     }
 }
 
@@ -258,7 +259,12 @@ pub fn check_pack(pack: &Pack, stored: &HashMap<String, Vec<f32>>) {
     let sem = pack.semantics();
     let quant = sem.quant;
     for w in layout::weights(sem) {
-        let values = &stored[&w.source];
+        // An expert's linear is keyed by its own name (its source is the layer's fused tensor).
+        let values = &stored[if w.slice.is_some() {
+            &w.name
+        } else {
+            &w.source
+        }];
         match w.role {
             WeightRole::Embedding => match pack.embedding() {
                 Embedding::F32(e) => {

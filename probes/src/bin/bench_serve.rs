@@ -6,8 +6,8 @@
 //! Every request goes to 127.0.0.1 only, is bounded in count (`--requests`) and time
 //! (`--seconds`), and the run stops by itself.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -148,20 +148,10 @@ fn one_request(addr: SocketAddr, body: &str) -> Sample {
         decode_time: Duration::ZERO,
     };
     let start = Instant::now();
-    let Ok(mut s) = TcpStream::connect(addr) else {
+    let Ok(s) = server::client::send(addr, "POST", "/v1/chat/completions", None, body.as_bytes())
+    else {
         return failed;
     };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(300)));
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    if s.write_all(head.as_bytes())
-        .and_then(|_| s.write_all(body.as_bytes()))
-        .is_err()
-    {
-        return failed;
-    }
     let mut reader = BufReader::new(s);
     let mut status = String::new();
     if reader.read_line(&mut status).is_err() || !status.contains(" 200 ") {

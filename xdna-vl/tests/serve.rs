@@ -1,0 +1,272 @@
+//! `xdna-vl serve` as a process on an ephemeral loopback port, talked to over real HTTP: its
+//! answers (text, pictures as data URLs and as files, streamed or not) equal `xdna-vl run` on the
+//! same input byte for byte, `usage` equals the engine's counts, four concurrent clients each get
+//! their solo answer, the client's mistakes are OpenAI-shaped 400s, and SIGTERM ends it with 0.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+use server::client::{self, Reply};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn chat_dir() -> PathBuf {
+    root().join("tests/fixtures/chat")
+}
+
+fn pack() -> &'static Path {
+    static PACK: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    let (_, p) = PACK.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("chat-f32.pack");
+        let opts = packs::build::BuildOptions::new(packs::QuantKind::F32);
+        packs::build::build_from_hf(&chat_dir().join("Qwen3-VL-tiny"), &out, &opts).unwrap();
+        (dir, out)
+    });
+    p
+}
+
+struct Served {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Served {
+    fn start(extra: &[&str]) -> Served {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_xdna-vl"))
+            .arg("serve")
+            .arg(pack())
+            .args(["--port", "0", "--threads", "1"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let addr = loop {
+            let line = lines.next().expect("the server exited").unwrap();
+            if let Some(a) = line.split("listening on http://").nth(1) {
+                break a.trim().parse().unwrap();
+            }
+        };
+        std::thread::spawn(move || for _ in lines {});
+        Served { child, addr }
+    }
+
+    fn post(&self, body: &Value) -> Reply {
+        client::request(
+            self.addr,
+            "POST",
+            "/v1/chat/completions",
+            None,
+            body.to_string().as_bytes(),
+        )
+        .unwrap()
+    }
+
+    /// SIGTERM: the server finishes and exits 0.
+    fn terminate(mut self) -> i32 {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        self.child.wait().unwrap().code().unwrap_or(-1)
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `xdna-vl run --json` on the same pack: (text, prompt tokens, ids).
+fn run_json(args: &[&str]) -> (String, u64, usize) {
+    let out = Command::new(env!("CARGO_BIN_EXE_xdna-vl"))
+        .arg("run")
+        .arg(pack())
+        .args(["--json", "--threads", "1"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        v["text"].as_str().unwrap().to_string(),
+        v["prompt_tokens"].as_u64().unwrap(),
+        v["ids"].as_array().unwrap().len(),
+    )
+}
+
+fn data_url(file: &str) -> String {
+    let bytes = std::fs::read(chat_dir().join(file)).unwrap();
+    format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+fn user(parts: Vec<Value>) -> Value {
+    json!({"messages": [{"role": "user", "content": parts}], "temperature": 0})
+}
+
+fn text(t: &str) -> Value {
+    json!({"type": "text", "text": t})
+}
+
+fn image(url: &str) -> Value {
+    json!({"type": "image_url", "image_url": {"url": url}})
+}
+
+fn answer(r: &Reply) -> String {
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn streamed(served: &Served, mut body: Value) -> (String, Value) {
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let r = served.post(&body);
+    assert_eq!(r.status, 200);
+    let events = r.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let text = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0)?["delta"]["content"].as_str())
+        .collect();
+    (text, chunks.last().unwrap()["usage"].clone())
+}
+
+#[test]
+fn answers_equal_xdna_vl_run_and_usage_the_engines() {
+    let served = Served::start(&["--media-dir", chat_dir().to_str().unwrap()]);
+    // The bundled question: two pictures, one as a data URL and one as a file.
+    let body = user(vec![
+        image(&data_url("picture-1.png")),
+        image("picture-2.png"),
+        text("Describe these pictures."),
+    ]);
+    let r = served.post(&body);
+    let (run_text, run_prompt, run_ids) = run_json(&[
+        "--image",
+        chat_dir().join("picture-1.png").to_str().unwrap(),
+        "--image",
+        chat_dir().join("picture-2.png").to_str().unwrap(),
+        "--prompt",
+        "Describe these pictures.",
+    ]);
+    assert_eq!(answer(&r), run_text);
+    // transformers' answer on this checkpoint (tests/fixtures/chat/answer.json).
+    assert_eq!(run_text, "anksson\u{FFFD}ud");
+    let usage = r.json()["usage"].clone();
+    assert_eq!(usage["prompt_tokens"], run_prompt);
+    assert_eq!(usage["completion_tokens"], run_ids as u64);
+    assert_eq!(r.json()["choices"][0]["finish_reason"], "stop");
+
+    // Streamed: the chunks add up to the same text, and the usage chunk to the same counts.
+    let (s, s_usage) = streamed(&served, body.clone());
+    assert_eq!(s, run_text);
+    assert_eq!(s_usage, usage);
+
+    // Text only, cut by max_tokens: finish_reason length.
+    let mut body = user(vec![text("Hello there.")]);
+    body["max_tokens"] = json!(40);
+    let r = served.post(&body);
+    let (run_text, _, run_ids) = run_json(&["--prompt", "Hello there.", "--max-tokens", "40"]);
+    assert_eq!(answer(&r), run_text);
+    assert_eq!(run_ids, 40);
+    assert_eq!(r.json()["choices"][0]["finish_reason"], "length");
+
+    // /health says what runs.
+    let h = client::request(served.addr, "GET", "/health", None, b"")
+        .unwrap()
+        .json();
+    assert_eq!(h["backend"], "host");
+    assert_eq!(h["model"], "chat-f32");
+    assert_eq!(served.terminate(), 0);
+}
+
+#[test]
+fn four_concurrent_clients_each_get_their_solo_answer() {
+    let served = Served::start(&[]);
+    let questions: Vec<String> = (0..4).map(|i| format!("Question number {i}?")).collect();
+    let solo: Vec<String> = questions
+        .iter()
+        .map(|q| answer(&served.post(&user(vec![text(q)]))))
+        .collect();
+    let addr = served.addr;
+    let handles: Vec<_> = questions
+        .iter()
+        .map(|q| {
+            let body = user(vec![image(&data_url("picture-1.png")), text(q)]);
+            let plain = user(vec![text(q)]);
+            std::thread::spawn(move || {
+                // One request with a picture between, so the cache is really shared.
+                let post = |b: &Value| {
+                    client::request(
+                        addr,
+                        "POST",
+                        "/v1/chat/completions",
+                        None,
+                        b.to_string().as_bytes(),
+                    )
+                    .unwrap()
+                };
+                let _ = post(&body);
+                answer(&post(&plain))
+            })
+        })
+        .collect();
+    for (h, want) in handles.into_iter().zip(&solo) {
+        assert_eq!(&h.join().unwrap(), want);
+    }
+    assert_eq!(served.terminate(), 0);
+}
+
+#[test]
+fn the_clients_mistakes_are_400s_and_the_server_goes_on() {
+    let served = Served::start(&["--ctx", "40"]);
+    let bad_image = user(vec![
+        image("data:image/png;base64,aGVsbG8="),
+        text("What is this?"),
+    ]);
+    let r = served.post(&bad_image);
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    // Over the context: both numbers.
+    let long = user(vec![text(&"word ".repeat(80))]);
+    let r = served.post(&long);
+    assert_eq!(r.status, 400);
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("over the context of 40"), "{msg}");
+    // Files are refused without --media-dir.
+    let r = served.post(&user(vec![image("picture-1.png"), text("x")]));
+    assert_eq!(r.status, 400);
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--media-dir"));
+    // Control: the server still answers.
+    assert_eq!(served.post(&user(vec![text("Hi.")])).status, 200);
+    assert_eq!(served.terminate(), 0);
+}

@@ -79,10 +79,18 @@ impl PromptInputs {
             }
         }
         let rope_max = position_ids.iter().copied().max().unwrap_or(0);
-        if rope_max + 1 - rows as i64 != rope_delta {
+        // Checked: a max position of i64::MAX must be refused, not wrapped into agreement.
+        let Some(planes_delta) = rope_max
+            .checked_add(1)
+            .and_then(|m| m.checked_sub(rows as i64))
+        else {
             return Err(f.err(format!(
-                "metadata rope_delta = {rope_delta} disagrees with the planes: max position {rope_max} + 1 - {rows} rows = {}",
-                rope_max + 1 - rows as i64
+                "`position_ids` holds {rope_max}: the next position would overflow"
+            )));
+        };
+        if planes_delta != rope_delta {
+            return Err(f.err(format!(
+                "metadata rope_delta = {rope_delta} disagrees with the planes: max position {rope_max} + 1 - {rows} rows = {planes_delta}"
             )));
         }
         Ok(PromptInputs {

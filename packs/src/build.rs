@@ -24,6 +24,13 @@ pub enum BuildError {
         row: usize,
         value: f32,
     },
+    #[error("{path}: tensor {tensor}: row {row} holds a non-finite value ({value}); weights must be finite")]
+    NonFiniteWeight {
+        path: PathBuf,
+        tensor: String,
+        row: usize,
+        value: f32,
+    },
     #[error("{path}: {what}")]
     Asset { path: PathBuf, what: String },
     #[error("unknown random shape {0:?} (expected one of: {names})", names = crate::random::RandomShape::NAMES.join(", "))]
@@ -77,7 +84,12 @@ pub fn build_from_hf(
 ) -> Result<BuildReport, BuildError> {
     let checkpoint = crate::hf::Checkpoint::open(dir, opts.mrope_section, opts.vision)?;
     let sem = checkpoint.semantics(opts.quant, opts.vision_quant);
-    sem.validate()?;
+    // The quant options meet the config here (a q4 tower's K): name the config.
+    sem.validate()
+        .map_err(|source| crate::hf::HfError::Semantics {
+            path: dir.join(crate::hf::CONFIG),
+            source,
+        })?;
     let assets = read_assets(dir)?;
     let mut report = write_pack(
         out,
@@ -89,7 +101,20 @@ pub fn build_from_hf(
                 .read_weight(weight, first_row, values)
                 .map_err(BuildError::from)
         },
-    )?;
+    )
+    .map_err(|e| match e {
+        // Name the shard that holds the bad value.
+        BuildError::NonFinite { tensor, row, value } => match checkpoint.source_path(&tensor) {
+            Some(path) => BuildError::NonFiniteWeight {
+                path: path.to_path_buf(),
+                tensor,
+                row,
+                value,
+            },
+            None => BuildError::NonFinite { tensor, row, value },
+        },
+        e => e,
+    })?;
     report.warnings = checkpoint.warnings().to_vec();
     Ok(report)
 }

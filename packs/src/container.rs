@@ -139,8 +139,8 @@ pub enum HeaderError {
     Json(String),
     #[error("header is not a JSON object")]
     NotObject,
-    #[error("__metadata__ must be an object of string values")]
-    Metadata,
+    #[error("__metadata__ must be an object of string values, found {found}")]
+    Metadata { found: String },
     #[error("tensor {name}: {what}")]
     BadEntry { name: String, what: String },
     #[error("tensor {name}: dtype {dtype:?} is not a byte-sized safetensors dtype")]
@@ -162,8 +162,15 @@ pub enum HeaderError {
         expected: u64,
         actual: u64,
     },
-    #[error("tensors {first} and {second} overlap")]
-    Overlap { first: String, second: String },
+    #[error(
+        "tensors {first} and {second} overlap: data_offsets {first_range:?} and {second_range:?}"
+    )]
+    Overlap {
+        first: String,
+        second: String,
+        first_range: [u64; 2],
+        second_range: [u64; 2],
+    },
 }
 
 /// Reads the header length from the first 8 bytes; checks it against the file size.
@@ -196,11 +203,13 @@ pub fn parse_header(json: &[u8], data_start: u64, data_len: u64) -> Result<Heade
     for (name, v) in map {
         if name == "__metadata__" {
             let Value::Object(m) = v else {
-                return Err(HeaderError::Metadata);
+                return Err(HeaderError::Metadata { found: short(&v) });
             };
             for (k, v) in m {
                 let Value::String(s) = v else {
-                    return Err(HeaderError::Metadata);
+                    return Err(HeaderError::Metadata {
+                        found: format!("{k}: {}", short(&v)),
+                    });
                 };
                 metadata.insert(k, s);
             }
@@ -214,6 +223,8 @@ pub fn parse_header(json: &[u8], data_start: u64, data_len: u64) -> Result<Heade
             return Err(HeaderError::Overlap {
                 first: pair[0].name.clone(),
                 second: pair[1].name.clone(),
+                first_range: [pair[0].start, pair[0].end],
+                second_range: [pair[1].start, pair[1].end],
             });
         }
     }
@@ -222,6 +233,15 @@ pub fn parse_header(json: &[u8], data_start: u64, data_len: u64) -> Result<Heade
         metadata,
         entries,
     })
+}
+
+/// A JSON value for a message, cut to a readable length.
+fn short(v: &Value) -> String {
+    let s = v.to_string();
+    match s.char_indices().nth(80) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s,
+    }
 }
 
 fn parse_entry(name: String, v: &Value, data_len: u64) -> Result<Entry, HeaderError> {

@@ -42,6 +42,8 @@ pub enum HfError {
         key: String,
         what: String,
     },
+    #[error("{path}: {len} bytes, more than the {max} a JSON file of a checkpoint may hold")]
+    TooLarge { path: PathBuf, len: u64, max: u64 },
     #[error("{path}: model_type {found:?} is not supported (expected \"qwen3_vl\", \"qwen3_vl_moe\" or text-only \"qwen3\")")]
     ModelType { path: PathBuf, found: String },
     #[error(
@@ -694,12 +696,17 @@ pub fn parse_preprocessor_config(path: &Path, config: &Value) -> Result<ImagePre
         do_rescale: flag("do_rescale")?,
         do_normalize: flag("do_normalize")?,
         do_convert_rgb: flag("do_convert_rgb")?,
-        resample: uint(
-            config,
-            "resample",
-            "resample",
-            semantics::RESAMPLE_BICUBIC as u64,
-        )? as u32,
+        resample: {
+            let r = uint(
+                config,
+                "resample",
+                "resample",
+                semantics::RESAMPLE_BICUBIC as u64,
+            )?;
+            // Not `as u32`: 2^32 + 3 must not pass for bicubic (3).
+            u32::try_from(r)
+                .map_err(|_| key_err("resample", format!("{r} is not a PIL filter code")))?
+        },
     })
 }
 
@@ -863,6 +870,32 @@ impl Checkpoint {
             })?;
         }
 
+        // The plan is a few weights per layer: bound the layer counts by the tensors the shards
+        // hold before planning (the semantics allow 2^24 layers, a plan of tens of GB).
+        let held: usize = headers.iter().map(Vec::len).sum();
+        let text_key = if text_only {
+            "num_hidden_layers"
+        } else {
+            "text_config.num_hidden_layers"
+        };
+        for (key, value) in [
+            (text_key, semantics.num_layers),
+            (
+                "vision_config.depth",
+                semantics.vision.as_ref().map_or(0, |v| v.depth),
+            ),
+        ] {
+            if value > held {
+                return Err(HfError::Key {
+                    path: config_path.clone(),
+                    key: key.into(),
+                    what: format!(
+                        "{value} layers, but the checkpoint's shards hold only {held} tensors \
+                         (at least one per layer)"
+                    ),
+                });
+            }
+        }
         let mut tensors = HashMap::new();
         // The plan of an f32 pack reads every weight the checkpoint must provide.
         let plan_sem = Semantics {
@@ -967,6 +1000,12 @@ impl Checkpoint {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The shard holding the weight with pack name `name`.
+    pub fn source_path(&self, name: &str) -> Option<&Path> {
+        let t = self.tensors.get(name)?;
+        Some(&self.shards[t.shard].path)
     }
 
     /// What the pack will leave out, and why.
@@ -1110,11 +1149,24 @@ impl Checkpoint {
     }
 }
 
+/// A config, preprocessor config or index larger than this is refused before it is read (the
+/// index of a 235B checkpoint is ~2 MB; a JSON value in memory takes several times its text).
+pub const MAX_JSON_BYTES: u64 = 64 << 20;
+
 fn read_json(path: &Path) -> Result<Value, HfError> {
-    let text = std::fs::read(path).map_err(|source| HfError::Io {
+    let io = |source| HfError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let len = std::fs::metadata(path).map_err(io)?.len();
+    if len > MAX_JSON_BYTES {
+        return Err(HfError::TooLarge {
+            path: path.to_path_buf(),
+            len,
+            max: MAX_JSON_BYTES,
+        });
+    }
+    let text = std::fs::read(path).map_err(io)?;
     serde_json::from_slice(&text).map_err(|e| HfError::Json {
         path: path.to_path_buf(),
         what: e.to_string(),

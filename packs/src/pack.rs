@@ -42,8 +42,13 @@ pub enum PackError {
         name: String,
         offset: u64,
     },
-    #[error("{path}: padding entry {name} must be a 1-D U8 tensor")]
-    BadPadding { path: PathBuf, name: String },
+    #[error("{path}: padding entry {name} is {dtype} {shape:?}, expected a 1-D U8 tensor")]
+    BadPadding {
+        path: PathBuf,
+        name: String,
+        dtype: Dtype,
+        shape: Vec<usize>,
+    },
     #[error("{path}: required tensor {name} is missing")]
     Missing { path: PathBuf, name: String },
     #[error("{path}: tensor {name} is {found_dtype} {found_shape:?}, expected {dtype} {shape:?}")]
@@ -54,6 +59,13 @@ pub enum PackError {
         found_shape: Vec<usize>,
         dtype: Dtype,
         shape: Vec<usize>,
+    },
+    #[error("{path}: __metadata__.semantics.{field} = {value}, but the file holds only {tensors} tensors (at least one per layer or block)")]
+    TooManyLayers {
+        path: PathBuf,
+        field: &'static str,
+        value: usize,
+        tensors: usize,
     },
     #[error("{path}: no tensor named {name}")]
     NotFound { path: PathBuf, name: String },
@@ -238,7 +250,12 @@ impl Pack {
         for e in header.entries {
             if names::is_padding(&e.name) {
                 if e.dtype != Dtype::U8 || e.shape.len() != 1 {
-                    return Err(PackError::BadPadding { path, name: e.name });
+                    return Err(PackError::BadPadding {
+                        path,
+                        name: e.name,
+                        dtype: e.dtype,
+                        shape: e.shape,
+                    });
                 }
                 continue;
             }
@@ -266,6 +283,38 @@ impl Pack {
             .map(|(i, t)| (t.name.clone(), i))
             .collect();
 
+        // The plan is a few weights per layer: bound the layer counts by the tensors the file
+        // holds before planning (semantics allow 2^24 layers, a plan of tens of GB).
+        for (field, value) in [
+            ("num_layers", semantics.num_layers),
+            (
+                "vision.depth",
+                semantics.vision.as_ref().map_or(0, |v| v.depth),
+            ),
+        ] {
+            if value > tensors.len() {
+                return Err(PackError::TooManyLayers {
+                    path,
+                    field,
+                    value,
+                    tensors: tensors.len(),
+                });
+            }
+        }
+        // A sparse layer plans three weights per expert: bound experts x sparse layers too.
+        if let Some(m) = &semantics.moe {
+            let sparse = (0..semantics.num_layers)
+                .filter(|&l| semantics.is_sparse(l))
+                .count();
+            if sparse.saturating_mul(m.num_experts) > tensors.len() {
+                return Err(PackError::TooManyLayers {
+                    path,
+                    field: "moe.num_experts (x sparse layers)",
+                    value: sparse.saturating_mul(m.num_experts),
+                    tensors: tensors.len(),
+                });
+            }
+        }
         let mut plan = layout::weights(&semantics);
         if !layout::head_is_stored(&semantics) && index.contains_key(LM_HEAD) {
             // A tied f32/bf16 pack need not store the head; if it does, it must be well formed.

@@ -62,7 +62,8 @@ enum Command {
     },
     /// Write a random-weight pack with a named model shape (for benchmarks and tests).
     Random {
-        /// Model shape: "tiny" or "qwen3-vl-2b" (Qwen3-VL-2B-Instruct's text decoder).
+        /// Model shape: "tiny", "tiny-vl" (tiny with a tiny tower) or "qwen3-vl-2b"
+        /// (Qwen3-VL-2B-Instruct: decoder, vision tower and preprocessing).
         #[arg(long)]
         shape: String,
         #[arg(long, value_parser = parse_quant)]

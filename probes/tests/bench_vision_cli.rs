@@ -53,12 +53,13 @@ fn json_has_every_figure_per_kind_and_image() {
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(get(&v, "shape"), "tiny-vl", "tiny runs its tower variant");
     assert!(number(&v, "peaks_gmac_s/f32_fma_ymm") > 0.0);
-    // tiny-vl's budget is 32² to 128² pixels, factor 32: transformers' smart_resize gives these
-    // grids (1280x720: 720·β/32 = 2.25 floors to 2, 1280·β/32 = 4; β = sqrt(921600 / 16384)).
+    // tiny-vl's budget is 32² to 128² pixels, factor 32: transformers' smart_resize (run in
+    // Python) gives 448x448 -> 128x128, 1280x720 and 1920x1080 -> 160x96 (grids in 16-pixel
+    // patches).
     for (image, grid, tokens) in [
         ("448x448", [1, 8, 8], 16),
-        ("1280x720", [1, 4, 8], 8),
-        ("1920x1080", [1, 4, 8], 8),
+        ("1280x720", [1, 6, 10], 15),
+        ("1920x1080", [1, 6, 10], 15),
     ] {
         let g: Vec<u64> = get(&v, &format!("images/{image}/grid"))
             .as_array()

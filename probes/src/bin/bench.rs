@@ -1075,7 +1075,7 @@ mod vision_bench {
     fn smart_resize(h: u64, w: u64, factor: u64, min: u64, max: u64) -> (u64, u64) {
         let round = |x: f64| x.round_ties_even() as u64 * factor;
         let (hf, wf, f) = (h as f64, w as f64, factor as f64);
-        let (mut hb, mut wb) = (round(hf / f).max(factor), round(wf / f).max(factor));
+        let (mut hb, mut wb) = (round(hf / f), round(wf / f));
         if hb * wb > max {
             let beta = (hf * wf / max as f64).sqrt();
             hb = ((hf / beta / f).floor() as u64 * factor).max(factor);
@@ -1191,16 +1191,16 @@ mod vision_bench {
         let sem = f.semantics();
         let hidden = sem.hidden_size;
         let (gh, gw) = (grid[1] / merge, grid[2] / merge);
-        let tokens = grid[0] * gh * gw;
+        let image_tokens = grid[0] * gh * gw;
         let before = prompt / 2 + 1; // text, then vision start
-        let rows = before + tokens + 1 + (prompt - prompt / 2);
-        let text = tokens_for(rows, sem.vocab_size);
+        let rows = before + image_tokens + 1 + (prompt - prompt / 2);
+        let text = tokens(rows, sem.vocab_size);
         let mut embeds = vec![0f32; rows * hidden];
         let mut planes = vec![0i64; 3 * rows];
         let mut pos = 0i64;
         for r in 0..rows {
             let row = &mut embeds[r * hidden..(r + 1) * hidden];
-            let in_image = r >= before && r < before + tokens;
+            let in_image = r >= before && r < before + image_tokens;
             if in_image {
                 let i = r - before;
                 row.copy_from_slice(&image_rows[i * hidden..(i + 1) * hidden]);
@@ -1208,11 +1208,11 @@ mod vision_bench {
                 planes[r] = pos + t as i64;
                 planes[rows + r] = pos + y as i64;
                 planes[2 * rows + r] = pos + x as i64;
-                if i + 1 == tokens {
+                if i + 1 == image_tokens {
                     pos += (grid[0].max(gh).max(gw)) as i64;
                 }
             } else {
-                let token = match (r + 1 == before, r == before + tokens) {
+                let token = match (r + 1 == before, r == before + image_tokens) {
                     (true, _) => sem.vision_start_token_id.unwrap_or(text[r]),
                     (_, true) => sem.vision_end_token_id.unwrap_or(text[r]),
                     _ => text[r],
@@ -1227,15 +1227,11 @@ mod vision_bench {
         let hybrid = HybridInputs {
             planes: Some(planes),
             start_pos: 0,
-            image_rows: (before..before + tokens).collect(),
+            image_rows: (before..before + image_tokens).collect(),
             deepstack: deepstack.to_vec(),
             deepstack_sets: sets,
         };
         (embeds, hybrid)
-    }
-
-    fn tokens_for(n: usize, vocab: usize) -> Vec<u32> {
-        tokens(n, vocab)
     }
 
     /// The 1-minute load average (other processes share the cores).

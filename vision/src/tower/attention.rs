@@ -225,6 +225,8 @@ impl Head<'_> {
 
     /// Scores of query rows `i..i + R` against keys `start..start + len`, into `s` (`[R, len]`),
     /// 16 keys a tile.
+    // `c` walks the columns of R query rows and the rows of `kt` together.
+    #[allow(clippy::needless_range_loop)]
     #[inline(always)]
     fn scores<const R: usize>(&self, i: usize, start: usize, len: usize, s: &mut [f32]) {
         let (d, rows) = (self.d, self.rows);

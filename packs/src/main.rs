@@ -62,8 +62,9 @@ enum Command {
     },
     /// Write a random-weight pack with a named model shape (for benchmarks and tests).
     Random {
-        /// Model shape: "tiny", "qwen3-vl-2b" (Qwen3-VL-2B-Instruct's text decoder) or
-        /// "qwen3-vl-30b-a3b-reduced" (Qwen3-VL-30B-A3B's, 4 of its 48 layers).
+        /// Model shape: "tiny", "tiny-vl" (tiny with a tiny tower), "qwen3-vl-2b"
+        /// (Qwen3-VL-2B-Instruct: decoder, vision tower and preprocessing) or
+        /// "qwen3-vl-30b-a3b-reduced" (Qwen3-VL-30B-A3B's decoder, 4 of its 48 layers).
         #[arg(long)]
         shape: String,
         #[arg(long, value_parser = parse_quant)]

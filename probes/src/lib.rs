@@ -5,6 +5,7 @@ pub mod bundled;
 pub mod cli;
 pub mod compare;
 pub mod device;
+pub mod peak;
 pub mod reference;
 pub mod replay;
 pub mod text;

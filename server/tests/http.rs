@@ -515,7 +515,10 @@ fn remote_images_only_when_allowed_and_within_the_size_limit() {
     let host = one_shot_host(PNG.to_vec());
     let r = chat(server.addr, image_request(format!("http://{host}/p.png")));
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    assert_eq!(r.json()["choices"][0]["message"]["content"], "echo(1): what?");
+    assert_eq!(
+        r.json()["choices"][0]["message"]["content"],
+        "echo(1): what?"
+    );
     // Control: an image over --max-image-mib is refused, naming the URL.
     let mut big = PNG.to_vec();
     big.resize(1000, 0);
@@ -523,6 +526,9 @@ fn remote_images_only_when_allowed_and_within_the_size_limit() {
     let url = format!("http://{host}/big.png");
     let r = chat(server.addr, image_request(url.clone()));
     assert_eq!(r.status, 400);
-    assert!(r.json()["error"]["message"].as_str().unwrap().contains(&url));
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains(&url));
     server.stop().unwrap();
 }

@@ -15,6 +15,7 @@ mod rotary;
 mod weights;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use gemm::{GemmBackend, WeightRef};
 use packs::semantics::VisionSemantics;
@@ -98,6 +99,8 @@ pub struct Tower {
     first_id: usize,
     ablation: TowerAblation,
     scratch: Scratch,
+    /// Time in attention (the blocks' softmax(q·kᵀ)·v, K/V relayout included) since the last take.
+    attention_time: Duration,
 }
 
 impl Tower {
@@ -119,6 +122,7 @@ impl Tower {
             first_id: 0,
             ablation: TowerAblation::default(),
             scratch: Scratch::default(),
+            attention_time: Duration::ZERO,
         })
     }
 
@@ -129,6 +133,12 @@ impl Tower {
     /// How many backend ids the tower uses (`first_id..first_id + weight_ids()`).
     pub fn weight_ids(&self) -> usize {
         self.weights.count()
+    }
+
+    /// Time the encodes since the last call spent in attention (benchmarks split the tower's time
+    /// into GEMMs, from the backend's stats, attention, and the rest).
+    pub fn take_attention_time(&mut self) -> Duration {
+        std::mem::take(&mut self.attention_time)
     }
 
     /// Sets deliberate mistakes (controls only).
@@ -169,7 +179,9 @@ impl Tower {
         let mut s = std::mem::take(&mut self.scratch);
         let result = pool.install(|| self.run(backend, pool, images, &mut s));
         self.scratch = s;
-        result
+        let (out, attention) = result?;
+        self.attention_time += attention;
+        Ok(out)
     }
 
     fn check_images(&self, images: &[&PixelPatches]) -> Result<(), VisionError> {
@@ -237,7 +249,7 @@ impl Tower {
         pool: &rayon::ThreadPool,
         images: &[&PixelPatches],
         s: &mut Scratch,
-    ) -> Result<VisionOutput, VisionError> {
+    ) -> Result<(VisionOutput, Duration), VisionError> {
         let v = &self.sem;
         let ab = self.ablation;
         let w = &self.weights;
@@ -325,6 +337,7 @@ impl Tower {
             v.deepstack_visual_indexes.iter().position(|&i| i == block)
         };
 
+        let mut attention_time = Duration::ZERO;
         for b in 0..v.depth {
             if let Some(j) = tap(b, true) {
                 let set = &mut out.deepstack[j * tokens * out_h..(j + 1) * tokens * out_h];
@@ -363,6 +376,7 @@ impl Tower {
                         rotary::rotate_half(head, c, sn);
                     }
                 });
+            let t_attn = Instant::now();
             attention::attend(
                 &s.qkv[..n * 3 * h],
                 heads,
@@ -371,6 +385,7 @@ impl Tower {
                 &mut s.attn_scratch,
                 grow(&mut s.attn, n * h),
             );
+            attention_time += t_attn.elapsed();
             let proj_id = w.block_id(b, BlockLinear::Proj);
             self.gemm(
                 backend,
@@ -427,7 +442,7 @@ impl Tower {
             (&mut s.merge_a, &mut s.merge_b),
             &mut out.image_embeds,
         )?;
-        Ok(out)
+        Ok((out, attention_time))
     }
 
     /// A patch merger over the `n` rows of `x`: LayerNorm (per patch for the final merger, after

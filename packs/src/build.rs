@@ -95,7 +95,16 @@ pub fn build_from_hf(
         out,
         &sem,
         &assets,
-        opts.progress,
+        Progress {
+            show: opts.progress,
+            // Which shard a weight comes from: a hub build's progress reads shard by shard.
+            source: &|name: &str| {
+                checkpoint
+                    .source_path(name)
+                    .and_then(|p| p.file_name())
+                    .map(|f| f.to_string_lossy().into_owned())
+            },
+        },
         |weight, first_row, values| {
             checkpoint
                 .read_weight(weight, first_row, values)
@@ -187,12 +196,19 @@ pub fn read_assets(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, BuildError> {
     Ok(assets)
 }
 
+/// What a build's progress bar shows.
+pub(crate) struct Progress<'a> {
+    pub show: bool,
+    /// The file a weight (by pack name) is read from, shown beside it.
+    pub source: &'a dyn Fn(&str) -> Option<String>,
+}
+
 /// Writes every weight of `sem`'s plan, asking `fill` for the f32 rows of each, then `assets`.
 pub(crate) fn write_pack<F>(
     out: &Path,
     sem: &crate::Semantics,
     assets: &[(String, Vec<u8>)],
-    progress: bool,
+    progress: Progress<'_>,
     mut fill: F,
 ) -> Result<BuildReport, BuildError>
 where
@@ -207,9 +223,14 @@ where
     );
     let tensors = specs.len();
     let mut writer = PackWriter::create(out, sem, specs)?;
-    let bar = progress_bar(progress, weights.len() as u64);
+    let bar = progress_bar(progress.show, weights.len() as u64);
     for weight in &weights {
-        bar.set_message(weight.name.clone());
+        if progress.show {
+            bar.set_message(match (progress.source)(&weight.name) {
+                Some(file) => format!("{file}: {}", weight.name),
+                None => weight.name.clone(),
+            });
+        }
         encode::write_weight(&mut writer, weight, |first_row, values| {
             fill(weight, first_row, values)
         })?;

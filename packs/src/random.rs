@@ -242,10 +242,19 @@ pub fn write_random_with_progress(
 ) -> Result<BuildReport, BuildError> {
     let sem = shape.semantics_for(quant, seed);
     sem.validate()?;
-    build::write_pack(out, &sem, &[], progress, |weight, first_row, values| {
-        fill_random(seed, weight, first_row, values);
-        Ok(())
-    })
+    build::write_pack(
+        out,
+        &sem,
+        &[],
+        build::Progress {
+            show: progress,
+            source: &|_| None,
+        },
+        |weight, first_row, values| {
+            fill_random(seed, weight, first_row, values);
+            Ok(())
+        },
+    )
 }
 
 /// The random values of rows `first_row..` of `weight`.

@@ -2,22 +2,30 @@
 //! image: transformers' `cu_seqlens`), every head, `softmax(q·kᵀ · d^−½) · v` with an f32 softmax
 //! (`forward::mathf`'s max and shifted exp sum).
 //!
-//! K (transposed) and V are first laid out per head, and each task takes a block of `ROW_BLOCK` query
-//! rows of one head, so every K and V row read is shared by the block's rows (a 2B tower frame has
-//! up to thousands of rows; reading K per query row was memory bound). Scores and `p · V` are
-//! register tiles of 4 rows x 16 keys (or value columns), vectorized across the keys, so no dot
-//! product ends in a horizontal sum.
+//! K (transposed, in tiles of 16 keys) and V are first laid out per head, and each task takes a
+//! block of `ROW_BLOCK` query rows of one head. The block walks its segment's keys a `KEY_TILE` at
+//! a time, once for the scores and once for `p · V`: the tile's K and V (16 KB each at d = 64) stay
+//! in L1 while every row of the block uses them, so a large frame's K and V (2 MB a head at 8160
+//! rows, more than L2) are read from memory once per block, not once per 4 rows. The scores of the
+//! block (`[ROW_BLOCK, segment]`) sit in a per-thread buffer between the passes (the softmax needs
+//! a whole row), and the outputs carry their sums from one key tile to the next. Scores and
+//! `p · V` are register tiles of 4 rows x 16 keys (or value columns), vectorized across the keys,
+//! so no dot product ends in a horizontal sum.
 
 use std::sync::Mutex;
 
 use forward::mathf;
 use rayon::prelude::*;
 
-/// Query rows one task takes (they share each K/V row read).
-pub const ROW_BLOCK: usize = 16;
+/// Query rows one task takes (they share each key tile read).
+pub const ROW_BLOCK: usize = 32;
 
-/// Buffers sized once per encode: per head K (transposed), V and output, and one score block per
-/// thread.
+/// Keys one pass over the block takes (a multiple of `TILE_COLS`): at d = 64 their K and V are
+/// 16 KB each, inside L1 beside the block's query rows.
+pub const KEY_TILE: usize = 64;
+
+/// Buffers sized once per encode: per head K (transposed in key tiles), V and output, and one
+/// score block per thread.
 #[derive(Default)]
 pub struct AttnScratch {
     kh: Vec<f32>,
@@ -50,13 +58,41 @@ impl AttnScratch {
 const TILE_ROWS: usize = 4;
 const TILE_COLS: usize = 16;
 
+/// How [`attend`] walks the work: the block sizes and the build of the inner loops (tests run
+/// other sizes and the portable build and expect the same bits).
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    /// Query rows a task (at most `ROW_BLOCK`: the score buffers' size).
+    row_block: usize,
+    /// Keys a pass (a multiple of `TILE_COLS`).
+    key_tile: usize,
+    /// The AVX2 build of the inner loops (else the portable one).
+    avx2: bool,
+    /// A planted mistake for the tests' controls: `p · V` skips this key tile.
+    #[cfg(test)]
+    skip_key_tile: Option<usize>,
+}
+
+impl Plan {
+    /// The sizes above, and the AVX2 build where the CPU has it.
+    fn for_this_cpu() -> Plan {
+        Plan {
+            row_block: ROW_BLOCK,
+            key_tile: KEY_TILE,
+            avx2: gemm::kernels::Isa::Avx2.is_available(),
+            #[cfg(test)]
+            skip_key_tile: None,
+        }
+    }
+}
+
 /// `out[r, head·d..]` for every row `r` of the packed `qkv` rows (`[rows, 3·heads·d]`: q, k, v):
 /// attention over the rows of the segment (`(first row, rows)`, ascending, covering all rows)
 /// holding `r`. Runs on the current pool; `scratch` must be reserved for these sizes.
 ///
 /// Each score is `(Σ_c q_c·k_c) · d^−½` summed over c in order, and each output `Σ_j p_j·v_j` over
-/// the segment's keys in order, whatever the tile or CPU computes it (the AVX2 build runs the same
-/// code with wider vectors, unfused multiply then add): every build gives the same bits.
+/// the segment's keys in order, whatever the tile, block or CPU computes it (the AVX2 build runs
+/// the same code with wider vectors, unfused multiply then add): every build gives the same bits.
 pub fn attend(
     qkv: &[f32],
     heads: usize,
@@ -65,6 +101,20 @@ pub fn attend(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
+    attend_planned(qkv, heads, d, segments, scratch, out, Plan::for_this_cpu());
+}
+
+fn attend_planned(
+    qkv: &[f32],
+    heads: usize,
+    d: usize,
+    segments: &[(usize, usize)],
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+    plan: Plan,
+) {
+    assert!(plan.row_block >= 1 && plan.row_block <= ROW_BLOCK);
+    assert!(plan.key_tile >= TILE_COLS && plan.key_tile.is_multiple_of(TILE_COLS));
     let hidden = heads * d;
     let rows = out.len() / hidden;
     let scale = (d as f32).powf(-0.5);
@@ -74,25 +124,32 @@ pub fn attend(
         &mut vh[..rows * hidden],
         &mut oh[..rows * hidden],
     );
-    // Head h: K transposed (`kt[h][c][r]`: a key tile is 16 consecutive floats of one column) and
-    // V head-major (`vh[h][r][c]`).
+    // Head h: V head-major (`vh[h][r][c]`) and K transposed per tile of 16 keys from its
+    // segment's start: the tile's `[d][16]` floats are contiguous (`[d][w]` for a last tile of w
+    // keys), at the tile's first key times d, so a segment's keys take `kt[h][start·d..]` as V does.
     kt.par_chunks_mut(rows * d)
         .zip(vh.par_chunks_mut(rows * d))
         .enumerate()
         .for_each(|(h, (kt, vh))| {
-            for r in 0..rows {
-                let row = &qkv[r * 3 * hidden..(r + 1) * 3 * hidden];
-                let k = &row[hidden + h * d..hidden + (h + 1) * d];
-                for (c, &kc) in k.iter().enumerate() {
-                    kt[c * rows + r] = kc;
+            let key = |r: usize| &qkv[r * 3 * hidden + hidden + h * d..][..d];
+            for &(start, len) in segments {
+                let kseg = &mut kt[start * d..(start + len) * d];
+                for (t, tile) in kseg.chunks_mut(TILE_COLS * d).enumerate() {
+                    let w = tile.len() / d;
+                    for k in 0..w {
+                        for (c, &kc) in key(start + t * TILE_COLS + k).iter().enumerate() {
+                            tile[c * w + k] = kc;
+                        }
+                    }
                 }
+            }
+            for r in 0..rows {
                 vh[r * d..(r + 1) * d]
-                    .copy_from_slice(&row[2 * hidden + h * d..2 * hidden + (h + 1) * d]);
+                    .copy_from_slice(&qkv[r * 3 * hidden + 2 * hidden + h * d..][..d]);
             }
         });
     let (kt, vh) = (&*kt, &*vh);
     let scores = &*scores;
-    let avx2 = gemm::kernels::Isa::Avx2.is_available();
     oh.par_chunks_mut(rows * d)
         .enumerate()
         .for_each(|(h, ohh)| {
@@ -101,17 +158,17 @@ pub fn attend(
                 hidden,
                 h,
                 d,
-                rows,
                 scale,
                 kt: &kt[h * rows * d..(h + 1) * rows * d],
                 vh: &vh[h * rows * d..(h + 1) * rows * d],
+                plan,
             };
-            ohh.par_chunks_mut(ROW_BLOCK * d)
+            ohh.par_chunks_mut(plan.row_block * d)
                 .enumerate()
                 .for_each(|(b, o)| {
                     let slot = rayon::current_thread_index().unwrap_or(0) % scores.len();
                     let mut s = scores[slot].lock().unwrap_or_else(|e| e.into_inner());
-                    let first = b * ROW_BLOCK;
+                    let first = b * plan.row_block;
                     let mut r = first;
                     let end = first + o.len() / d;
                     // Runs of the block's rows that share a segment.
@@ -122,13 +179,13 @@ pub fn attend(
                         let orun = &mut o[(r - first) * d..(run_end - first) * d];
                         let s = &mut s[..(run_end - r) * len];
                         #[cfg(target_arch = "x86_64")]
-                        if avx2 {
-                            // SAFETY: the CPU reported AVX2 and FMA.
+                        if plan.avx2 {
+                            // SAFETY: the plan asks for AVX2 only where the CPU reported AVX2
+                            // and FMA (`Plan::for_this_cpu`, or the tests on such a CPU).
                             unsafe { head.run_avx2(r, run_end, (start, len), s, orun) };
                             r = run_end;
                             continue;
                         }
-                        let _ = avx2;
                         head.run(r, run_end, (start, len), s, orun);
                         r = run_end;
                     }
@@ -149,12 +206,12 @@ struct Head<'a> {
     hidden: usize,
     h: usize,
     d: usize,
-    rows: usize,
     scale: f32,
-    /// `[d][rows]`.
+    /// Per segment, `[tiles of 16 keys][d][16]` (the last tile `[d][w]`), from `start·d`.
     kt: &'a [f32],
     /// `[rows][d]`.
     vh: &'a [f32],
+    plan: Plan,
 }
 
 impl Head<'_> {
@@ -180,8 +237,8 @@ impl Head<'_> {
         self.run(r0, r1, seg, s, o)
     }
 
-    /// Rows `r0..r1` (all in the segment `(start, len)`): scores into `s` (`[r1 − r0, len]`),
-    /// softmax, then `p · V` into `o` (`[r1 − r0, d]`).
+    /// Rows `r0..r1` (all in the segment `(start, len)`): scores into `s` (`[r1 − r0, len]`), a key
+    /// tile at a time, softmax, then `p · V` into `o` (`[r1 − r0, d]`), a key tile at a time.
     #[inline(always)]
     fn run(
         &self,
@@ -191,18 +248,19 @@ impl Head<'_> {
         s: &mut [f32],
         o: &mut [f32],
     ) {
-        let mut i = r0;
-        while i < r1 {
-            let n = (r1 - i).min(TILE_ROWS);
-            let at = (i - r0) * len;
-            let s = &mut s[at..at + n * len];
-            match n {
-                4 => self.scores::<4>(i, start, len, s),
-                3 => self.scores::<3>(i, start, len, s),
-                2 => self.scores::<2>(i, start, len, s),
-                _ => self.scores::<1>(i, start, len, s),
+        let (d, n, step) = (self.d, r1 - r0, self.plan.key_tile);
+        let keys = &self.kt[start * d..(start + len) * d];
+        for j0 in (0..len).step_by(step) {
+            let j1 = (j0 + step).min(len);
+            for i in (0..n).step_by(TILE_ROWS) {
+                let s = &mut s[i * len..];
+                match (n - i).min(TILE_ROWS) {
+                    4 => self.scores::<4>(r0 + i, keys, len, j0..j1, s),
+                    3 => self.scores::<3>(r0 + i, keys, len, j0..j1, s),
+                    2 => self.scores::<2>(r0 + i, keys, len, j0..j1, s),
+                    _ => self.scores::<1>(r0 + i, keys, len, j0..j1, s),
+                }
             }
-            i += n;
         }
         for si in s.chunks_exact_mut(len) {
             let m = mathf::max(si);
@@ -211,31 +269,53 @@ impl Head<'_> {
                 *p *= inv;
             }
         }
-        let d = self.d;
         let values = &self.vh[start * d..(start + len) * d];
-        for (pi, oi) in s.chunks(TILE_ROWS * len).zip(o.chunks_mut(TILE_ROWS * d)) {
-            match pi.len() / len {
-                4 => pv::<4>(pi, values, len, d, oi),
-                3 => pv::<3>(pi, values, len, d, oi),
-                2 => pv::<2>(pi, values, len, d, oi),
-                _ => pv::<1>(pi, values, len, d, oi),
+        for (t, j0) in (0..len).step_by(step).enumerate() {
+            let j1 = (j0 + step).min(len);
+            #[cfg(test)]
+            let j1 = if self.plan.skip_key_tile == Some(t) {
+                j0
+            } else {
+                j1
+            };
+            let _ = t;
+            // The first tile starts the sums at zero; later ones continue them in `o`.
+            let acc = Accumulate {
+                keys: j0..j1,
+                fresh: j0 == 0,
+            };
+            for (pi, oi) in s.chunks(TILE_ROWS * len).zip(o.chunks_mut(TILE_ROWS * d)) {
+                match pi.len() / len {
+                    4 => pv::<4>(pi, values, len, d, &acc, oi),
+                    3 => pv::<3>(pi, values, len, d, &acc, oi),
+                    2 => pv::<2>(pi, values, len, d, &acc, oi),
+                    _ => pv::<1>(pi, values, len, d, &acc, oi),
+                }
             }
         }
     }
 
-    /// Scores of query rows `i..i + R` against keys `start..start + len`, into `s` (`[R, len]`),
-    /// 16 keys a tile.
-    // `c` walks the columns of R query rows and the rows of `kt` together.
+    /// Scores of query rows `i..i + R` against the segment's keys `tile` (`keys`: the segment's
+    /// K laid out per 16-key tile), into `s` (`[R, len]`), 16 keys a register tile.
+    // `c` walks the columns of R query rows and the rows of a key tile together.
     #[allow(clippy::needless_range_loop)]
     #[inline(always)]
-    fn scores<const R: usize>(&self, i: usize, start: usize, len: usize, s: &mut [f32]) {
-        let (d, rows) = (self.d, self.rows);
+    fn scores<const R: usize>(
+        &self,
+        i: usize,
+        keys: &[f32],
+        len: usize,
+        tile: std::ops::Range<usize>,
+        s: &mut [f32],
+    ) {
+        let d = self.d;
         let q: [&[f32]; R] = std::array::from_fn(|ri| self.q(i + ri));
-        let mut j = 0;
-        while j + TILE_COLS <= len {
+        let mut j = tile.start;
+        while j + TILE_COLS <= tile.end {
+            let kt = &keys[j * d..(j + TILE_COLS) * d];
             let mut acc = [[0f32; TILE_COLS]; R];
             for c in 0..d {
-                let k: &[f32; TILE_COLS] = self.kt[c * rows + start + j..][..TILE_COLS]
+                let k: &[f32; TILE_COLS] = kt[c * TILE_COLS..][..TILE_COLS]
                     .try_into()
                     .expect("a tile of keys");
                 for ri in 0..R {
@@ -252,11 +332,13 @@ impl Head<'_> {
             }
             j += TILE_COLS;
         }
-        for jt in j..len {
+        // The segment's last keys (fewer than 16), laid out `[d][w]`.
+        let w = len - j;
+        for jt in j..tile.end {
             for ri in 0..R {
                 let mut a = 0f32;
                 for c in 0..d {
-                    a += q[ri][c] * self.kt[c * rows + start + jt];
+                    a += q[ri][c] * keys[j * d + c * w + jt - j];
                 }
                 s[ri * len + jt] = a * self.scale;
             }
@@ -264,32 +346,53 @@ impl Head<'_> {
     }
 }
 
-/// `o[ri] = Σ_j p[ri, j] · v_j` for `R` rows (`p`: `[R, len]`, `values`: `[len, d]`, `o`:
-/// `[R, d]`), 16 columns a tile.
+/// The keys one `p · V` pass adds, and whether the sums start at zero (else they continue `o`).
+struct Accumulate {
+    keys: std::ops::Range<usize>,
+    fresh: bool,
+}
+
+/// `o[ri] (+)= Σ_j p[ri, j] · v_j` over `acc.keys` for `R` rows (`p`: `[R, len]`, `values`:
+/// `[len, d]`, `o`: `[R, d]`), 16 columns a register tile.
 #[inline(always)]
-fn pv<const R: usize>(p: &[f32], values: &[f32], len: usize, d: usize, o: &mut [f32]) {
+fn pv<const R: usize>(
+    p: &[f32],
+    values: &[f32],
+    len: usize,
+    d: usize,
+    acc: &Accumulate,
+    o: &mut [f32],
+) {
+    let keys = acc.keys.clone();
     let mut c = 0;
     while c + TILE_COLS <= d {
-        let mut acc = [[0f32; TILE_COLS]; R];
-        for (j, v) in values.chunks_exact(d).enumerate() {
-            let v: &[f32; TILE_COLS] = v[c..c + TILE_COLS].try_into().expect("a tile of values");
-            for ri in 0..R {
+        let mut sum = [[0f32; TILE_COLS]; R];
+        if !acc.fresh {
+            for (ri, sr) in sum.iter_mut().enumerate() {
+                sr.copy_from_slice(&o[ri * d + c..][..TILE_COLS]);
+            }
+        }
+        for j in keys.clone() {
+            let v: &[f32; TILE_COLS] = values[j * d + c..][..TILE_COLS]
+                .try_into()
+                .expect("a tile of values");
+            for (ri, sr) in sum.iter_mut().enumerate() {
                 let pj = p[ri * len + j];
-                for (a, &vv) in acc[ri].iter_mut().zip(v) {
+                for (a, &vv) in sr.iter_mut().zip(v) {
                     *a += pj * vv;
                 }
             }
         }
-        for ri in 0..R {
-            o[ri * d + c..][..TILE_COLS].copy_from_slice(&acc[ri]);
+        for (ri, sr) in sum.iter().enumerate() {
+            o[ri * d + c..][..TILE_COLS].copy_from_slice(sr);
         }
         c += TILE_COLS;
     }
     for ct in c..d {
         for ri in 0..R {
-            let mut a = 0f32;
-            for (j, v) in values.chunks_exact(d).enumerate() {
-                a += p[ri * len + j] * v[ct];
+            let mut a = if acc.fresh { 0f32 } else { o[ri * d + ct] };
+            for j in keys.clone() {
+                a += p[ri * len + j] * values[j * d + ct];
             }
             o[ri * d + ct] = a;
         }
@@ -384,32 +487,19 @@ mod tests {
             .fold(0.0, f64::max);
         assert!(worst < 1e-5, "max |diff| {worst}");
 
-        // The portable build, run directly on head 1's rows 3..37 (a run of 34: tiles of 4 and 2).
-        let mut kt = vec![0f32; rows * d];
-        let mut vh = vec![0f32; rows * d];
-        for r in 0..rows {
-            for c in 0..d {
-                kt[c * rows + r] = qkv[r * 3 * hidden + hidden + d + c];
-                vh[r * d + c] = qkv[r * 3 * hidden + 2 * hidden + d + c];
-            }
-        }
-        let head = Head {
-            qkv: &qkv,
-            hidden,
-            h: 1,
-            d,
-            rows,
-            scale: (d as f32).powf(-0.5),
-            kt: &kt,
-            vh: &vh,
+        // The portable build gives the dispatched one's bits.
+        let mut portable = vec![0f32; rows * hidden];
+        let plan = Plan {
+            avx2: false,
+            ..Plan::for_this_cpu()
         };
-        let mut s = vec![0f32; 34 * 37];
-        let mut o = vec![0f32; 34 * d];
-        head.run(3, 37, (0, 37), &mut s, &mut o);
-        for (i, r) in (3..37).enumerate() {
+        pool.install(|| {
+            attend_planned(&qkv, heads, d, &segments, &mut scratch, &mut portable, plan)
+        });
+        for r in 0..rows {
             assert_eq!(
-                o[i * d..(i + 1) * d],
-                out[r * hidden + d..r * hidden + 2 * d],
+                portable[r * hidden..(r + 1) * hidden],
+                out[r * hidden..(r + 1) * hidden],
                 "row {r}: the portable and dispatched builds differ"
             );
         }
@@ -432,5 +522,87 @@ mod tests {
             .map(|(&a, &b)| (a as f64 - b).abs())
             .fold(0.0, f64::max);
         assert!(moved > 1e-3, "a missing key moved nothing ({moved})");
+    }
+
+    /// Several images of different sizes in one call (segments of 37, 5, 100, 16, 67 and 1 rows:
+    /// key tiles with and without a short last one, a segment shorter than a tile, query blocks
+    /// across segment boundaries), d = 20 (a 16-column tile and 4 more), every row block and key
+    /// tile tried, both builds: the same bits as one key tile over the whole segment (the order of
+    /// the sums before blocking), within f32 rounding of the plain formula. Control: a `p · V` pass
+    /// that skips one key tile is caught by both comparisons.
+    #[test]
+    fn key_tiles_and_row_blocks_keep_the_bits() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let (heads, d) = (2, 20);
+        let lens = [37, 5, 100, 16, 67, 1];
+        let rows: usize = lens.iter().sum();
+        let segments: Vec<(usize, usize)> = lens
+            .iter()
+            .scan(0, |at, &len| {
+                *at += len;
+                Some((*at - len, len))
+            })
+            .collect();
+        let hidden = heads * d;
+        let qkv: Vec<f32> = (0..rows * 3 * hidden)
+            .map(|i| ((i * 6151 % 2003) as f32 / 1001.5 - 1.0) * 2.0)
+            .collect();
+        let want = naive(&qkv, heads, d, &segments);
+        let mut scratch = AttnScratch::default();
+        scratch.reserve(rows, hidden, 100, 2);
+        let mut run = |plan: Plan| {
+            let mut out = vec![0f32; rows * hidden];
+            pool.install(|| {
+                attend_planned(&qkv, heads, d, &segments, &mut scratch, &mut out, plan)
+            });
+            out
+        };
+        let whole = Plan {
+            key_tile: 112,
+            ..Plan::for_this_cpu()
+        };
+        let reference = run(whole);
+        let worst = reference
+            .iter()
+            .zip(&want)
+            .map(|(&a, &b)| (a as f64 - b).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-5, "max |diff| {worst}");
+        for avx2 in [false, whole.avx2] {
+            for row_block in [1, 3, 4, 7, ROW_BLOCK] {
+                for key_tile in [16, 32, 48, KEY_TILE] {
+                    let plan = Plan {
+                        row_block,
+                        key_tile,
+                        avx2,
+                        ..whole
+                    };
+                    assert!(
+                        run(plan) == reference,
+                        "{plan:?}: other bits than one tile a segment"
+                    );
+                }
+            }
+        }
+
+        // Control: skipping the second key tile of 16 (keys 16..32 of the segments longer than 16).
+        let skipped = run(Plan {
+            key_tile: 16,
+            skip_key_tile: Some(1),
+            ..whole
+        });
+        assert!(
+            skipped != reference,
+            "a skipped key tile left the bits alone"
+        );
+        let moved = skipped
+            .iter()
+            .zip(&want)
+            .map(|(&a, &b)| (a as f64 - b).abs())
+            .fold(0.0, f64::max);
+        assert!(moved > 1e-3, "a skipped key tile moved nothing ({moved})");
     }
 }

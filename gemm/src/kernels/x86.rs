@@ -22,6 +22,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::activations::SIMD_BYTES;
+use super::row_blocks::{row_blocks, F32_BLOCK_BYTES, INT_BLOCK_BYTES};
 use super::{q4_halves, Activations, Q4Codes, WeightBlock, PANEL};
 use half::bf16;
 use packs::quant::{self, Q4_GROUP};
@@ -46,6 +47,8 @@ pub(super) fn has_avx512_vnni() -> bool {
 const Q4_PACKED_MIN_ROWS: usize = 4;
 /// Activation rows per packed q4 tile.
 const Q4_TILE_ROWS: usize = 4;
+/// Most weight rows the packed q4 kernel unpacks at once (256 x K bytes; a host task's whole chunk).
+const Q4_PACKED_ROWS: usize = 256;
 /// How far ahead (bytes of q4 codes, in address order) the GEMV prefetches at least; it prefetches
 /// one whole panel ahead (`PANEL * K / 2` bytes) when that is more. (Measured with row-major codes,
 /// when a panel's 8 rows were 8 streams the hardware prefetcher followed poorly: one thread went
@@ -659,26 +662,29 @@ unsafe fn i8_block<D: Dot>(
         }
         return;
     }
-    for j0 in (0..nb).step_by(2) {
-        let js = panel_rows::<2>(j0, nb);
-        let live = (nb - j0).min(2);
-        let mut r = 0;
-        while r < rows {
-            // A short last tile repeats its last row.
-            let rs: [usize; I8_TILE_ROWS] = std::array::from_fn(|i| (r + i).min(rows - 1));
-            let acc = D::i8_tile_many::<I8_TILE_ROWS, 2>(
-                map_n(rs, |rr| acts.codes(rr)),
-                map_n(js, wrow),
-                k,
-                map_n(rs, offset),
-            );
-            for (i, accs) in acc.iter().enumerate().take(rows - r) {
-                for c in 0..live {
-                    let j = j0 + c;
-                    out[r + i][j] = quant::finish_i8(accs[c], acts.scale(r + i), scales[j]);
+    // Row blocks outermost: a block's codes stay in L2 while every weight pair passes over them.
+    for rb in row_blocks(rows, k, INT_BLOCK_BYTES, I8_TILE_ROWS) {
+        for j0 in (0..nb).step_by(2) {
+            let js = panel_rows::<2>(j0, nb);
+            let live = (nb - j0).min(2);
+            let mut r = rb.start;
+            while r < rb.end {
+                // A short last tile repeats its last row.
+                let rs: [usize; I8_TILE_ROWS] = std::array::from_fn(|i| (r + i).min(rb.end - 1));
+                let acc = D::i8_tile_many::<I8_TILE_ROWS, 2>(
+                    map_n(rs, |rr| acts.codes(rr)),
+                    map_n(js, wrow),
+                    k,
+                    map_n(rs, offset),
+                );
+                for (i, accs) in acc.iter().enumerate().take(rb.end - r) {
+                    for c in 0..live {
+                        let j = j0 + c;
+                        out[r + i][j] = quant::finish_i8(accs[c], acts.scale(r + i), scales[j]);
+                    }
                 }
+                r += I8_TILE_ROWS;
             }
-            r += I8_TILE_ROWS;
         }
     }
 }
@@ -936,44 +942,58 @@ unsafe fn q4_block_packed<V: PanelLanes>(
     let groups = k / Q4_GROUP;
     let (rows, nb) = (out.len(), out[0].len());
     let lanes = V::LANES;
+    let (pb, ps) = (groups * 32 * lanes, groups * lanes);
     // The buffers leave the thread-local while the kernel runs: no SIMD code inside a closure
     // (closures do not inherit the entry point's target features).
     let (mut wp, mut sp) = Q4_PANEL.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
-    wp.resize(groups * 32 * lanes, 0);
-    sp.resize(groups * lanes, 0.0);
-    for j0 in (0..nb).step_by(lanes) {
-        for half in 0..lanes / PANEL {
-            let js = panel_rows::<PANEL>(j0 + PANEL * half, nb);
-            q4_pack_panel(codes, scales, k, js, (lanes, half), &mut wp, &mut sp);
-        }
-        let live = (nb - j0).min(lanes);
-        let mut r = 0;
-        while r + Q4_TILE_ROWS <= rows {
-            let rs: [usize; Q4_TILE_ROWS] = std::array::from_fn(|i| r + i);
-            let done = q4_packed_tile::<V, Q4_TILE_ROWS>(
-                &wp,
-                &sp,
-                map_n(rs, |i| acts.codes(i)),
-                map_n(rs, |i| acts.sums(i)),
-                map_n(rs, |i| acts.scale(i)),
-                groups,
-            );
-            for (i, d) in done.iter().enumerate() {
-                copy_live(&mut out[r + i][j0..], d, lanes, live);
+    // Up to Q4_PACKED_ROWS weight rows are unpacked once into consecutive panels; then each block of
+    // activation rows passes over all of them.
+    for c0 in (0..nb).step_by(Q4_PACKED_ROWS) {
+        let panels = (nb - c0).min(Q4_PACKED_ROWS).div_ceil(lanes);
+        wp.resize(panels * pb, 0);
+        sp.resize(panels * ps, 0.0);
+        for p in 0..panels {
+            let j0 = c0 + p * lanes;
+            for half in 0..lanes / PANEL {
+                let js = panel_rows::<PANEL>(j0 + PANEL * half, nb);
+                let (wpp, spp) = (&mut wp[p * pb..(p + 1) * pb], &mut sp[p * ps..(p + 1) * ps]);
+                q4_pack_panel(codes, scales, k, js, (lanes, half), wpp, spp);
             }
-            r += Q4_TILE_ROWS;
         }
-        while r < rows {
-            let [d] = q4_packed_tile::<V, 1>(
-                &wp,
-                &sp,
-                [acts.codes(r)],
-                [acts.sums(r)],
-                [acts.scale(r)],
-                groups,
-            );
-            copy_live(&mut out[r][j0..], &d, lanes, live);
-            r += 1;
+        for rb in row_blocks(rows, k + 4 * groups, INT_BLOCK_BYTES, Q4_TILE_ROWS) {
+            for p in 0..panels {
+                let j0 = c0 + p * lanes;
+                let (wpp, spp) = (&wp[p * pb..(p + 1) * pb], &sp[p * ps..(p + 1) * ps]);
+                let live = (nb - j0).min(lanes);
+                let mut r = rb.start;
+                while r + Q4_TILE_ROWS <= rb.end {
+                    let rs: [usize; Q4_TILE_ROWS] = std::array::from_fn(|i| r + i);
+                    let done = q4_packed_tile::<V, Q4_TILE_ROWS>(
+                        wpp,
+                        spp,
+                        map_n(rs, |i| acts.codes(i)),
+                        map_n(rs, |i| acts.sums(i)),
+                        map_n(rs, |i| acts.scale(i)),
+                        groups,
+                    );
+                    for (i, d) in done.iter().enumerate() {
+                        copy_live(&mut out[r + i][j0..], d, lanes, live);
+                    }
+                    r += Q4_TILE_ROWS;
+                }
+                while r < rb.end {
+                    let [d] = q4_packed_tile::<V, 1>(
+                        wpp,
+                        spp,
+                        [acts.codes(r)],
+                        [acts.sums(r)],
+                        [acts.scale(r)],
+                        groups,
+                    );
+                    copy_live(&mut out[r][j0..], &d, lanes, live);
+                    r += 1;
+                }
+            }
         }
     }
     Q4_PANEL.with(|cell| *cell.borrow_mut() = (wp, sp));
@@ -984,33 +1004,56 @@ unsafe fn q4_block_packed<V: PanelLanes>(
 
 /// A weight element the f32 tiles read: f32 itself or bf16 widened (exactly).
 trait Widen: Sized {
-    fn widen(&self) -> f32;
-    /// 8 elements as f32.
-    unsafe fn load8(p: *const Self) -> __m256;
+    /// A panel's `F_TILE` rows of `k` values as f32: the rows themselves (f32), or widened into
+    /// `scratch` (bf16) once for every activation row of a block.
+    unsafe fn panel<'a>(
+        rows: [&'a [Self]; F_TILE],
+        k: usize,
+        scratch: &'a mut Vec<f32>,
+    ) -> [&'a [f32]; F_TILE];
 }
 
 impl Widen for f32 {
-    fn widen(&self) -> f32 {
-        *self
-    }
     #[inline(always)]
-    unsafe fn load8(p: *const f32) -> __m256 {
-        _mm256_loadu_ps(p)
+    unsafe fn panel<'a>(
+        rows: [&'a [f32]; F_TILE],
+        _k: usize,
+        _scratch: &'a mut Vec<f32>,
+    ) -> [&'a [f32]; F_TILE] {
+        rows
     }
 }
 
 impl Widen for bf16 {
-    fn widen(&self) -> f32 {
-        self.to_f32()
-    }
     #[inline(always)]
-    unsafe fn load8(p: *const bf16) -> __m256 {
-        bf16x8_to_ps(p)
+    unsafe fn panel<'a>(
+        rows: [&'a [bf16]; F_TILE],
+        k: usize,
+        scratch: &'a mut Vec<f32>,
+    ) -> [&'a [f32]; F_TILE] {
+        scratch.resize(F_TILE * k, 0.0);
+        let k8 = k - k % 8;
+        for (row, dst) in rows.iter().zip(scratch.chunks_exact_mut(k)) {
+            assert!(row.len() >= k);
+            for i in (0..k8).step_by(8) {
+                // SAFETY: i + 8 <= k <= both lengths.
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), bf16x8_to_ps(row.as_ptr().add(i)));
+            }
+            for (d, v) in dst[k8..].iter_mut().zip(&row[k8..k]) {
+                *d = v.to_f32();
+            }
+        }
+        let mut it = scratch.chunks_exact(k);
+        std::array::from_fn(|_| it.next().expect("F_TILE rows"))
     }
 }
 
+thread_local! {
+    static F32_PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
 #[inline(always)]
-unsafe fn f32_tile<T: Widen>(x: &[f32], w: [&[T]; F_TILE], k: usize) -> [f32; F_TILE] {
+unsafe fn f32_tile(x: &[f32], w: [&[f32]; F_TILE], k: usize) -> [f32; F_TILE] {
     let mut lo = [_mm256_setzero_ps(); F_TILE];
     let mut hi = [_mm256_setzero_ps(); F_TILE];
     let blocks = k / 16;
@@ -1019,8 +1062,8 @@ unsafe fn f32_tile<T: Widen>(x: &[f32], w: [&[T]; F_TILE], k: usize) -> [f32; F_
         let xh = _mm256_loadu_ps(x.as_ptr().add(16 * b + 8));
         for c in 0..F_TILE {
             let p = w[c].as_ptr().add(16 * b);
-            lo[c] = _mm256_add_ps(lo[c], _mm256_mul_ps(xl, T::load8(p)));
-            hi[c] = _mm256_add_ps(hi[c], _mm256_mul_ps(xh, T::load8(p.add(8))));
+            lo[c] = _mm256_add_ps(lo[c], _mm256_mul_ps(xl, _mm256_loadu_ps(p)));
+            hi[c] = _mm256_add_ps(hi[c], _mm256_mul_ps(xh, _mm256_loadu_ps(p.add(8))));
         }
     }
     let mut sums = [0f32; F_TILE];
@@ -1033,7 +1076,7 @@ unsafe fn f32_tile<T: Widen>(x: &[f32], w: [&[T]; F_TILE], k: usize) -> [f32; F_
             sum += v;
         }
         for j in 16 * blocks..k {
-            sum += x[j] * w[c][j].widen();
+            sum += x[j] * w[c][j];
         }
         sums[c] = sum;
     }
@@ -1042,16 +1085,23 @@ unsafe fn f32_tile<T: Widen>(x: &[f32], w: [&[T]; F_TILE], k: usize) -> [f32; F_
 
 #[inline(always)]
 unsafe fn f32_block<T: Widen>(w: &[T], k: usize, x: &[f32], out: &mut [&mut [f32]]) {
-    let nb = out[0].len();
-    for j0 in (0..nb).step_by(F_TILE) {
-        let js = panel_rows::<F_TILE>(j0, nb);
-        let wr = map_n(js, |j| &w[j * k..(j + 1) * k]);
-        for (r, o) in out.iter_mut().enumerate() {
-            let sums = f32_tile(&x[r * k..(r + 1) * k], wr, k);
+    let (rows, nb) = (out.len(), out[0].len());
+    // Outside the thread-local while the kernel runs (no SIMD code inside a closure).
+    let mut scratch = F32_PANEL.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    // Row blocks outermost: a block's rows stay in L2 while every panel passes over them, and a
+    // bf16 panel is widened once per block, not once per row.
+    for rb in row_blocks(rows, 4 * k, F32_BLOCK_BYTES, 1) {
+        for j0 in (0..nb).step_by(F_TILE) {
+            let js = panel_rows::<F_TILE>(j0, nb);
+            let wr = T::panel(map_n(js, |j| &w[j * k..(j + 1) * k]), k, &mut scratch);
             let live = (nb - j0).min(F_TILE);
-            copy_live(&mut o[j0..], &sums, F_TILE, live);
+            for r in rb.clone() {
+                let sums = f32_tile(&x[r * k..(r + 1) * k], wr, k);
+                copy_live(&mut out[r][j0..], &sums, F_TILE, live);
+            }
         }
     }
+    F32_PANEL.with(|cell| *cell.borrow_mut() = scratch);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -60,9 +60,10 @@ enum Mode {
     /// Each GEMM of the shape alone: GEMV (1 row) and GEMM (128 rows), GB/s and GMAC/s, per
     /// instruction set.
     Gemm {
-        /// Rows of the batched case.
-        #[arg(long, default_value_t = 128)]
-        rows: usize,
+        /// Rows of the batched cases, comma separated (the head, which a prefill runs for one
+        /// row, is timed at 128 rows at most).
+        #[arg(long, default_value = "128", value_delimiter = ',')]
+        rows: Vec<usize>,
         /// Instruction sets to time, comma separated (default: every one this CPU runs).
         #[arg(long, value_delimiter = ',')]
         isa: Vec<String>,
@@ -186,7 +187,10 @@ fn main() {
                     })
                     .collect()
             };
-            gemm_bench(c, &shape, &kinds, rows, &isas)
+            if rows.is_empty() || rows.contains(&0) {
+                refuse("--rows: every row count must be at least 1");
+            }
+            gemm_bench(c, &shape, &kinds, &rows, &isas)
         }
     };
     if c.json {
@@ -968,11 +972,14 @@ fn gemm_shapes(layers: usize) -> Vec<(&'static str, Vec<String>)> {
     ]
 }
 
+/// Most rows `bench gemm` times the head at.
+const HEAD_MAX_ROWS: usize = 128;
+
 fn gemm_bench(
     c: &Common,
     shape: &RandomShape,
     kinds: &[QuantKind],
-    rows: usize,
+    rows: &[usize],
     isas: &[Isa],
 ) -> Value {
     let pool = Arc::new(
@@ -1019,10 +1026,14 @@ fn gemm_bench(
             let kernels = Kernels::new(isa).expect("usable: checked above");
             let mut host = HostGemm::with_kernels(pool.clone(), kernels);
             for (label, weights) in &shapes {
-                let batches: &[usize] = if rows == 1 { &[1] } else { &[1, rows] };
-                for &batch in batches {
+                let mut batches = vec![1];
+                batches.extend(rows.iter().copied().filter(|&r| r > 1));
+                for batch in batches {
                     if isa == Isa::Scalar && batch > 1 {
                         continue; // minutes per shape; the GEMV ratio tells the story
+                    }
+                    if label.starts_with("head") && batch > HEAD_MAX_ROWS {
+                        continue; // seconds per call; a prefill runs the head for one row
                     }
                     let (fast, med) = time_gemm(&mut host, weights, batch);
                     let (n, k) = (weights[0].linear.n, weights[0].linear.k);

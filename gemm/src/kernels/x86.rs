@@ -64,6 +64,10 @@ const F_TILE: usize = 4;
 pub(crate) trait Dot {
     /// Subtracted per i8 output as `I8_OFFSET * Σa` (the unsigned offset of the weights).
     const I8_OFFSET: i32;
+    /// Weight rows of the i8 tiles for many activation rows: 2 (16 `ymm` registers), or 4 where
+    /// [`Dot::i8_tile_many`] runs on 32 `zmm` registers (16 accumulators; each 64-byte activation
+    /// load then feeds 4 `vpdpbusd`, halving the loads from L2 per product).
+    const I8_MANY_COLS: usize = 2;
     /// The unsigned operand made from i8 weight bytes.
     unsafe fn i8_weight(w: __m256i) -> __m256i;
     /// `acc + a · w` per lane, given the weights `w` and their unsigned form `wu`.
@@ -311,6 +315,7 @@ impl Dpbusd for RealVnni {
 
 impl<P: Dpbusd> Dot for Vnni<P> {
     const I8_OFFSET: i32 = 128;
+    const I8_MANY_COLS: usize = 4;
     #[inline(always)]
     unsafe fn i8_weight(w: __m256i) -> __m256i {
         _mm256_xor_si256(w, _mm256_set1_epi8(i8::MIN))
@@ -662,16 +667,36 @@ unsafe fn i8_block<D: Dot>(
         }
         return;
     }
-    // Row blocks outermost: a block's codes stay in L2 while every weight pair passes over them.
+    if D::I8_MANY_COLS == 4 {
+        i8_block_tiles::<D, 4>(codes, scales, k, acts, out)
+    } else {
+        i8_block_tiles::<D, 2>(codes, scales, k, acts, out)
+    }
+}
+
+/// [`i8_block`] for [`I8_TILE_ROWS`] or more rows: tiles of 4 activation rows x C weight rows.
+#[inline(always)]
+unsafe fn i8_block_tiles<D: Dot, const C: usize>(
+    codes: &[i8],
+    scales: &[f32],
+    k: usize,
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    let (rows, nb) = (out.len(), out[0].len());
+    let wrow = |j: usize| &codes[j * k..(j + 1) * k];
+    let offset = |r: usize| acts.sums(r)[0];
+    // Row blocks outermost: a block's codes stay in L2 while every weight tile passes over them.
     for rb in row_blocks(rows, k, INT_BLOCK_BYTES, I8_TILE_ROWS) {
-        for j0 in (0..nb).step_by(2) {
-            let js = panel_rows::<2>(j0, nb);
-            let live = (nb - j0).min(2);
+        for j0 in (0..nb).step_by(C) {
+            // A short last tile repeats its last weight row.
+            let js = panel_rows::<C>(j0, nb);
+            let live = (nb - j0).min(C);
             let mut r = rb.start;
             while r < rb.end {
                 // A short last tile repeats its last row.
                 let rs: [usize; I8_TILE_ROWS] = std::array::from_fn(|i| (r + i).min(rb.end - 1));
-                let acc = D::i8_tile_many::<I8_TILE_ROWS, 2>(
+                let acc = D::i8_tile_many::<I8_TILE_ROWS, C>(
                     map_n(rs, |rr| acts.codes(rr)),
                     map_n(js, wrow),
                     k,
@@ -1004,6 +1029,8 @@ unsafe fn q4_block_packed<V: PanelLanes>(
 
 /// A weight element the f32 tiles read: f32 itself or bf16 widened (exactly).
 trait Widen: Sized {
+    /// 8 elements as f32.
+    unsafe fn load8(p: *const Self) -> __m256;
     /// A panel's `F_TILE` rows of `k` values as f32: the rows themselves (f32), or widened into
     /// `scratch` (bf16) once for every activation row of a block.
     unsafe fn panel<'a>(
@@ -1015,6 +1042,10 @@ trait Widen: Sized {
 
 impl Widen for f32 {
     #[inline(always)]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+    #[inline(always)]
     unsafe fn panel<'a>(
         rows: [&'a [f32]; F_TILE],
         _k: usize,
@@ -1025,6 +1056,10 @@ impl Widen for f32 {
 }
 
 impl Widen for bf16 {
+    #[inline(always)]
+    unsafe fn load8(p: *const bf16) -> __m256 {
+        bf16x8_to_ps(p)
+    }
     #[inline(always)]
     unsafe fn panel<'a>(
         rows: [&'a [bf16]; F_TILE],
@@ -1052,8 +1087,16 @@ thread_local! {
     static F32_PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Rows from which bf16 panels are widened once into a buffer; fewer rows (the GEMVs, bound by
+/// memory) widen as they load.
+const F_WIDEN_MIN_ROWS: usize = 4;
+
 #[inline(always)]
-unsafe fn f32_tile(x: &[f32], w: [&[f32]; F_TILE], k: usize) -> [f32; F_TILE] {
+unsafe fn f32_tile<T: Widen + Into<f32> + Copy>(
+    x: &[f32],
+    w: [&[T]; F_TILE],
+    k: usize,
+) -> [f32; F_TILE] {
     let mut lo = [_mm256_setzero_ps(); F_TILE];
     let mut hi = [_mm256_setzero_ps(); F_TILE];
     let blocks = k / 16;
@@ -1062,8 +1105,8 @@ unsafe fn f32_tile(x: &[f32], w: [&[f32]; F_TILE], k: usize) -> [f32; F_TILE] {
         let xh = _mm256_loadu_ps(x.as_ptr().add(16 * b + 8));
         for c in 0..F_TILE {
             let p = w[c].as_ptr().add(16 * b);
-            lo[c] = _mm256_add_ps(lo[c], _mm256_mul_ps(xl, _mm256_loadu_ps(p)));
-            hi[c] = _mm256_add_ps(hi[c], _mm256_mul_ps(xh, _mm256_loadu_ps(p.add(8))));
+            lo[c] = _mm256_add_ps(lo[c], _mm256_mul_ps(xl, T::load8(p)));
+            hi[c] = _mm256_add_ps(hi[c], _mm256_mul_ps(xh, T::load8(p.add(8))));
         }
     }
     let mut sums = [0f32; F_TILE];
@@ -1076,7 +1119,7 @@ unsafe fn f32_tile(x: &[f32], w: [&[f32]; F_TILE], k: usize) -> [f32; F_TILE] {
             sum += v;
         }
         for j in 16 * blocks..k {
-            sum += x[j] * w[c][j];
+            sum += x[j] * w[c][j].into();
         }
         sums[c] = sum;
     }
@@ -1084,8 +1127,25 @@ unsafe fn f32_tile(x: &[f32], w: [&[f32]; F_TILE], k: usize) -> [f32; F_TILE] {
 }
 
 #[inline(always)]
-unsafe fn f32_block<T: Widen>(w: &[T], k: usize, x: &[f32], out: &mut [&mut [f32]]) {
+unsafe fn f32_block<T: Widen + Into<f32> + Copy>(
+    w: &[T],
+    k: usize,
+    x: &[f32],
+    out: &mut [&mut [f32]],
+) {
     let (rows, nb) = (out.len(), out[0].len());
+    if rows < F_WIDEN_MIN_ROWS {
+        for j0 in (0..nb).step_by(F_TILE) {
+            let js = panel_rows::<F_TILE>(j0, nb);
+            let wr = map_n(js, |j| &w[j * k..(j + 1) * k]);
+            let live = (nb - j0).min(F_TILE);
+            for (r, o) in out.iter_mut().enumerate() {
+                let sums = f32_tile(&x[r * k..(r + 1) * k], wr, k);
+                copy_live(&mut o[j0..], &sums, F_TILE, live);
+            }
+        }
+        return;
+    }
     // Outside the thread-local while the kernel runs (no SIMD code inside a closure).
     let mut scratch = F32_PANEL.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     // Row blocks outermost: a block's rows stay in L2 while every panel passes over them, and a

@@ -45,6 +45,10 @@ fn json_has_every_figure_per_kind_and_splits_the_step() {
     assert_eq!(code, 0, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert!(number(&v, "read_gb_s") > 0.0);
+    // The peaks the prefills are set against, measured in the same run.
+    for key in ["int8_gmac_s", "f32_fma_gmac_s"] {
+        assert!(number(&v, &format!("peaks_gmac_s.{key}")) > 0.0, "{key}");
+    }
     for kind in ["q4", "i8"] {
         for key in [
             "decode_tok_s",
@@ -52,6 +56,7 @@ fn json_has_every_figure_per_kind_and_splits_the_step() {
             "prefill_tok_s.16",
             "prefill_tok_s.128",
             "prefill_tok_s.512",
+            "prefill_tok_s.2048",
             "roofline_pct",
             "peak_rss_mb",
             "kv_bytes_per_token",
@@ -61,6 +66,35 @@ fn json_has_every_figure_per_kind_and_splits_the_step() {
                 "{kind} {key}"
             );
         }
+        // Each prefill case: its GEMMs and attention are parts of it, and its share of the peak
+        // is its GEMMs' share or less; 512 and 2048 rows are image prompts, 128 plain text.
+        for rows in ["128", "512", "2048"] {
+            let ms = 1e3 * rows.parse::<f64>().unwrap()
+                / number(&v, &format!("kinds.{kind}.prefill_tok_s.{rows}"));
+            let gemm = number(&v, &format!("kinds.{kind}.prefill_gemm_ms.{rows}"));
+            let attention = number(&v, &format!("kinds.{kind}.prefill_attention_ms.{rows}"));
+            assert!(
+                gemm > 0.0 && attention > 0.0 && gemm + attention <= ms + 0.01,
+                "{kind} {rows}: GEMMs {gemm} ms + attention {attention} ms > prefill {ms} ms"
+            );
+            assert!(number(&v, &format!("kinds.{kind}.prefill_gemm_gmac_s.{rows}")) > 0.0);
+            let gemm_pct = number(&v, &format!("kinds.{kind}.prefill_gemm_peak_pct.{rows}"));
+            let whole_pct = number(&v, &format!("kinds.{kind}.prefill_peak_pct.{rows}"));
+            assert!(
+                whole_pct > 0.0 && whole_pct <= gemm_pct + 0.01,
+                "{kind} {rows}: whole {whole_pct}% vs GEMMs {gemm_pct}%"
+            );
+            let prompt = v["kinds"][kind]["prefill_prompt"][rows]
+                .as_str()
+                .unwrap_or("");
+            let image = rows != "128";
+            assert_eq!(
+                prompt.starts_with("image "),
+                image,
+                "{kind} {rows}: {prompt}"
+            );
+        }
+        assert!(number(&v, &format!("kinds.{kind}.macs_per_row")) > 0.0);
         // Attention is part of the work outside the GEMMs, never more than it.
         for ctx in ["ctx0", "ctx512", "ctx512_kv_bf16"] {
             let non_gemm = number(&v, &format!("kinds.{kind}.non_gemm_ms_{ctx}"));

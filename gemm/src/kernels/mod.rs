@@ -13,6 +13,7 @@
 //!   ascending, then the tail), reproduced lane by lane, so every path gives the same bits.
 
 mod activations;
+mod row_blocks;
 pub mod scalar;
 mod self_check;
 #[cfg(target_arch = "x86_64")]

@@ -89,6 +89,23 @@ fn check_all_paths(
     layout: Option<ActivationLayout>,
     expect: &[f32],
 ) {
+    if let Some(m) = first_mismatch(what, w, k, n, x, rows, layout, expect) {
+        panic!("{m}");
+    }
+}
+
+/// [`check_all_paths`]' comparison: the first path, block offset and row whose bits differ.
+#[allow(clippy::too_many_arguments)]
+fn first_mismatch(
+    what: &str,
+    w: &LinearData<'_>,
+    k: usize,
+    n: usize,
+    x: &[f32],
+    rows: usize,
+    layout: Option<ActivationLayout>,
+    expect: &[f32],
+) -> Option<String> {
     for n0 in [0, n / 3] {
         let nb = n - n0;
         for path in paths() {
@@ -105,17 +122,32 @@ fn check_all_paths(
             run(path, w, k, n0, x, &acts, &mut out);
             for r in 0..rows {
                 let want = &expect[r * n + n0..(r + 1) * n];
-                assert_eq!(
-                    bits(&out[r]),
-                    bits(want),
-                    "{what}: {path:?} rows {rows} k {k} n {n} n0 {n0} row {r}"
-                );
+                if bits(&out[r]) != bits(want) {
+                    return Some(format!(
+                        "{what}: {path:?} rows {rows} k {k} n {n} n0 {n0} row {r}: {:?} != {want:?}",
+                        &out[r]
+                    ));
+                }
             }
         }
     }
+    None
 }
 
 fn check_i8(rows: usize, k: usize, n: usize, x: &[f32], codes: &[i8], w_scales: &[f32]) {
+    if let Some(m) = i8_mismatch(rows, k, n, x, codes, w_scales) {
+        panic!("{m}");
+    }
+}
+
+fn i8_mismatch(
+    rows: usize,
+    k: usize,
+    n: usize,
+    x: &[f32],
+    codes: &[i8],
+    w_scales: &[f32],
+) -> Option<String> {
     let (a, a_s) = quantize_oracle(x, rows, k);
     let mut expect = vec![0f32; rows * n];
     quant::gemm_i8_ref(&a, &a_s, rows, k, codes, w_scales, n, &mut expect);
@@ -123,7 +155,7 @@ fn check_i8(rows: usize, k: usize, n: usize, x: &[f32], codes: &[i8], w_scales: 
         codes,
         scales: w_scales,
     };
-    check_all_paths(
+    first_mismatch(
         "i8",
         &w,
         k,
@@ -132,10 +164,23 @@ fn check_i8(rows: usize, k: usize, n: usize, x: &[f32], codes: &[i8], w_scales: 
         rows,
         Some(ActivationLayout::Natural),
         &expect,
-    );
+    )
 }
 
 fn check_q4(rows: usize, k: usize, n: usize, x: &[f32], codes: &[u8], w_scales: &[bf16]) {
+    if let Some(m) = q4_mismatch(rows, k, n, x, codes, w_scales) {
+        panic!("{m}");
+    }
+}
+
+fn q4_mismatch(
+    rows: usize,
+    k: usize,
+    n: usize,
+    x: &[f32],
+    codes: &[u8],
+    w_scales: &[bf16],
+) -> Option<String> {
     let (a, a_s) = quantize_oracle(x, rows, k);
     let mut expect = vec![0f32; rows * n];
     quant::gemm_q4_ref(&a, &a_s, rows, k, codes, w_scales, n, &mut expect);
@@ -145,7 +190,7 @@ fn check_q4(rows: usize, k: usize, n: usize, x: &[f32], codes: &[u8], w_scales: 
         codes: &panels,
         scales: w_scales,
     };
-    check_all_paths(
+    first_mismatch(
         "q4",
         &w,
         k,
@@ -154,7 +199,7 @@ fn check_q4(rows: usize, k: usize, n: usize, x: &[f32], codes: &[u8], w_scales: 
         rows,
         Some(ActivationLayout::Q4Groups),
         &expect,
-    );
+    )
 }
 
 const ROWS: [usize; 10] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 16];
@@ -362,6 +407,115 @@ fn the_f32_order_matters_so_the_bit_check_can_fail() {
     let b: Vec<f32> = (0..2048).map(|_| rng.unit()).collect();
     let plain = a.iter().zip(&b).fold(0f32, |s, (x, y)| s + x * y);
     assert_ne!(plain.to_bits(), scalar::dot_f32(&a, &b).to_bits());
+}
+
+/// f32 weights `w`, or (`as_bf16`) `w` rounded to bf16, against `scalar::dot_f32`.
+fn f32_mismatch(
+    rows: usize,
+    k: usize,
+    n: usize,
+    x: &[f32],
+    w: &[f32],
+    as_bf16: bool,
+) -> Option<String> {
+    let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+    let wf: Vec<f32> = if as_bf16 {
+        wb.iter().map(|v| v.to_f32()).collect()
+    } else {
+        w.to_vec()
+    };
+    let mut expect = vec![0f32; rows * n];
+    for r in 0..rows {
+        for j in 0..n {
+            expect[r * n + j] = scalar::dot_f32(&x[r * k..(r + 1) * k], &wf[j * k..(j + 1) * k]);
+        }
+    }
+    let (what, data) = if as_bf16 {
+        ("bf16", LinearData::Bf16(&wb))
+    } else {
+        ("f32", LinearData::F32(w))
+    };
+    first_mismatch(what, &data, k, n, x, rows, None, &expect)
+}
+
+/// Every kind on `rows` rows: the first mismatch against its oracle.
+fn all_kinds_mismatch(rng: &mut Rng, rows: usize, k: usize, n: usize) -> Option<String> {
+    let x = activations(rng, rows, k);
+    let codes: Vec<i8> = (0..n * k).map(|_| rng.byte() as i8).collect();
+    let scales: Vec<f32> = (0..n).map(|_| rng.unit().abs() * 0.02).collect();
+    let (codes4, scales4) = q4_weight(rng, n, k / Q4_GROUP * Q4_GROUP);
+    let w: Vec<f32> = (0..n * k).map(|_| rng.unit()).collect();
+    i8_mismatch(rows, k, n, &x, &codes, &scales)
+        // q4 weights have whole groups of 32 only.
+        .or_else(|| {
+            k.is_multiple_of(Q4_GROUP)
+                .then(|| q4_mismatch(rows, k, n, &x, &codes4, &scales4))?
+        })
+        .or_else(|| f32_mismatch(rows, k, n, &x, &w, false))
+        .or_else(|| f32_mismatch(rows, k, n, &x, &w, true))
+}
+
+#[test]
+fn row_blocks_of_every_kernel_match_the_oracle() {
+    // Many rows in blocks of 8 (the test height; tiles of 4 and single rows inside), row counts
+    // below, at and past a block and not a multiple of it, K with and without tails, panels whole
+    // and short.
+    let _ = paths(); // self-checks first, with the ordinary blocks
+    let mut rng = Rng(10);
+    let _blocks = row_blocks::test_hooks::set(8, None);
+    for k in [32, 96, 100, 288] {
+        for rows in [1, 3, 4, 7, 8, 9, 13, 16, 21, 37] {
+            for n in [5, 17, 40] {
+                if let Some(m) = all_kinds_mismatch(&mut rng, rows, k, n) {
+                    panic!("blocks of 8: {m}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn prefill_sized_row_counts_in_natural_blocks_match_the_oracle() {
+    // K = 2048 as in the 2B decoder: blocks of 128 i8 rows, 112 q4 rows, 64 f32 rows; 300 rows
+    // span three to five blocks, the last one short.
+    let _ = paths();
+    let mut rng = Rng(11);
+    let (rows, k, n) = (300, 2048, 19);
+    if let Some(m) = all_kinds_mismatch(&mut rng, rows, k, n) {
+        panic!("{m}");
+    }
+}
+
+#[test]
+fn a_skipped_or_short_row_block_fails_the_oracle_check() {
+    // Controls for the two tests above: the same comparison catches a last block never computed
+    // and blocks that each stop one row short, in every kind (the outputs start as NaN).
+    use row_blocks::test_hooks::{set, Fault};
+    let _ = paths();
+    let mut rng = Rng(12);
+    let (rows, k, n) = (21, 96, 17);
+    for fault in [Fault::SkipLast, Fault::ShortByOne] {
+        let _blocks = set(8, Some(fault));
+        let x = activations(&mut rng, rows, k);
+        let codes: Vec<i8> = (0..n * k).map(|_| rng.byte() as i8).collect();
+        let scales: Vec<f32> = (0..n).map(|_| rng.unit().abs() * 0.02).collect();
+        let (codes4, scales4) = q4_weight(&mut rng, n, k);
+        let w: Vec<f32> = (0..n * k).map(|_| rng.unit()).collect();
+        assert!(
+            i8_mismatch(rows, k, n, &x, &codes, &scales).is_some(),
+            "i8 {fault:?}"
+        );
+        assert!(
+            q4_mismatch(rows, k, n, &x, &codes4, &scales4).is_some(),
+            "q4 {fault:?}"
+        );
+        for as_bf16 in [false, true] {
+            assert!(
+                f32_mismatch(rows, k, n, &x, &w, as_bf16).is_some(),
+                "f32 (bf16 {as_bf16}) {fault:?}"
+            );
+        }
+    }
 }
 
 /// Inputs for the quantizer: ties at exactly .5 after the division, values at the clamp, zeros,

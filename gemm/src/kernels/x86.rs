@@ -22,6 +22,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::activations::SIMD_BYTES;
+use super::row_blocks::{row_blocks, F32_BLOCK_BYTES, INT_BLOCK_BYTES};
 use super::{q4_halves, Activations, Q4Codes, WeightBlock, PANEL};
 use half::bf16;
 use packs::quant::{self, Q4_GROUP};
@@ -46,6 +47,8 @@ pub(super) fn has_avx512_vnni() -> bool {
 const Q4_PACKED_MIN_ROWS: usize = 4;
 /// Activation rows per packed q4 tile.
 const Q4_TILE_ROWS: usize = 4;
+/// Most weight rows the packed q4 kernel unpacks at once (256 x K bytes; a host task's whole chunk).
+const Q4_PACKED_ROWS: usize = 256;
 /// How far ahead (bytes of q4 codes, in address order) the GEMV prefetches at least; it prefetches
 /// one whole panel ahead (`PANEL * K / 2` bytes) when that is more. (Measured with row-major codes,
 /// when a panel's 8 rows were 8 streams the hardware prefetcher followed poorly: one thread went
@@ -61,6 +64,10 @@ const F_TILE: usize = 4;
 pub(crate) trait Dot {
     /// Subtracted per i8 output as `I8_OFFSET * Σa` (the unsigned offset of the weights).
     const I8_OFFSET: i32;
+    /// Weight rows of the i8 tiles for many activation rows: 2 (16 `ymm` registers), or 4 where
+    /// [`Dot::i8_tile_many`] runs on 32 `zmm` registers (16 accumulators; each 64-byte activation
+    /// load then feeds 4 `vpdpbusd`, halving the loads from L2 per product).
+    const I8_MANY_COLS: usize = 2;
     /// The unsigned operand made from i8 weight bytes.
     unsafe fn i8_weight(w: __m256i) -> __m256i;
     /// `acc + a · w` per lane, given the weights `w` and their unsigned form `wu`.
@@ -308,6 +315,7 @@ impl Dpbusd for RealVnni {
 
 impl<P: Dpbusd> Dot for Vnni<P> {
     const I8_OFFSET: i32 = 128;
+    const I8_MANY_COLS: usize = 4;
     #[inline(always)]
     unsafe fn i8_weight(w: __m256i) -> __m256i {
         _mm256_xor_si256(w, _mm256_set1_epi8(i8::MIN))
@@ -659,26 +667,49 @@ unsafe fn i8_block<D: Dot>(
         }
         return;
     }
-    for j0 in (0..nb).step_by(2) {
-        let js = panel_rows::<2>(j0, nb);
-        let live = (nb - j0).min(2);
-        let mut r = 0;
-        while r < rows {
-            // A short last tile repeats its last row.
-            let rs: [usize; I8_TILE_ROWS] = std::array::from_fn(|i| (r + i).min(rows - 1));
-            let acc = D::i8_tile_many::<I8_TILE_ROWS, 2>(
-                map_n(rs, |rr| acts.codes(rr)),
-                map_n(js, wrow),
-                k,
-                map_n(rs, offset),
-            );
-            for (i, accs) in acc.iter().enumerate().take(rows - r) {
-                for c in 0..live {
-                    let j = j0 + c;
-                    out[r + i][j] = quant::finish_i8(accs[c], acts.scale(r + i), scales[j]);
+    if D::I8_MANY_COLS == 4 {
+        i8_block_tiles::<D, 4>(codes, scales, k, acts, out)
+    } else {
+        i8_block_tiles::<D, 2>(codes, scales, k, acts, out)
+    }
+}
+
+/// [`i8_block`] for [`I8_TILE_ROWS`] or more rows: tiles of 4 activation rows x C weight rows.
+#[inline(always)]
+unsafe fn i8_block_tiles<D: Dot, const C: usize>(
+    codes: &[i8],
+    scales: &[f32],
+    k: usize,
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    let (rows, nb) = (out.len(), out[0].len());
+    let wrow = |j: usize| &codes[j * k..(j + 1) * k];
+    let offset = |r: usize| acts.sums(r)[0];
+    // Row blocks outermost: a block's codes stay in L2 while every weight tile passes over them.
+    for rb in row_blocks(rows, k, INT_BLOCK_BYTES, I8_TILE_ROWS) {
+        for j0 in (0..nb).step_by(C) {
+            // A short last tile repeats its last weight row.
+            let js = panel_rows::<C>(j0, nb);
+            let live = (nb - j0).min(C);
+            let mut r = rb.start;
+            while r < rb.end {
+                // A short last tile repeats its last row.
+                let rs: [usize; I8_TILE_ROWS] = std::array::from_fn(|i| (r + i).min(rb.end - 1));
+                let acc = D::i8_tile_many::<I8_TILE_ROWS, C>(
+                    map_n(rs, |rr| acts.codes(rr)),
+                    map_n(js, wrow),
+                    k,
+                    map_n(rs, offset),
+                );
+                for (i, accs) in acc.iter().enumerate().take(rb.end - r) {
+                    for c in 0..live {
+                        let j = j0 + c;
+                        out[r + i][j] = quant::finish_i8(accs[c], acts.scale(r + i), scales[j]);
+                    }
                 }
+                r += I8_TILE_ROWS;
             }
-            r += I8_TILE_ROWS;
         }
     }
 }
@@ -936,44 +967,58 @@ unsafe fn q4_block_packed<V: PanelLanes>(
     let groups = k / Q4_GROUP;
     let (rows, nb) = (out.len(), out[0].len());
     let lanes = V::LANES;
+    let (pb, ps) = (groups * 32 * lanes, groups * lanes);
     // The buffers leave the thread-local while the kernel runs: no SIMD code inside a closure
     // (closures do not inherit the entry point's target features).
     let (mut wp, mut sp) = Q4_PANEL.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
-    wp.resize(groups * 32 * lanes, 0);
-    sp.resize(groups * lanes, 0.0);
-    for j0 in (0..nb).step_by(lanes) {
-        for half in 0..lanes / PANEL {
-            let js = panel_rows::<PANEL>(j0 + PANEL * half, nb);
-            q4_pack_panel(codes, scales, k, js, (lanes, half), &mut wp, &mut sp);
-        }
-        let live = (nb - j0).min(lanes);
-        let mut r = 0;
-        while r + Q4_TILE_ROWS <= rows {
-            let rs: [usize; Q4_TILE_ROWS] = std::array::from_fn(|i| r + i);
-            let done = q4_packed_tile::<V, Q4_TILE_ROWS>(
-                &wp,
-                &sp,
-                map_n(rs, |i| acts.codes(i)),
-                map_n(rs, |i| acts.sums(i)),
-                map_n(rs, |i| acts.scale(i)),
-                groups,
-            );
-            for (i, d) in done.iter().enumerate() {
-                copy_live(&mut out[r + i][j0..], d, lanes, live);
+    // Up to Q4_PACKED_ROWS weight rows are unpacked once into consecutive panels; then each block of
+    // activation rows passes over all of them.
+    for c0 in (0..nb).step_by(Q4_PACKED_ROWS) {
+        let panels = (nb - c0).min(Q4_PACKED_ROWS).div_ceil(lanes);
+        wp.resize(panels * pb, 0);
+        sp.resize(panels * ps, 0.0);
+        for p in 0..panels {
+            let j0 = c0 + p * lanes;
+            for half in 0..lanes / PANEL {
+                let js = panel_rows::<PANEL>(j0 + PANEL * half, nb);
+                let (wpp, spp) = (&mut wp[p * pb..(p + 1) * pb], &mut sp[p * ps..(p + 1) * ps]);
+                q4_pack_panel(codes, scales, k, js, (lanes, half), wpp, spp);
             }
-            r += Q4_TILE_ROWS;
         }
-        while r < rows {
-            let [d] = q4_packed_tile::<V, 1>(
-                &wp,
-                &sp,
-                [acts.codes(r)],
-                [acts.sums(r)],
-                [acts.scale(r)],
-                groups,
-            );
-            copy_live(&mut out[r][j0..], &d, lanes, live);
-            r += 1;
+        for rb in row_blocks(rows, k + 4 * groups, INT_BLOCK_BYTES, Q4_TILE_ROWS) {
+            for p in 0..panels {
+                let j0 = c0 + p * lanes;
+                let (wpp, spp) = (&wp[p * pb..(p + 1) * pb], &sp[p * ps..(p + 1) * ps]);
+                let live = (nb - j0).min(lanes);
+                let mut r = rb.start;
+                while r + Q4_TILE_ROWS <= rb.end {
+                    let rs: [usize; Q4_TILE_ROWS] = std::array::from_fn(|i| r + i);
+                    let done = q4_packed_tile::<V, Q4_TILE_ROWS>(
+                        wpp,
+                        spp,
+                        map_n(rs, |i| acts.codes(i)),
+                        map_n(rs, |i| acts.sums(i)),
+                        map_n(rs, |i| acts.scale(i)),
+                        groups,
+                    );
+                    for (i, d) in done.iter().enumerate() {
+                        copy_live(&mut out[r + i][j0..], d, lanes, live);
+                    }
+                    r += Q4_TILE_ROWS;
+                }
+                while r < rb.end {
+                    let [d] = q4_packed_tile::<V, 1>(
+                        wpp,
+                        spp,
+                        [acts.codes(r)],
+                        [acts.sums(r)],
+                        [acts.scale(r)],
+                        groups,
+                    );
+                    copy_live(&mut out[r][j0..], &d, lanes, live);
+                    r += 1;
+                }
+            }
         }
     }
     Q4_PANEL.with(|cell| *cell.borrow_mut() = (wp, sp));
@@ -984,33 +1029,74 @@ unsafe fn q4_block_packed<V: PanelLanes>(
 
 /// A weight element the f32 tiles read: f32 itself or bf16 widened (exactly).
 trait Widen: Sized {
-    fn widen(&self) -> f32;
     /// 8 elements as f32.
     unsafe fn load8(p: *const Self) -> __m256;
+    /// A panel's `F_TILE` rows of `k` values as f32: the rows themselves (f32), or widened into
+    /// `scratch` (bf16) once for every activation row of a block.
+    unsafe fn panel<'a>(
+        rows: [&'a [Self]; F_TILE],
+        k: usize,
+        scratch: &'a mut Vec<f32>,
+    ) -> [&'a [f32]; F_TILE];
 }
 
 impl Widen for f32 {
-    fn widen(&self) -> f32 {
-        *self
-    }
     #[inline(always)]
     unsafe fn load8(p: *const f32) -> __m256 {
         _mm256_loadu_ps(p)
     }
+    #[inline(always)]
+    unsafe fn panel<'a>(
+        rows: [&'a [f32]; F_TILE],
+        _k: usize,
+        _scratch: &'a mut Vec<f32>,
+    ) -> [&'a [f32]; F_TILE] {
+        rows
+    }
 }
 
 impl Widen for bf16 {
-    fn widen(&self) -> f32 {
-        self.to_f32()
-    }
     #[inline(always)]
     unsafe fn load8(p: *const bf16) -> __m256 {
         bf16x8_to_ps(p)
     }
+    #[inline(always)]
+    unsafe fn panel<'a>(
+        rows: [&'a [bf16]; F_TILE],
+        k: usize,
+        scratch: &'a mut Vec<f32>,
+    ) -> [&'a [f32]; F_TILE] {
+        scratch.resize(F_TILE * k, 0.0);
+        let k8 = k - k % 8;
+        for (row, dst) in rows.iter().zip(scratch.chunks_exact_mut(k)) {
+            assert!(row.len() >= k);
+            for i in (0..k8).step_by(8) {
+                // SAFETY: i + 8 <= k <= both lengths.
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), bf16x8_to_ps(row.as_ptr().add(i)));
+            }
+            for (d, v) in dst[k8..].iter_mut().zip(&row[k8..k]) {
+                *d = v.to_f32();
+            }
+        }
+        let mut it = scratch.chunks_exact(k);
+        std::array::from_fn(|_| it.next().expect("F_TILE rows"))
+    }
 }
 
+thread_local! {
+    static F32_PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Rows from which bf16 panels are widened once into a buffer; fewer rows (the GEMVs, bound by
+/// memory) widen as they load.
+const F_WIDEN_MIN_ROWS: usize = 4;
+
 #[inline(always)]
-unsafe fn f32_tile<T: Widen>(x: &[f32], w: [&[T]; F_TILE], k: usize) -> [f32; F_TILE] {
+unsafe fn f32_tile<T: Widen + Into<f32> + Copy>(
+    x: &[f32],
+    w: [&[T]; F_TILE],
+    k: usize,
+) -> [f32; F_TILE] {
     let mut lo = [_mm256_setzero_ps(); F_TILE];
     let mut hi = [_mm256_setzero_ps(); F_TILE];
     let blocks = k / 16;
@@ -1033,7 +1119,7 @@ unsafe fn f32_tile<T: Widen>(x: &[f32], w: [&[T]; F_TILE], k: usize) -> [f32; F_
             sum += v;
         }
         for j in 16 * blocks..k {
-            sum += x[j] * w[c][j].widen();
+            sum += x[j] * w[c][j].into();
         }
         sums[c] = sum;
     }
@@ -1041,17 +1127,41 @@ unsafe fn f32_tile<T: Widen>(x: &[f32], w: [&[T]; F_TILE], k: usize) -> [f32; F_
 }
 
 #[inline(always)]
-unsafe fn f32_block<T: Widen>(w: &[T], k: usize, x: &[f32], out: &mut [&mut [f32]]) {
-    let nb = out[0].len();
-    for j0 in (0..nb).step_by(F_TILE) {
-        let js = panel_rows::<F_TILE>(j0, nb);
-        let wr = map_n(js, |j| &w[j * k..(j + 1) * k]);
-        for (r, o) in out.iter_mut().enumerate() {
-            let sums = f32_tile(&x[r * k..(r + 1) * k], wr, k);
+unsafe fn f32_block<T: Widen + Into<f32> + Copy>(
+    w: &[T],
+    k: usize,
+    x: &[f32],
+    out: &mut [&mut [f32]],
+) {
+    let (rows, nb) = (out.len(), out[0].len());
+    if rows < F_WIDEN_MIN_ROWS {
+        for j0 in (0..nb).step_by(F_TILE) {
+            let js = panel_rows::<F_TILE>(j0, nb);
+            let wr = map_n(js, |j| &w[j * k..(j + 1) * k]);
             let live = (nb - j0).min(F_TILE);
-            copy_live(&mut o[j0..], &sums, F_TILE, live);
+            for (r, o) in out.iter_mut().enumerate() {
+                let sums = f32_tile(&x[r * k..(r + 1) * k], wr, k);
+                copy_live(&mut o[j0..], &sums, F_TILE, live);
+            }
+        }
+        return;
+    }
+    // Outside the thread-local while the kernel runs (no SIMD code inside a closure).
+    let mut scratch = F32_PANEL.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    // Row blocks outermost: a block's rows stay in L2 while every panel passes over them, and a
+    // bf16 panel is widened once per block, not once per row.
+    for rb in row_blocks(rows, 4 * k, F32_BLOCK_BYTES, 1) {
+        for j0 in (0..nb).step_by(F_TILE) {
+            let js = panel_rows::<F_TILE>(j0, nb);
+            let wr = T::panel(map_n(js, |j| &w[j * k..(j + 1) * k]), k, &mut scratch);
+            let live = (nb - j0).min(F_TILE);
+            for r in rb.clone() {
+                let sums = f32_tile(&x[r * k..(r + 1) * k], wr, k);
+                copy_live(&mut out[r][j0..], &sums, F_TILE, live);
+            }
         }
     }
+    F32_PANEL.with(|cell| *cell.borrow_mut() = scratch);
 }
 
 // ---------------------------------------------------------------------------------------------

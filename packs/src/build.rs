@@ -203,6 +203,16 @@ pub(crate) struct Progress<'a> {
     pub source: &'a dyn Fn(&str) -> Option<String>,
 }
 
+impl Progress<'_> {
+    /// The bar's message for weight `name`: its source file first, when known.
+    fn message(&self, name: &str) -> String {
+        match (self.source)(name) {
+            Some(file) => format!("{file}: {name}"),
+            None => name.to_string(),
+        }
+    }
+}
+
 /// Writes every weight of `sem`'s plan, asking `fill` for the f32 rows of each, then `assets`.
 pub(crate) fn write_pack<F>(
     out: &Path,
@@ -226,10 +236,7 @@ where
     let bar = progress_bar(progress.show, weights.len() as u64);
     for weight in &weights {
         if progress.show {
-            bar.set_message(match (progress.source)(&weight.name) {
-                Some(file) => format!("{file}: {}", weight.name),
-                None => weight.name.clone(),
-            });
+            bar.set_message(progress.message(&weight.name));
         }
         encode::write_weight(&mut writer, weight, |first_row, values| {
             fill(weight, first_row, values)
@@ -261,4 +268,27 @@ fn progress_bar(show: bool, len: u64) -> ProgressBar {
     .progress_chars("=> ");
     bar.set_style(style);
     bar
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::Progress;
+
+    #[test]
+    fn the_message_names_the_shard_a_weight_comes_from() {
+        let shard_of = |name: &str| {
+            name.starts_with("layers.1.")
+                .then(|| "model-00002-of-00002.safetensors".to_string())
+        };
+        let p = Progress {
+            show: true,
+            source: &shard_of,
+        };
+        assert_eq!(
+            p.message("layers.1.mlp.down"),
+            "model-00002-of-00002.safetensors: layers.1.mlp.down"
+        );
+        // Control: a weight with no known source is shown alone, not under another shard.
+        assert_eq!(p.message("layers.0.mlp.down"), "layers.0.mlp.down");
+    }
 }

@@ -68,6 +68,9 @@ pub(crate) trait Dot {
     /// [`Dot::i8_tile_many`] runs on 32 `zmm` registers (16 accumulators; each 64-byte activation
     /// load then feeds 4 `vpdpbusd`, halving the loads from L2 per product).
     const I8_MANY_COLS: usize = 2;
+    /// Whether the f32 tiles of a row block take 2 activation rows at a time (16 accumulators:
+    /// `ymm0`-`ymm31` under AVX-512 VL), so each weight load serves both; else 1 (16 `ymm`).
+    const F32_PAIRS: bool = false;
     /// The unsigned operand made from i8 weight bytes.
     unsafe fn i8_weight(w: __m256i) -> __m256i;
     /// `acc + a · w` per lane, given the weights `w` and their unsigned form `wu`.
@@ -316,6 +319,7 @@ impl Dpbusd for RealVnni {
 impl<P: Dpbusd> Dot for Vnni<P> {
     const I8_OFFSET: i32 = 128;
     const I8_MANY_COLS: usize = 4;
+    const F32_PAIRS: bool = true;
     #[inline(always)]
     unsafe fn i8_weight(w: __m256i) -> __m256i {
         _mm256_xor_si256(w, _mm256_set1_epi8(i8::MIN))
@@ -453,8 +457,8 @@ unsafe fn gemm_block_generic<D: Dot>(
     out: &mut [&mut [f32]],
 ) {
     match *block {
-        WeightBlock::F32(w) => f32_block(w, k, x, out),
-        WeightBlock::Bf16(w) => f32_block(w, k, x, out),
+        WeightBlock::F32(w) => f32_block::<D, f32>(w, k, x, out),
+        WeightBlock::Bf16(w) => f32_block::<D, bf16>(w, k, x, out),
         WeightBlock::I8 { codes, scales } => i8_block::<D>(codes, scales, k, acts, out),
         WeightBlock::Q4 { codes, scales } => {
             if out.len() >= Q4_PACKED_MIN_ROWS && k >= Q4_GROUP {
@@ -1091,56 +1095,68 @@ thread_local! {
 /// memory) widen as they load.
 const F_WIDEN_MIN_ROWS: usize = 4;
 
+/// R activation rows x `F_TILE` weight rows in `scalar::dot_f32`'s order per output: element
+/// `[r][c]`. Each weight load serves all R rows.
 #[inline(always)]
-unsafe fn f32_tile<T: Widen + Into<f32> + Copy>(
-    x: &[f32],
+unsafe fn f32_tile<T: Widen + Into<f32> + Copy, const R: usize>(
+    x: [&[f32]; R],
     w: [&[T]; F_TILE],
     k: usize,
-) -> [f32; F_TILE] {
-    let mut lo = [_mm256_setzero_ps(); F_TILE];
-    let mut hi = [_mm256_setzero_ps(); F_TILE];
+) -> [[f32; F_TILE]; R] {
+    let mut lo = [[_mm256_setzero_ps(); F_TILE]; R];
+    let mut hi = [[_mm256_setzero_ps(); F_TILE]; R];
     let blocks = k / 16;
     for b in 0..blocks {
-        let xl = _mm256_loadu_ps(x.as_ptr().add(16 * b));
-        let xh = _mm256_loadu_ps(x.as_ptr().add(16 * b + 8));
+        let mut xl = [_mm256_setzero_ps(); R];
+        let mut xh = [_mm256_setzero_ps(); R];
+        for r in 0..R {
+            xl[r] = _mm256_loadu_ps(x[r].as_ptr().add(16 * b));
+            xh[r] = _mm256_loadu_ps(x[r].as_ptr().add(16 * b + 8));
+        }
         for c in 0..F_TILE {
             let p = w[c].as_ptr().add(16 * b);
-            lo[c] = _mm256_add_ps(lo[c], _mm256_mul_ps(xl, T::load8(p)));
-            hi[c] = _mm256_add_ps(hi[c], _mm256_mul_ps(xh, T::load8(p.add(8))));
+            let (wl, wh) = (T::load8(p), T::load8(p.add(8)));
+            for r in 0..R {
+                lo[r][c] = _mm256_add_ps(lo[r][c], _mm256_mul_ps(xl[r], wl));
+                hi[r][c] = _mm256_add_ps(hi[r][c], _mm256_mul_ps(xh[r], wh));
+            }
         }
     }
-    let mut sums = [0f32; F_TILE];
-    for c in 0..F_TILE {
-        let mut lanes = [0f32; 16];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), lo[c]);
-        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi[c]);
-        let mut sum = 0f32;
-        for v in lanes {
-            sum += v;
+    let mut sums = [[0f32; F_TILE]; R];
+    for r in 0..R {
+        for c in 0..F_TILE {
+            let mut lanes = [0f32; 16];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), lo[r][c]);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), hi[r][c]);
+            let mut sum = 0f32;
+            for v in lanes {
+                sum += v;
+            }
+            for j in 16 * blocks..k {
+                sum += x[r][j] * w[c][j].into();
+            }
+            sums[r][c] = sum;
         }
-        for j in 16 * blocks..k {
-            sum += x[j] * w[c][j].into();
-        }
-        sums[c] = sum;
     }
     sums
 }
 
 #[inline(always)]
-unsafe fn f32_block<T: Widen + Into<f32> + Copy>(
+unsafe fn f32_block<D: Dot, T: Widen + Into<f32> + Copy>(
     w: &[T],
     k: usize,
     x: &[f32],
     out: &mut [&mut [f32]],
 ) {
     let (rows, nb) = (out.len(), out[0].len());
+    let xr = |r: usize| &x[r * k..(r + 1) * k];
     if rows < F_WIDEN_MIN_ROWS {
         for j0 in (0..nb).step_by(F_TILE) {
             let js = panel_rows::<F_TILE>(j0, nb);
             let wr = map_n(js, |j| &w[j * k..(j + 1) * k]);
             let live = (nb - j0).min(F_TILE);
             for (r, o) in out.iter_mut().enumerate() {
-                let sums = f32_tile(&x[r * k..(r + 1) * k], wr, k);
+                let [sums] = f32_tile([xr(r)], wr, k);
                 copy_live(&mut o[j0..], &sums, F_TILE, live);
             }
         }
@@ -1155,9 +1171,20 @@ unsafe fn f32_block<T: Widen + Into<f32> + Copy>(
             let js = panel_rows::<F_TILE>(j0, nb);
             let wr = T::panel(map_n(js, |j| &w[j * k..(j + 1) * k]), k, &mut scratch);
             let live = (nb - j0).min(F_TILE);
-            for r in rb.clone() {
-                let sums = f32_tile(&x[r * k..(r + 1) * k], wr, k);
+            let mut r = rb.start;
+            if D::F32_PAIRS {
+                while r + 2 <= rb.end {
+                    let sums = f32_tile([xr(r), xr(r + 1)], wr, k);
+                    for (i, s) in sums.iter().enumerate() {
+                        copy_live(&mut out[r + i][j0..], s, F_TILE, live);
+                    }
+                    r += 2;
+                }
+            }
+            while r < rb.end {
+                let [sums] = f32_tile([xr(r)], wr, k);
                 copy_live(&mut out[r][j0..], &sums, F_TILE, live);
+                r += 1;
             }
         }
     }

@@ -57,7 +57,7 @@ struct Common {
 
 #[derive(Subcommand, Clone)]
 enum Mode {
-    /// Each GEMM of the shape alone: GEMV (1 row) and GEMM (128 rows), GB/s and GMAC/s, per
+    /// Each GEMM of the shape alone: GEMV (1 row) and GEMMs (`--rows`), GB/s and GMAC/s, per
     /// instruction set.
     Gemm {
         /// Rows of the batched cases, comma separated (the head, which a prefill runs for one

@@ -165,15 +165,7 @@ pub struct Forward {
     attention_time: Duration,
 }
 
-const PROJS: [Proj; 7] = [
-    Proj::Q,
-    Proj::K,
-    Proj::V,
-    Proj::O,
-    Proj::Gate,
-    Proj::Up,
-    Proj::Down,
-];
+const PROJS: [Proj; 7] = Proj::ALL;
 
 impl Forward {
     pub fn new(

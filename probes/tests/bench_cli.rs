@@ -2,20 +2,9 @@
 //! (every key, per kind), the split of a decode step, and a refused bad argument.
 
 use serde_json::Value;
-use std::process::Command;
 
-fn bench(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_bench"))
-        .args(args)
-        .env_remove("XDNA_VL_KERNELS")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+mod common;
+use common::bench;
 
 fn number(v: &Value, path: &str) -> f64 {
     let mut at = v;

@@ -4,20 +4,9 @@
 //! assertion: only that each figure is there and consistent.
 
 use serde_json::Value;
-use std::process::Command;
 
-fn bench(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_bench"))
-        .args(args)
-        .env_remove("XDNA_VL_KERNELS")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+mod common;
+use common::bench;
 
 fn get<'a>(v: &'a Value, path: &str) -> &'a Value {
     let mut at = v;

@@ -521,18 +521,7 @@ fn linear_macs(pack: &Pack) -> (u64, u64) {
     use packs::names::{proj, Proj};
     let layers = pack.semantics().num_layers;
     let per_row = (0..layers)
-        .flat_map(|l| {
-            [
-                Proj::Q,
-                Proj::K,
-                Proj::V,
-                Proj::O,
-                Proj::Gate,
-                Proj::Up,
-                Proj::Down,
-            ]
-            .map(|p| proj(l, p))
-        })
+        .flat_map(|l| Proj::ALL.map(|p| proj(l, p)))
         .map(|name| {
             let w = pack.linear(&name).unwrap_or_else(|e| refuse(e));
             (w.n * w.k) as u64

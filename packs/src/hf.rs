@@ -426,22 +426,7 @@ fn parse_moe(path: &Path, text: &Value, num_layers: usize) -> Result<MoeSemantic
     let decoder_sparse_step = size("decoder_sparse_step")?.unwrap_or(1);
     let mlp_only_layers = match text.get("mlp_only_layers") {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| v.as_u64().and_then(|v| usize::try_from(v).ok()))
-            .collect::<Option<Vec<usize>>>()
-            .ok_or_else(|| {
-                key_err(
-                    "mlp_only_layers",
-                    format!("expected layer indexes, got {}", Value::Array(a.clone())),
-                )
-            })?,
-        Some(v) => {
-            return Err(key_err(
-                "mlp_only_layers",
-                format!("expected an array, got {v}"),
-            ))
-        }
+        Some(v) => index_list(v, "layer indexes").map_err(|w| key_err("mlp_only_layers", w))?,
     };
     // transformers' Qwen3-VL-MoE router always divides the top-k weights by their sum; a config
     // asking for the raw softmax weights describes another model than the one transformers runs.
@@ -558,21 +543,8 @@ pub fn parse_vision_config(path: &Path, config: &Value) -> Result<VisionSemantic
         }
     }
     let deepstack_visual_indexes = match vision.get("deepstack_visual_indexes") {
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| v.as_u64().and_then(|v| usize::try_from(v).ok()))
-            .collect::<Option<Vec<usize>>>()
-            .ok_or_else(|| {
-                key_err(
-                    "deepstack_visual_indexes",
-                    format!("expected block indexes, got {}", Value::Array(a.clone())),
-                )
-            })?,
         Some(v) => {
-            return Err(key_err(
-                "deepstack_visual_indexes",
-                format!("expected an array, got {v}"),
-            ))
+            index_list(v, "block indexes").map_err(|w| key_err("deepstack_visual_indexes", w))?
         }
         None => return Err(key_err("deepstack_visual_indexes", "missing".into())),
     };
@@ -615,6 +587,17 @@ pub fn parse_vision_config(path: &Path, config: &Value) -> Result<VisionSemantic
         layer_norm_eps: 1e-6,
         quant: QuantKind::F32,
     })
+}
+
+/// A JSON array of indexes (`what` names them), or what the refusal says instead.
+fn index_list(value: &Value, what: &str) -> Result<Vec<usize>, String> {
+    let Value::Array(a) = value else {
+        return Err(format!("expected an array, got {value}"));
+    };
+    a.iter()
+        .map(|v| v.as_u64().and_then(|v| usize::try_from(v).ok()))
+        .collect::<Option<Vec<usize>>>()
+        .ok_or_else(|| format!("expected {what}, got {value}"))
 }
 
 /// What preprocessing needs from `preprocessor_config.json`, with transformers' defaults for the

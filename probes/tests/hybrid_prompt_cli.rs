@@ -121,17 +121,8 @@ fn the_kernels_variable_picks_the_host_kernels_and_a_bad_one_is_named() {
 }
 
 fn emu_library() -> String {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [
-        deps.join("libnpu_emu.so"),
-        deps.parent().unwrap().join("libnpu_emu.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .expect("libnpu_emu.so next to the test binary")
-    .to_string_lossy()
-    .into_owned()
+    let path = npu_sys::emu_library().unwrap_or_else(|e| panic!("{e}"));
+    path.to_string_lossy().into_owned()
 }
 
 #[test]

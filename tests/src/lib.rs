@@ -1,7 +1,7 @@
 //! Fixture helpers for the end-to-end tests: the committed transformers cases, packs built from
 //! them in temporary directories, and a forward over each.
 
-use forward::{BackendChoice, Forward, ForwardOptions, PromptInputs};
+use forward::{Ablation, BackendChoice, Forward, ForwardOptions, PromptInputs};
 use packs::{Pack, QuantKind};
 use probes::Reference;
 use std::path::PathBuf;
@@ -93,4 +93,25 @@ pub fn options() -> ForwardOptions {
         threads: 2,
         ..ForwardOptions::default()
     }
+}
+
+/// Replays `case`'s f32 pack with a deliberate mistake (`ablation`; none with the default) and
+/// returns the worst |Δlogit| against transformers.
+pub fn ablated(case: &Case, ablation: Ablation) -> f32 {
+    let (_dir, pack) = case.pack(QuantKind::F32);
+    let mut fwd = forward(
+        &pack,
+        ForwardOptions {
+            ablation,
+            ..options()
+        },
+    );
+    let r = probes::replay(
+        &mut fwd,
+        &case.inputs(),
+        &case.reference(QuantKind::F32),
+        |_, _, _, _| {},
+    )
+    .unwrap();
+    r.max_abs_logit_diff()
 }

@@ -1,11 +1,11 @@
 //! The decoder against transformers, on every committed case: f32 and bf16 packs within 1e-3,
 //! i8/q4 packs against their quantization-aware references, and the controls that must fail.
 
-use forward::{Ablation, ForwardOptions, Logits, RopeLayout};
+use forward::{Ablation, Logits, RopeLayout};
 use packs::QuantKind;
 use probes::compare::{count_differing, max_abs_diff};
 use probes::replay;
-use xdna_vl_tests::{cases, forward, options, Case};
+use xdna_vl_tests::{ablated, cases, forward, options, Case};
 
 const EXACT: f32 = 1e-3;
 
@@ -167,26 +167,6 @@ fn equal_planes_are_byte_identical_to_the_token_path() {
             "{name}: the h plane is not used"
         );
     }
-}
-
-/// Replays `case` with a deliberate mistake and returns the worst |Δlogit| against transformers.
-fn ablated(case: &Case, ablation: Ablation) -> f32 {
-    let (_dir, pack) = case.pack(QuantKind::F32);
-    let mut fwd = forward(
-        &pack,
-        ForwardOptions {
-            ablation,
-            ..options()
-        },
-    );
-    let r = replay(
-        &mut fwd,
-        &case.inputs(),
-        &case.reference(QuantKind::F32),
-        |_, _, _, _| {},
-    )
-    .unwrap();
-    r.max_abs_logit_diff()
 }
 
 #[test]

@@ -7,8 +7,7 @@ use forward::stfile::StFile;
 use forward::{Ablation, ForwardOptions, HybridInputs, Logits};
 use packs::QuantKind;
 use probes::compare::max_abs_diff;
-use probes::replay;
-use xdna_vl_tests::{cases, fixtures, forward, options, Case};
+use xdna_vl_tests::{ablated, cases, fixtures, forward, options, Case};
 
 const EXACT: f32 = 1e-3;
 
@@ -23,7 +22,7 @@ fn moe_cases() -> Vec<Case> {
     out
 }
 
-/// Replays `case` (f32 pack) with `ablation`; the worst |Δlogit| against transformers.
+/// Replays `case` (a MoE f32 pack) with `ablation`; the worst |Δlogit| against transformers.
 fn replayed(case: &Case, ablation: Ablation) -> f32 {
     let (_dir, pack) = case.pack(QuantKind::F32);
     assert!(
@@ -31,21 +30,7 @@ fn replayed(case: &Case, ablation: Ablation) -> f32 {
         "{}: not a MoE pack",
         case.name
     );
-    let mut fwd = forward(
-        &pack,
-        ForwardOptions {
-            ablation,
-            ..options()
-        },
-    );
-    let r = replay(
-        &mut fwd,
-        &case.inputs(),
-        &case.reference(QuantKind::F32),
-        |_, _, _, _| {},
-    )
-    .unwrap();
-    r.max_abs_logit_diff()
+    ablated(case, ablation)
 }
 
 #[test]

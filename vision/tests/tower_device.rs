@@ -16,20 +16,7 @@ use vision::tower::{Tower, TowerAblation};
 
 /// `libnpu_emu.so`, built next to the test binaries by the npu-emu dev-dependency.
 fn emu_library() -> PathBuf {
-    if let Some(path) = std::env::var_os("NPU_EMU_LIB") {
-        return PathBuf::from(path);
-    }
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    for candidate in [
-        deps.join("libnpu_emu.so"),
-        deps.parent().unwrap().join("libnpu_emu.so"),
-    ] {
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    panic!("libnpu_emu.so is not built next to {}", deps.display());
+    npu_sys::emu_library().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Software-NPU designs for every geometry of the pack's tower linears.

@@ -12,24 +12,7 @@ use npu_sys::designs::{write_emu_designs, Designs};
 use npu_sys::{DesignKind, Geometry, Runtime, RuntimeSource};
 
 pub fn emu_library() -> PathBuf {
-    if let Some(path) = std::env::var_os("NPU_EMU_LIB") {
-        return PathBuf::from(path);
-    }
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("test binary directory");
-    let candidates = [
-        deps.join("libnpu_emu.so"),
-        deps.parent().unwrap_or(deps).join("libnpu_emu.so"),
-    ];
-    for candidate in &candidates {
-        if candidate.is_file() {
-            return candidate.clone();
-        }
-    }
-    panic!(
-        "the software NPU library is not built (looked at {:?}); run `cargo build -p npu-emu` or set NPU_EMU_LIB",
-        candidates
-    );
+    npu_sys::emu_library().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The software NPU, opened through the same libloading path as any runtime.

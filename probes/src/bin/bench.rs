@@ -724,15 +724,11 @@ fn decoder_bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value 
                 max_diff,
                 100.0 * top1
             );
-            match peak {
-                Some(p) if rss_reset => {
-                    println!("  peak RSS {p:.0} MB (budget pack + KV + 300 MB = {budget_mb:.0} MB)")
-                }
-                Some(p) => {
-                    println!("  peak RSS {p:.0} MB (process-wide: VmHWM could not be reset)")
-                }
-                None => println!("  peak RSS unavailable (no /proc/self/status)"),
-            }
+            print_peak_rss(
+                peak,
+                rss_reset,
+                &format!("budget pack + KV + 300 MB = {budget_mb:.0} MB"),
+            );
         }
         kinds_json.insert(
             kind.to_string(),
@@ -797,6 +793,15 @@ fn decoder_bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value 
         "read_gb_s_best": round2(best),
         "kinds": kinds_json,
     })
+}
+
+/// The report's peak-RSS line: `about` says what the figure holds when VmHWM was reset for the run.
+fn print_peak_rss(peak: Option<f64>, rss_reset: bool, about: &str) {
+    match peak {
+        Some(p) if rss_reset => println!("  peak RSS {p:.0} MB ({about})"),
+        Some(p) => println!("  peak RSS {p:.0} MB (process-wide: VmHWM could not be reset)"),
+        None => println!("  peak RSS unavailable (no /proc/self/status)"),
+    }
 }
 
 /// A mixture-of-experts shape: decode reads only the routed experts, so the bytes a step reads are
@@ -893,15 +898,11 @@ fn moe_bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value {
                 sparse * moe.num_experts as u64,
                 PREFILL as u64 * sparse * moe.top_k as u64
             );
-            match peak {
-                Some(p) if rss_reset => {
-                    println!("  peak RSS {p:.0} MB (the pack is mapped: {pack_mb:.0} MB)")
-                }
-                Some(p) => {
-                    println!("  peak RSS {p:.0} MB (process-wide: VmHWM could not be reset)")
-                }
-                None => println!("  peak RSS unavailable (no /proc/self/status)"),
-            }
+            print_peak_rss(
+                peak,
+                rss_reset,
+                &format!("the pack is mapped: {pack_mb:.0} MB"),
+            );
         }
         kinds_json.insert(
             kind.to_string(),

@@ -518,6 +518,37 @@ fn a_skipped_or_short_row_block_fails_the_oracle_check() {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_i16_pair_i8_kernel_checks_catch_each_planted_mistake() {
+    // Controls for the many-row AVX2 i8 kernel (`x86/i8_pairs.rs`): the oracle comparison passes as
+    // built and catches a dropped last code pair, swapped codes within a pair and an unstored last
+    // weight row. K = 608 spans three K chunks with no padding (a dropped padding pair would change
+    // nothing; padded K tails are in the random tests); 17 weight rows leave a short last panel and
+    // a short last tile of panels; 6 rows a short last tile of rows.
+    use x86::i8_pairs::test_hooks::{plant, Fault};
+    if !Isa::Avx2.is_available() {
+        return;
+    }
+    let mut rng = Rng(31);
+    let (rows, k, n) = (6, 608, 17);
+    let x = activations(&mut rng, rows, k);
+    let codes: Vec<i8> = (0..n * k).map(|_| rng.byte() as i8).collect();
+    let scales: Vec<f32> = (0..n).map(|_| rng.unit().abs() * 0.02).collect();
+    assert_eq!(i8_mismatch(rows, k, n, &x, &codes, &scales), None);
+    for fault in [
+        Fault::LastPairDropped,
+        Fault::PairHalvesSwapped,
+        Fault::LastRowUnstored,
+    ] {
+        let _planted = plant(fault);
+        assert!(
+            i8_mismatch(rows, k, n, &x, &codes, &scales).is_some(),
+            "{fault:?} went unnoticed"
+        );
+    }
+}
+
 /// Inputs for the quantizer: ties at exactly .5 after the division, values at the clamp, zeros,
 /// signed zeros, subnormals, huge and non-finite values, lengths around the vector widths.
 fn quantizer_rows() -> Vec<Vec<f32>> {

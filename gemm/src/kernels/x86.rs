@@ -8,9 +8,11 @@
 //! except the instructions themselves on an AVX2-only machine.
 //!
 //! Exactness (the `packs::quant` arithmetic, see `kernels/mod.rs`):
-//! - AVX2 i8 uses the sign trick `maddubs(|w|, sign(a, w))`. `|w| <= 128` as an unsigned byte (even for
-//!   a -128 weight byte) and `|a| <= 127` (activation codes are clamped to ±127), so each i16 pair sum
-//!   is at most 2 * 128 * 127 = 32512 < 32767: `vpmaddubsw` never saturates.
+//! - AVX2 i8 against 4 or more rows multiplies codes widened to i16 (`vpmaddwd`, exact; see
+//!   `x86/i8_pairs.rs`). Against fewer rows it uses the sign trick `maddubs(|w|, sign(a, w))`:
+//!   `|w| <= 128` as an unsigned byte (even for a -128 weight byte) and `|a| <= 127` (activation
+//!   codes are clamped to ±127), so each i16 pair sum is at most 2 * 128 * 127 = 32512 < 32767:
+//!   `vpmaddubsw` never saturates.
 //! - VNNI i8 multiplies `w + 128` (unsigned) by `a` and subtracts `128 * Σa`; no step saturates.
 //! - q4 multiplies the nibble plus 8 (0..=15, unsigned) by `a` and subtracts `8 * Σa` per group. On AVX2
 //!   the i16 pair sums are at most 2 * 15 * 127 = 3810, and the packed kernel adds eight of them per
@@ -29,6 +31,7 @@ use packs::quant::{self, Q4_GROUP};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
+pub(crate) mod i8_pairs;
 mod wide;
 
 pub(super) fn has_avx2() -> bool {
@@ -71,6 +74,9 @@ pub(crate) trait Dot {
     /// Whether the f32 tiles of a row block take 2 activation rows at a time (16 accumulators:
     /// `ymm0`-`ymm31` under AVX-512 VL), so each weight load serves both; else 1 (16 `ymm`).
     const F32_PAIRS: bool = false;
+    /// Whether many activation rows take the i16 `vpmaddwd` kernel ([`i8_pairs`]) instead of the
+    /// register tiles of [`Dot::i8_tile_many`].
+    const I8_PAIRS: bool = false;
     /// The unsigned operand made from i8 weight bytes.
     unsafe fn i8_weight(w: __m256i) -> __m256i;
     /// `acc + a · w` per lane, given the weights `w` and their unsigned form `wu`.
@@ -109,6 +115,7 @@ pub(crate) struct Avx2Dot;
 
 impl Dot for Avx2Dot {
     const I8_OFFSET: i32 = 0;
+    const I8_PAIRS: bool = true;
     #[inline(always)]
     unsafe fn i8_weight(w: __m256i) -> __m256i {
         _mm256_abs_epi8(w)
@@ -670,6 +677,9 @@ unsafe fn i8_block<D: Dot>(
             }
         }
         return;
+    }
+    if D::I8_PAIRS {
+        return i8_pairs::i8_block_pairs(codes, scales, k, acts, out);
     }
     if D::I8_MANY_COLS == 4 {
         i8_block_tiles::<D, 4>(codes, scales, k, acts, out)

@@ -1,0 +1,269 @@
+//! i8 against many activation rows on AVX2: `vpmaddwd` on codes widened to i16.
+//!
+//! Why not `vpmaddubsw`: it multiplies an unsigned byte by a signed one, so i8 x i8 needs the sign
+//! trick (`maddubs(|w|, sign(a, w))`), a `vpsignb` per product vector besides the `vpmaddubsw` and
+//! the widening `vpmaddwd` — three vector operations (and an add) per 32 multiply-adds, where a
+//! `vpmaddwd` on i16 codes does 16 in one (and an add). Measured on a 2-core Zen 3 (one thread,
+//! loops of inline assembly on registers, 6 independent chains, two runs on a loaded machine):
+//! `vpsignb`+`vpmaddubsw`+`vpmaddwd`+`vpaddd` made 0.78-0.82x the multiply-adds per second of
+//! `vpmaddubsw`+`vpmaddwd`+`vpaddd`, `vpmaddwd`+`vpaddd` 1.1-1.3x.
+//!
+//! Layout: the task's weight rows are widened once per call into panels of 8 rows, `[pair t][row
+//! c][2 x i16]` (pair t = codes 2t and 2t + 1; an odd or short K is padded with zero codes, which add
+//! nothing), so one 32-byte load is the pair t of 8 weight rows and lanes are weight rows: no
+//! horizontal sums. Each block of activation rows is widened to i16 rows once; a tile of
+//! [`ROWS`] rows x [`PANELS`] panels broadcasts each row's pair t (a 32-bit load) against the
+//! panels' vectors. K runs in chunks of [`K_CHUNK`] codes so that the tile's weights (12 KB) stay
+//! in L1 while every row tile of the block passes over them; the i32 accumulators are kept in a
+//! scratch between chunks.
+//!
+//! Exactness: i16 x i16 products of codes in -128..127 summed in pairs in i32 (`vpmaddwd`), then
+//! added in i32: the exact dot (at most K * 128 * 128, far below 2^31 for any K the packs allow),
+//! whatever the order. The finish is `finish_i8` lane-wise: `(acc as f32 * s_a) * s_w`.
+
+use super::{panel_rows, transpose8};
+use crate::kernels::row_blocks::{row_blocks, INT_BLOCK_BYTES};
+use crate::kernels::{Activations, PANEL};
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+/// Activation rows of a tile.
+const ROWS: usize = 4;
+/// Weight panels (of 8 rows) of a tile: `ROWS * PANELS` accumulators + `PANELS` weight vectors +
+/// one broadcast fill the 16 `ymm` registers.
+const PANELS: usize = 3;
+/// Codes of K per chunk: a tile's weights are `PANELS * 8 * K_CHUNK * 2` bytes (12 KB).
+const K_CHUNK: usize = 256;
+/// Codes widened at a time (one 16-byte load).
+const WIDEN: usize = 16;
+
+#[derive(Default)]
+struct Scratch {
+    /// Widened weight panels of the task.
+    weights: Vec<i16>,
+    /// Widened activation rows of a block.
+    acts: Vec<i16>,
+    /// i32 accumulators of a block's rows x a tile's panels between K chunks.
+    acc: Vec<__m256i>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// K padded to whole widening steps (zero codes beyond `k`).
+fn padded(k: usize) -> usize {
+    k.div_ceil(WIDEN) * WIDEN
+}
+
+/// The i8 outputs of every activation row of `acts` against the weight rows `codes` (`nb` rows of
+/// `k` codes, scales `scales`), written to `out[row][weight row]`.
+///
+/// # Safety
+/// The CPU must support AVX2; `codes`, `scales`, `acts` and `out` must match `k` (checked by
+/// `Kernels::gemm_block`).
+#[inline(always)]
+pub(super) unsafe fn i8_block_pairs(
+    codes: &[i8],
+    scales: &[f32],
+    k: usize,
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    let (rows, nb) = (out.len(), out[0].len());
+    if rows == 0 || nb == 0 {
+        return;
+    }
+    let kp = padded(k);
+    let panel_len = kp * PANEL; // i16 per widened panel
+    let panels = nb.div_ceil(PANEL);
+    // The buffers leave the thread-local while the kernel runs: no SIMD code inside a closure
+    // (closures do not inherit the entry point's target features).
+    let mut s = SCRATCH.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    s.weights.resize(panels * panel_len, 0);
+    for p in 0..panels {
+        let js = panel_rows::<PANEL>(p * PANEL, nb);
+        widen_panel(
+            codes,
+            k,
+            js,
+            &mut s.weights[p * panel_len..(p + 1) * panel_len],
+        );
+    }
+    for rb in row_blocks(rows, 2 * kp, INT_BLOCK_BYTES, ROWS) {
+        let n = rb.len();
+        s.acts.resize(n * kp, 0);
+        for (i, r) in rb.clone().enumerate() {
+            widen_row(acts.codes(r), &mut s.acts[i * kp..(i + 1) * kp]);
+        }
+        s.acc.resize(n * PANELS, _mm256_setzero_si256());
+        for p0 in (0..panels).step_by(PANELS) {
+            // A short last tile repeats its last panel (computed, not stored).
+            let ps: [usize; PANELS] = std::array::from_fn(|c| (p0 + c).min(panels - 1));
+            s.acc.fill(_mm256_setzero_si256());
+            for k0 in (0..kp).step_by(K_CHUNK) {
+                let pairs = (kp - k0).min(K_CHUNK) / 2;
+                #[cfg(test)]
+                let pairs = pairs
+                    - usize::from(
+                        test_hooks::is(test_hooks::Fault::LastPairDropped) && k0 + K_CHUNK >= kp,
+                    );
+                let w: [*const i16; PANELS] =
+                    std::array::from_fn(|c| s.weights.as_ptr().add(ps[c] * panel_len + k0 * PANEL));
+                for r0 in (0..n).step_by(ROWS) {
+                    // A short last tile repeats its last row.
+                    let rs: [usize; ROWS] = std::array::from_fn(|i| (r0 + i).min(n - 1));
+                    let a: [*const i16; ROWS] =
+                        std::array::from_fn(|i| s.acts.as_ptr().add(rs[i] * kp + k0));
+                    let acc = s.acc.as_mut_ptr();
+                    tile(a, w, pairs, rs.map(|r| acc.add(r * PANELS)));
+                }
+            }
+            for i in 0..n {
+                let r = rb.start + i;
+                let sa = _mm256_set1_ps(acts.scale(r));
+                for c in 0..PANELS {
+                    let p = p0 + c;
+                    if p >= panels {
+                        break;
+                    }
+                    let (j0, live) = (p * PANEL, (nb - p * PANEL).min(PANEL));
+                    #[cfg(test)]
+                    let live = live
+                        - usize::from(
+                            test_hooks::is(test_hooks::Fault::LastRowUnstored) && p + 1 == panels,
+                        );
+                    let mut sw = [0f32; PANEL];
+                    sw[..live].copy_from_slice(&scales[j0..j0 + live]);
+                    let v = _mm256_cvtepi32_ps(s.acc[i * PANELS + c]);
+                    let v = _mm256_mul_ps(_mm256_mul_ps(v, sa), _mm256_loadu_ps(sw.as_ptr()));
+                    let mut done = [0f32; PANEL];
+                    _mm256_storeu_ps(done.as_mut_ptr(), v);
+                    out[r][j0..j0 + live].copy_from_slice(&done[..live]);
+                }
+            }
+        }
+    }
+    SCRATCH.with(|cell| *cell.borrow_mut() = s);
+}
+
+/// `ROWS` widened activation rows against `PANELS` widened panels over `pairs` code pairs, added to
+/// the accumulators at `acc[i][c]` (row i, panel c).
+#[inline(always)]
+unsafe fn tile(
+    a: [*const i16; ROWS],
+    w: [*const i16; PANELS],
+    pairs: usize,
+    acc: [*mut __m256i; ROWS],
+) {
+    let mut sums = [[_mm256_setzero_si256(); PANELS]; ROWS];
+    for i in 0..ROWS {
+        for c in 0..PANELS {
+            sums[i][c] = *acc[i].add(c);
+        }
+    }
+    for t in 0..pairs {
+        let mut wv = [_mm256_setzero_si256(); PANELS];
+        for c in 0..PANELS {
+            wv[c] = _mm256_loadu_si256(w[c].add(t * 2 * PANEL) as *const __m256i);
+        }
+        for i in 0..ROWS {
+            let b = _mm256_set1_epi32((a[i].add(2 * t) as *const i32).read_unaligned());
+            for c in 0..PANELS {
+                sums[i][c] = _mm256_add_epi32(sums[i][c], _mm256_madd_epi16(wv[c], b));
+            }
+        }
+    }
+    for i in 0..ROWS {
+        for c in 0..PANELS {
+            *acc[i].add(c) = sums[i][c];
+        }
+    }
+}
+
+/// 16 codes from `src[at..]` (zeros past its end) widened to i16.
+#[inline(always)]
+unsafe fn widen16(src: &[i8], at: usize) -> __m256i {
+    if at + WIDEN <= src.len() {
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(src.as_ptr().add(at) as *const __m128i))
+    } else {
+        let mut tail = [0i8; WIDEN];
+        let live = src.len().saturating_sub(at);
+        tail[..live].copy_from_slice(&src[at..at + live]);
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(tail.as_ptr() as *const __m128i))
+    }
+}
+
+/// One activation row's codes as i16 (`dst` is the padded length).
+#[inline(always)]
+unsafe fn widen_row(src: &[i8], dst: &mut [i16]) {
+    for at in (0..dst.len()).step_by(WIDEN) {
+        _mm256_storeu_si256(dst.as_mut_ptr().add(at) as *mut __m256i, widen16(src, at));
+    }
+}
+
+/// The weight rows `js` (8, of `k` codes each) as one widened panel: `dst[(t * 8 + c) * 2 ..][..2]`
+/// is row c's codes 2t and 2t + 1.
+#[inline(always)]
+unsafe fn widen_panel(codes: &[i8], k: usize, js: [usize; PANEL], dst: &mut [i16]) {
+    debug_assert_eq!(dst.len(), padded(k) * PANEL);
+    for at in (0..padded(k)).step_by(WIDEN) {
+        // Row c's 8 pairs from `at` as the 8 i32 lanes of vector c; transposed, vector t holds pair
+        // `at / 2 + t` of the 8 rows.
+        let rows: [__m256; PANEL] = std::array::from_fn(|c| {
+            _mm256_castsi256_ps(widen16(&codes[js[c] * k..(js[c] + 1) * k], at))
+        });
+        #[cfg(test)]
+        let rows = if test_hooks::is(test_hooks::Fault::PairHalvesSwapped) {
+            rows.map(|v| {
+                _mm256_castsi256_ps(_mm256_shufflehi_epi16::<0xB1>(
+                    _mm256_shufflelo_epi16::<0xB1>(_mm256_castps_si256(v)),
+                ))
+            })
+        } else {
+            rows
+        };
+        for (t, v) in transpose8(rows).into_iter().enumerate() {
+            let p = dst.as_mut_ptr().add((at / 2 + t) * 2 * PANEL);
+            _mm256_storeu_si256(p as *mut __m256i, _mm256_castps_si256(v));
+        }
+    }
+}
+
+/// Test-only planted mistakes of this kernel (controls for the oracle comparisons).
+#[cfg(test)]
+pub(crate) mod test_hooks {
+    use std::cell::Cell;
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(crate) enum Fault {
+        /// The last K chunk runs one code pair short.
+        LastPairDropped,
+        /// The two codes of every widened weight pair trade places.
+        PairHalvesSwapped,
+        /// The last weight row of the last panel is never stored.
+        LastRowUnstored,
+    }
+
+    thread_local! {
+        static FAULT: Cell<Option<Fault>> = const { Cell::new(None) };
+    }
+
+    /// `fault` on this thread until the guard drops.
+    pub(crate) fn plant(fault: Fault) -> Guard {
+        FAULT.with(|c| c.set(Some(fault)));
+        Guard
+    }
+
+    pub(crate) struct Guard;
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            FAULT.with(|c| c.set(None));
+        }
+    }
+
+    pub(super) fn is(fault: Fault) -> bool {
+        FAULT.with(|c| c.get()) == Some(fault)
+    }
+}

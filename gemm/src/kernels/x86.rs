@@ -153,63 +153,7 @@ impl Dot for Avx2Dot {
         acts: &Activations,
         out: &mut [&mut [f32]],
     ) {
-        q4_block_packed::<Ymm>(codes, scales, k, acts, out)
-    }
-}
-
-/// The `ymm` registers as 8 weight-row lanes of a packed q4 panel (AVX2).
-pub(crate) struct Ymm;
-
-impl PanelLanes for Ymm {
-    const LANES: usize = PANEL;
-    type I = __m256i;
-    type F = __m256;
-    #[inline(always)]
-    unsafe fn zero_f() -> __m256 {
-        _mm256_setzero_ps()
-    }
-    #[inline(always)]
-    unsafe fn load_f(p: *const f32) -> __m256 {
-        _mm256_loadu_ps(p)
-    }
-    #[inline(always)]
-    unsafe fn set1_i(x: i32) -> __m256i {
-        _mm256_set1_epi32(x)
-    }
-    #[inline(always)]
-    unsafe fn set1_f(x: f32) -> __m256 {
-        _mm256_set1_ps(x)
-    }
-    #[inline(always)]
-    unsafe fn sub_i(a: __m256i, b: __m256i) -> __m256i {
-        _mm256_sub_epi32(a, b)
-    }
-    #[inline(always)]
-    unsafe fn cvt(a: __m256i) -> __m256 {
-        _mm256_cvtepi32_ps(a)
-    }
-    #[inline(always)]
-    unsafe fn mul_f(a: __m256, b: __m256) -> __m256 {
-        _mm256_mul_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn add_f(a: __m256, b: __m256) -> __m256 {
-        _mm256_add_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn store_f(p: *mut f32, v: __m256) {
-        _mm256_storeu_ps(p, v)
-    }
-    /// `vpmaddubsw` per chunk summed in i16 (at most 8 x 3810 = 30480), then one `vpmaddwd`.
-    #[inline(always)]
-    unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> __m256i {
-        let mut acc16 = _mm256_setzero_si256();
-        for j in 0..8 {
-            let w = _mm256_loadu_si256(wg.add(32 * j) as *const __m256i);
-            let aj = _mm256_set1_epi32(chunk(even, odd, j));
-            acc16 = _mm256_add_epi16(acc16, _mm256_maddubs_epi16(w, aj));
-        }
-        _mm256_madd_epi16(acc16, _mm256_set1_epi16(1))
+        q4_block_packed::<wide::YmmPair<wide::Maddubs16>>(codes, scales, k, acts, out)
     }
 }
 
@@ -932,6 +876,22 @@ pub(crate) trait PanelLanes {
     /// One q4 group of a packed panel against one activation row: lane c is `Σ_j wg[j][c] · a_j`
     /// over the 8 chunks, where chunk j < 4 reads `even[4j..]` and chunk j >= 4 `odd[4(j-4)..]`.
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> Self::I;
+    /// [`q4_packed_tile`] for [`Q4_TILE_ROWS`] rows, unless the lanes have a tuned form (same
+    /// operations per output, so the same bits).
+    #[inline(always)]
+    unsafe fn tile4(
+        wp: &[u8],
+        sp: &[f32],
+        a: [&[i8]; Q4_TILE_ROWS],
+        corr: [&[i32]; Q4_TILE_ROWS],
+        a_scale: [f32; Q4_TILE_ROWS],
+        groups: usize,
+    ) -> [[f32; MAX_LANES]; Q4_TILE_ROWS]
+    where
+        Self: Sized,
+    {
+        q4_packed_tile::<Self, Q4_TILE_ROWS>(wp, sp, a, corr, a_scale, groups)
+    }
 }
 
 /// R activation rows against a packed panel of `V::LANES` weight rows, finished (`finish_q4`):
@@ -1007,7 +967,7 @@ unsafe fn q4_block_packed<V: PanelLanes>(
                 let mut r = rb.start;
                 while r + Q4_TILE_ROWS <= rb.end {
                     let rs: [usize; Q4_TILE_ROWS] = std::array::from_fn(|i| r + i);
-                    let done = q4_packed_tile::<V, Q4_TILE_ROWS>(
+                    let done = V::tile4(
                         wpp,
                         spp,
                         map_n(rs, |i| acts.codes(i)),

@@ -28,7 +28,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 /// Activation rows of a tile.
-const ROWS: usize = 4;
+const ROWS: usize = 3;
 /// Weight panels (of 8 rows) of a tile: `ROWS * PANELS` accumulators + `PANELS` weight vectors +
 /// one broadcast fill the 16 `ymm` registers.
 const PANELS: usize = 3;
@@ -148,8 +148,15 @@ pub(super) unsafe fn i8_block_pairs(
 }
 
 /// `ROWS` widened activation rows against `PANELS` widened panels over `pairs` code pairs, added to
-/// the accumulators at `acc[i][c]` (row i, panel c).
-#[inline(always)]
+/// the accumulators at `acc[i][c]` (row i, panel c). Not inlined: inside the block loop LLVM turned
+/// the stepped row pointers back into clamped row indices times the row length, recomputed every
+/// step (15 integer operations per 9 `vpmaddwd`); a call per tile and K chunk costs far less.
+///
+/// # Safety
+/// The CPU must support AVX2; every pointer must have `pairs` code pairs (rows) or panel pairs
+/// (weights) readable, and `acc[i]` `PANELS` vectors.
+#[target_feature(enable = "avx2")]
+#[inline(never)]
 unsafe fn tile(
     a: [*const i16; ROWS],
     w: [*const i16; PANELS],
@@ -162,13 +169,18 @@ unsafe fn tile(
             sums[i][c] = *acc[i].add(c);
         }
     }
-    for t in 0..pairs {
+    // Pointers stepped in the loop (indexing from the row starts made LLVM recompute each row's
+    // address per step, 5 integer operations a row).
+    let (mut a, mut w) = (a, w);
+    for _ in 0..pairs {
         let mut wv = [_mm256_setzero_si256(); PANELS];
         for c in 0..PANELS {
-            wv[c] = _mm256_loadu_si256(w[c].add(t * 2 * PANEL) as *const __m256i);
+            wv[c] = _mm256_loadu_si256(w[c] as *const __m256i);
+            w[c] = w[c].add(2 * PANEL);
         }
         for i in 0..ROWS {
-            let b = _mm256_set1_epi32((a[i].add(2 * t) as *const i32).read_unaligned());
+            let b = _mm256_set1_epi32((a[i] as *const i32).read_unaligned());
+            a[i] = a[i].add(2);
             for c in 0..PANELS {
                 sums[i][c] = _mm256_add_epi32(sums[i][c], _mm256_madd_epi16(wv[c], b));
             }

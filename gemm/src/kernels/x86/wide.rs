@@ -1,19 +1,24 @@
-//! 16-lane (512-bit) VNNI kernels for many activation rows (prefill): for q4 the packed-panel
-//! kernel of `x86.rs` with panels of 16 weight rows, one `vpdpbusd` on a `zmm` register per 4 codes
-//! of all 16 rows; for i8 the 4 x 2 register tiles of `x86.rs` taking 64 codes a step.
+//! 16-lane panels for many activation rows (prefill). For q4, the packed-panel kernel of `x86.rs`
+//! with panels of 16 weight rows: on AVX2 as two `ymm` halves ([`YmmPair`]), each broadcast of 4
+//! activation codes feeding a `vpmaddubsw` per half (8-row panels spent one broadcast per product);
+//! on AVX-512 VNNI one `vpdpbusd` on a `zmm` register per 4 codes of all 16 rows. For i8 on VNNI, the
+//! 4 x 2 register tiles of `x86.rs` taking 64 codes a step.
 //!
-//! Why 512 bits: on the Zen 5 cores of Strix Point laptops, 128- and 256-bit integer vector
+//! Why 512 bits on VNNI: on the Zen 5 cores of Strix Point laptops, 128- and 256-bit integer vector
 //! operations issue at half the rate per clock of Zen 4's while 512-bit ones keep Zen 4's rate
 //! (David Huang's measurements), so a 512-bit `vpdpbusd` does twice the multiply-adds per cycle of
 //! a 256-bit one there. Not measured here: this machine has no AVX-512.
 //!
-//! The q4 tile is `x86.rs`'s one packed-panel tile over [`PanelLanes`]; the i8 tiles are written
-//! over [`Lanes16`]. Both vectors are the real `zmm` registers, or (in tests) two `ymm` halves with
-//! `vpdpbusd` emulated in AVX2, so every line but the `zmm` intrinsics runs on AVX2 machines
-//! against the oracles.
+//! The q4 tile is `x86.rs`'s one packed-panel tile over [`PanelLanes`] (AVX2 has a tuned 4-row
+//! form with the same operations per output); the i8 tiles are written over [`Lanes16`]. In the
+//! tests the VNNI vectors are two `ymm` halves with `vpdpbusd` emulated in AVX2 ([`EmuZmm`]), so
+//! every line but the `zmm` intrinsics runs on AVX2 machines against the oracles.
 
-use super::{chunk, PanelLanes, MAX_LANES};
+use super::{chunk, q4_packed_tile, PanelLanes, MAX_LANES, Q4_TILE_ROWS};
 use crate::kernels::activations::SIMD_BYTES;
+use crate::kernels::q4_halves;
+use packs::quant::Q4_GROUP;
+use std::arch::asm;
 use std::arch::x86_64::*;
 
 /// Weight rows of a wide panel.
@@ -108,12 +113,213 @@ impl Lanes16 for Zmm {
     }
 }
 
-/// Two `ymm` halves (lanes 0..8, 8..16) with `vpdpbusd` emulated exactly: the wide body on AVX2.
+/// How a [`YmmPair`] takes the dot of one q4 group of a packed panel.
+pub(crate) trait PairGroupDot: Sized {
+    unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> [__m256i; 2];
+    /// [`PanelLanes::tile4`] of `YmmPair<Self>`.
+    #[inline(always)]
+    unsafe fn tile4(
+        wp: &[u8],
+        sp: &[f32],
+        a: [&[i8]; Q4_TILE_ROWS],
+        corr: [&[i32]; Q4_TILE_ROWS],
+        a_scale: [f32; Q4_TILE_ROWS],
+        groups: usize,
+    ) -> [[f32; MAX_LANES]; Q4_TILE_ROWS] {
+        q4_packed_tile::<YmmPair<Self>, Q4_TILE_ROWS>(wp, sp, a, corr, a_scale, groups)
+    }
+}
+
+/// Two `ymm` halves (lanes 0..8, 8..16) as one 16-lane panel vector, with the group dot of `G`:
+/// [`Maddubs16`] (the AVX2 q4 kernel for many rows), or in the tests `vpdpbusd` emulated exactly
+/// ([`EmuZmm`]: the wide VNNI body on AVX2).
+pub(crate) struct YmmPair<G>(std::marker::PhantomData<G>);
+
+/// `vpmaddubsw` per chunk for both halves from one broadcast of the chunk's 4 activation codes,
+/// summed in i16 (at most 8 x 3810 = 30480 < 32767, see `x86.rs`), then one `vpmaddwd` per half.
+/// A panel of 16 weight rows makes each broadcast serve two products (8-row panels: one).
+pub(crate) struct Maddubs16;
+
+impl PairGroupDot for Maddubs16 {
+    #[inline(always)]
+    unsafe fn tile4(
+        wp: &[u8],
+        sp: &[f32],
+        a: [&[i8]; Q4_TILE_ROWS],
+        corr: [&[i32]; Q4_TILE_ROWS],
+        a_scale: [f32; Q4_TILE_ROWS],
+        groups: usize,
+    ) -> [[f32; MAX_LANES]; Q4_TILE_ROWS] {
+        maddubs16_tile4(wp, sp, a, corr, a_scale, groups)
+    }
+    #[inline(always)]
+    unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> [__m256i; 2] {
+        let mut acc16 = [_mm256_setzero_si256(); 2];
+        for j in 0..8 {
+            let aj = _mm256_set1_epi32(chunk(even, odd, j));
+            for h in 0..2 {
+                let w = _mm256_loadu_si256(wg.add(4 * WIDE * j + 32 * h) as *const __m256i);
+                acc16[h] = _mm256_add_epi16(acc16[h], _mm256_maddubs_epi16(w, aj));
+            }
+        }
+        let ones = _mm256_set1_epi16(1);
+        [
+            _mm256_madd_epi16(acc16[0], ones),
+            _mm256_madd_epi16(acc16[1], ones),
+        ]
+    }
+}
+
+/// One chunk (4 codes) of a q4 group for [`maddubs16_tile4`]: the chunk's 64 bytes of weights
+/// (two halves of 8 rows) at `{wg} + $w`, and each of the 4 rows' 4 codes at `$r + $o`, broadcast
+/// and multiplied with both halves, summed into that row's two i16 accumulators.
+macro_rules! q4_chunk {
+    ($w:literal, $r0:literal, $r1:literal, $r2:literal, $r3:literal, $o:literal) => {
+        concat!(
+            "vmovdqu {w0}, ymmword ptr [{wg} + ",
+            $w,
+            "]\n",
+            "vmovdqu {w1}, ymmword ptr [{wg} + ",
+            $w,
+            " + 32]\n",
+            "vpbroadcastd {b}, dword ptr [",
+            $r0,
+            " + ",
+            $o,
+            "]\n",
+            "vpmaddubsw {t}, {w0}, {b}\n",
+            "vpaddw {a00}, {a00}, {t}\n",
+            "vpmaddubsw {t}, {w1}, {b}\n",
+            "vpaddw {a01}, {a01}, {t}\n",
+            "vpbroadcastd {b}, dword ptr [",
+            $r1,
+            " + ",
+            $o,
+            "]\n",
+            "vpmaddubsw {t}, {w0}, {b}\n",
+            "vpaddw {a10}, {a10}, {t}\n",
+            "vpmaddubsw {t}, {w1}, {b}\n",
+            "vpaddw {a11}, {a11}, {t}\n",
+            "vpbroadcastd {b}, dword ptr [",
+            $r2,
+            " + ",
+            $o,
+            "]\n",
+            "vpmaddubsw {t}, {w0}, {b}\n",
+            "vpaddw {a20}, {a20}, {t}\n",
+            "vpmaddubsw {t}, {w1}, {b}\n",
+            "vpaddw {a21}, {a21}, {t}\n",
+            "vpbroadcastd {b}, dword ptr [",
+            $r3,
+            " + ",
+            $o,
+            "]\n",
+            "vpmaddubsw {t}, {w0}, {b}\n",
+            "vpaddw {a30}, {a30}, {t}\n",
+            "vpmaddubsw {t}, {w1}, {b}\n",
+            "vpaddw {a31}, {a31}, {t}\n",
+        )
+    };
+}
+
+/// [`PanelLanes::tile4`] of [`YmmPair<Maddubs16>`]: per group, each chunk's two halves of weights
+/// are loaded once and each of the 4 rows broadcasts its 4 codes against both, into 8 i16
+/// accumulators (13 of the 16 `ymm` registers). Then, per output, the generic tile's operations in
+/// its order (`vpmaddwd` by ones, minus the correction, to f32, times the scale, added to the sum;
+/// at the end times the row's scale): the same bits. The chunks are inline assembly because LLVM,
+/// free to regroup the i16 sums, hoisted a group's products ahead of their adds and spilled weight
+/// vectors to the stack every group (checked in the disassembly with intrinsics, with 2 and 4
+/// rows, inlined or not).
+///
+/// # Safety
+/// The CPU must support AVX2; `wp`, `sp` are a packed 16-lane panel of `groups` groups, `a` and
+/// `corr` rows in the `Q4Groups` layout with their group corrections.
+#[target_feature(enable = "avx2")]
+#[inline(never)]
+unsafe fn maddubs16_tile4(
+    wp: &[u8],
+    sp: &[f32],
+    a: [&[i8]; Q4_TILE_ROWS],
+    corr: [&[i32]; Q4_TILE_ROWS],
+    a_scale: [f32; Q4_TILE_ROWS],
+    groups: usize,
+) -> [[f32; MAX_LANES]; Q4_TILE_ROWS] {
+    assert!(wp.len() >= groups * 32 * WIDE && sp.len() >= groups * WIDE);
+    let mut sum = [[_mm256_setzero_ps(); 2]; Q4_TILE_ROWS];
+    let ones = _mm256_set1_epi16(1);
+    for g in 0..groups {
+        let (even, odd) = q4_halves(g, groups);
+        for r in 0..Q4_TILE_ROWS {
+            // Both halves of the group's codes lie inside the row (`q4_halves`).
+            assert!(odd + Q4_GROUP / 2 <= a[r].len() && even + Q4_GROUP / 2 <= a[r].len());
+        }
+        let e = a.map(|r| r.as_ptr().add(even));
+        let o = a.map(|r| r.as_ptr().add(odd));
+        let mut acc = [[_mm256_setzero_si256(); 2]; Q4_TILE_ROWS];
+        // SAFETY: AVX2 (the entry point's feature); the weights read are the group's 32 * 16 bytes
+        // (asserted above via `wp.len()`), the codes the 16 even and 16 odd ones of each row
+        // (asserted above); no stack, no flags kept.
+        asm!(
+            q4_chunk!("0", "{e0}", "{e1}", "{e2}", "{e3}", "0"),
+            q4_chunk!("64", "{e0}", "{e1}", "{e2}", "{e3}", "4"),
+            q4_chunk!("128", "{e0}", "{e1}", "{e2}", "{e3}", "8"),
+            q4_chunk!("192", "{e0}", "{e1}", "{e2}", "{e3}", "12"),
+            q4_chunk!("256", "{o0}", "{o1}", "{o2}", "{o3}", "0"),
+            q4_chunk!("320", "{o0}", "{o1}", "{o2}", "{o3}", "4"),
+            q4_chunk!("384", "{o0}", "{o1}", "{o2}", "{o3}", "8"),
+            q4_chunk!("448", "{o0}", "{o1}", "{o2}", "{o3}", "12"),
+            wg = in(reg) wp.as_ptr().add(g * 32 * WIDE),
+            e0 = in(reg) e[0], e1 = in(reg) e[1], e2 = in(reg) e[2], e3 = in(reg) e[3],
+            o0 = in(reg) o[0], o1 = in(reg) o[1], o2 = in(reg) o[2], o3 = in(reg) o[3],
+            a00 = inout(ymm_reg) acc[0][0], a01 = inout(ymm_reg) acc[0][1],
+            a10 = inout(ymm_reg) acc[1][0], a11 = inout(ymm_reg) acc[1][1],
+            a20 = inout(ymm_reg) acc[2][0], a21 = inout(ymm_reg) acc[2][1],
+            a30 = inout(ymm_reg) acc[3][0], a31 = inout(ymm_reg) acc[3][1],
+            w0 = out(ymm_reg) _, w1 = out(ymm_reg) _, b = out(ymm_reg) _, t = out(ymm_reg) _,
+            options(nostack, readonly, preserves_flags),
+        );
+        let scale = [
+            _mm256_loadu_ps(sp.as_ptr().add(g * WIDE)),
+            _mm256_loadu_ps(sp.as_ptr().add(g * WIDE + 8)),
+        ];
+        for r in 0..Q4_TILE_ROWS {
+            let c = _mm256_set1_epi32(corr[r][g]);
+            for h in 0..2 {
+                let v = _mm256_sub_epi32(_mm256_madd_epi16(acc[r][h], ones), c);
+                sum[r][h] =
+                    _mm256_add_ps(sum[r][h], _mm256_mul_ps(_mm256_cvtepi32_ps(v), scale[h]));
+            }
+        }
+    }
+    let mut done = [[0f32; MAX_LANES]; Q4_TILE_ROWS];
+    for r in 0..Q4_TILE_ROWS {
+        let sa = _mm256_set1_ps(a_scale[r]);
+        for h in 0..2 {
+            _mm256_storeu_ps(
+                done[r].as_mut_ptr().add(8 * h),
+                _mm256_mul_ps(sum[r][h], sa),
+            );
+        }
+    }
+    done
+}
+
+/// `vpdpbusd` emulated exactly on the two halves (tests).
 #[cfg(test)]
-pub(crate) struct EmuZmm;
+pub(crate) struct EmuDpbusd;
 
 #[cfg(test)]
-impl PanelLanes for EmuZmm {
+impl PairGroupDot for EmuDpbusd {
+    #[inline(always)]
+    unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> [__m256i; 2] {
+        vnni_group_dot::<EmuZmm>(wg, even, odd)
+    }
+}
+
+#[cfg(test)]
+pub(crate) type EmuZmm = YmmPair<EmuDpbusd>;
+
+impl<G: PairGroupDot> PanelLanes for YmmPair<G> {
     const LANES: usize = MAX_LANES;
     type I = [__m256i; 2];
     type F = [__m256; 2];
@@ -156,7 +362,18 @@ impl PanelLanes for EmuZmm {
     }
     #[inline(always)]
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> Self::I {
-        vnni_group_dot::<Self>(wg, even, odd)
+        G::group_dot(wg, even, odd)
+    }
+    #[inline(always)]
+    unsafe fn tile4(
+        wp: &[u8],
+        sp: &[f32],
+        a: [&[i8]; Q4_TILE_ROWS],
+        corr: [&[i32]; Q4_TILE_ROWS],
+        a_scale: [f32; Q4_TILE_ROWS],
+        groups: usize,
+    ) -> [[f32; MAX_LANES]; Q4_TILE_ROWS] {
+        G::tile4(wp, sp, a, corr, a_scale, groups)
     }
 }
 

@@ -17,6 +17,9 @@ pub enum PeakMix {
     /// `vpmaddubsw` + `vpmaddwd` + `vpaddd` on ymm: 32 u8 x i8 products per triple (the AVX2 i8
     /// kernels).
     I8Avx2Ymm,
+    /// `vpmaddwd` + `vpaddd` on ymm: 16 i16 x i16 products per pair (the AVX2 i8 kernel for many
+    /// rows, on codes widened to i16).
+    I8MaddwdYmm,
     /// `vpdpbusd` on ymm: 32 products (the VNNI kernels' GEMVs).
     I8VnniYmm,
     /// `vpdpbusd` on zmm: 64 products (the VNNI kernels for many rows, `wide.rs`).
@@ -24,10 +27,11 @@ pub enum PeakMix {
 }
 
 impl PeakMix {
-    pub const ALL: [PeakMix; 5] = [
+    pub const ALL: [PeakMix; 6] = [
         PeakMix::F32FmaYmm,
         PeakMix::F32MulAddYmm,
         PeakMix::I8Avx2Ymm,
+        PeakMix::I8MaddwdYmm,
         PeakMix::I8VnniYmm,
         PeakMix::I8VnniZmm,
     ];
@@ -38,6 +42,7 @@ impl PeakMix {
             PeakMix::F32FmaYmm => "f32_fma_ymm",
             PeakMix::F32MulAddYmm => "f32_mul_add_ymm",
             PeakMix::I8Avx2Ymm => "i8_avx2_maddubs_madd_add_ymm",
+            PeakMix::I8MaddwdYmm => "i8_avx2_i16_madd_add_ymm",
             PeakMix::I8VnniYmm => "i8_vnni_dpbusd_ymm",
             PeakMix::I8VnniZmm => "i8_vnni_dpbusd_zmm",
         }
@@ -54,7 +59,9 @@ impl PeakMix {
                 PeakMix::F32FmaYmm => {
                     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
                 }
-                PeakMix::F32MulAddYmm | PeakMix::I8Avx2Ymm => is_x86_feature_detected!("avx2"),
+                PeakMix::F32MulAddYmm | PeakMix::I8Avx2Ymm | PeakMix::I8MaddwdYmm => {
+                    is_x86_feature_detected!("avx2")
+                }
                 PeakMix::I8VnniYmm | PeakMix::I8VnniZmm => vnni,
             }
         }
@@ -70,6 +77,7 @@ impl PeakMix {
             PeakMix::F32FmaYmm => 10 * 8,
             PeakMix::F32MulAddYmm => 6 * 8,
             PeakMix::I8Avx2Ymm => 6 * 32,
+            PeakMix::I8MaddwdYmm => 12 * 16,
             PeakMix::I8VnniYmm => 10 * 32,
             PeakMix::I8VnniZmm => 10 * 64,
         }
@@ -87,6 +95,7 @@ impl PeakMix {
                     PeakMix::F32FmaYmm => x86::f32_fma_ymm(iterations),
                     PeakMix::F32MulAddYmm => x86::f32_mul_add_ymm(iterations),
                     PeakMix::I8Avx2Ymm => x86::i8_avx2_ymm(iterations),
+                    PeakMix::I8MaddwdYmm => x86::i8_madd_ymm(iterations),
                     PeakMix::I8VnniYmm => x86::i8_vnni_ymm(iterations),
                     PeakMix::I8VnniZmm => x86::i8_vnni_zmm(iterations),
                 }
@@ -220,6 +229,44 @@ mod x86 {
             out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _,
             out("ymm5") _, out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm9") _,
             out("ymm10") _, out("ymm11") _, out("ymm12") _, out("ymm13") _, out("ymm15") _,
+            options(nostack, nomem),
+        );
+    }
+
+    /// 12 chains of `vpmaddwd` (i16 pairs to i32) then `vpaddd` into an accumulator: the AVX2 i8
+    /// kernel for many rows.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn i8_madd_ymm(n: u64) {
+        asm!(
+            "vpxor ymm0, ymm0, ymm0",
+            "vpxor ymm1, ymm1, ymm1",
+            "vpxor ymm4, ymm4, ymm4", "vpxor ymm5, ymm5, ymm5", "vpxor ymm6, ymm6, ymm6",
+            "vpxor ymm7, ymm7, ymm7", "vpxor ymm8, ymm8, ymm8", "vpxor ymm9, ymm9, ymm9",
+            "vpxor ymm10, ymm10, ymm10", "vpxor ymm11, ymm11, ymm11", "vpxor ymm12, ymm12, ymm12",
+            "vpxor ymm13, ymm13, ymm13", "vpxor ymm14, ymm14, ymm14", "vpxor ymm15, ymm15, ymm15",
+            "2:",
+            "vpmaddwd ymm2, ymm0, ymm1", "vpaddd ymm4, ymm4, ymm2",
+            "vpmaddwd ymm3, ymm0, ymm1", "vpaddd ymm5, ymm5, ymm3",
+            "vpmaddwd ymm2, ymm0, ymm1", "vpaddd ymm6, ymm6, ymm2",
+            "vpmaddwd ymm3, ymm0, ymm1", "vpaddd ymm7, ymm7, ymm3",
+            "vpmaddwd ymm2, ymm0, ymm1", "vpaddd ymm8, ymm8, ymm2",
+            "vpmaddwd ymm3, ymm0, ymm1", "vpaddd ymm9, ymm9, ymm3",
+            "vpmaddwd ymm2, ymm0, ymm1", "vpaddd ymm10, ymm10, ymm2",
+            "vpmaddwd ymm3, ymm0, ymm1", "vpaddd ymm11, ymm11, ymm3",
+            "vpmaddwd ymm2, ymm0, ymm1", "vpaddd ymm12, ymm12, ymm2",
+            "vpmaddwd ymm3, ymm0, ymm1", "vpaddd ymm13, ymm13, ymm3",
+            "vpmaddwd ymm2, ymm0, ymm1", "vpaddd ymm14, ymm14, ymm2",
+            "vpmaddwd ymm3, ymm0, ymm1", "vpaddd ymm15, ymm15, ymm3",
+            "dec {n}",
+            "jnz 2b",
+            n = inout(reg) n.max(1) => _,
+            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _,
+            out("ymm5") _, out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm9") _,
+            out("ymm10") _, out("ymm11") _, out("ymm12") _, out("ymm13") _, out("ymm14") _,
+            out("ymm15") _,
             options(nostack, nomem),
         );
     }

@@ -541,11 +541,17 @@ struct Peaks {
 
 fn measure_peaks(threads: usize, isa: Isa) -> Peaks {
     use probes::peak::PeakMix;
-    let int8_mix = match isa {
-        Isa::Avx512Vnni => PeakMix::I8VnniZmm,
-        _ => PeakMix::I8Avx2Ymm,
+    // AVX2 prefills run two mixes (q4: `vpmaddubsw`; i8: `vpmaddwd` on i16 codes): the int8 peak is
+    // the faster of the two in this run, so no kind is flattered by the slower one.
+    let int8_mixes: &[PeakMix] = match isa {
+        Isa::Avx512Vnni => &[PeakMix::I8VnniZmm],
+        _ => &[PeakMix::I8Avx2Ymm, PeakMix::I8MaddwdYmm],
     };
-    let int8 = int8_mix.measure(threads, 7).map(|r| (int8_mix, r));
+    let int8 = int8_mixes
+        .iter()
+        .filter_map(|&m| m.measure(threads, 7).map(|r| (m, r)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    let int8_mix = int8.map_or(int8_mixes[0], |p| p.0);
     let f32_fma = PeakMix::F32FmaYmm.measure(threads, 7);
     let json = json!({
         "int8_mix": int8_mix.name(),
@@ -1597,6 +1603,7 @@ mod vision_bench {
         match (kind, isa) {
             (QuantKind::F32 | QuantKind::Bf16, _) => PeakMix::F32FmaYmm,
             (_, Isa::Avx512Vnni) => PeakMix::I8VnniZmm,
+            (QuantKind::I8, _) => PeakMix::I8MaddwdYmm,
             _ => PeakMix::I8Avx2Ymm,
         }
     }

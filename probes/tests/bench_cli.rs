@@ -107,3 +107,87 @@ fn json_has_every_figure_per_kind_and_splits_the_step() {
     assert!(out.is_empty(), "{out}");
     assert!(err.contains("q3"), "{err}");
 }
+
+/// `bench decode` on the tiny shape into a fresh pack directory: exit code, stdout, stderr, and
+/// whether a pack was made.
+fn decode(args: &[&str]) -> (i32, String, String, bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let pack_dir = dir.path().to_str().unwrap();
+    let mut all = vec!["decode", "--shape", "tiny", "--kinds", "q4", "--json"];
+    all.extend_from_slice(&["--pack-dir", pack_dir]);
+    all.extend_from_slice(args);
+    let (code, out, err) = bench(&all);
+    let made = std::fs::read_dir(dir.path()).unwrap().next().is_some();
+    (code, out, err, made)
+}
+
+#[test]
+fn decode_at_contexts_reports_each_context_against_ctx0() {
+    // ctx 0 is not named: it is the baseline and always runs.
+    let (code, out, err, _) = decode(&["--ctx", "600,64", "--kv", "bf16,f32", "--steps", "2"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["ctx"], serde_json::json!([0, 64, 600]));
+    for kv in ["bf16", "f32"] {
+        for ctx in ["0", "64", "600"] {
+            let at = format!("kinds.q4.kv.{kv}.ctx.{ctx}");
+            assert!(number(&v, &format!("{at}.tok_s")) > 0.0, "{at}");
+            assert!(number(&v, &format!("{at}.ms_per_token")) > 0.0, "{at}");
+        }
+        let base = format!("kinds.q4.kv.{kv}.ctx.0");
+        assert_eq!(number(&v, &format!("{base}.ratio_to_ctx0")), 1.0);
+        assert_eq!(number(&v, &format!("{base}.bandwidth_ratio")), 1.0);
+        // The bytes a step reads grow with the context: so does the ratio they predict.
+        let at64 = number(&v, &format!("kinds.q4.kv.{kv}.ctx.64.bandwidth_ratio"));
+        let at600 = number(&v, &format!("kinds.q4.kv.{kv}.ctx.600.bandwidth_ratio"));
+        assert!(1.0 < at64 && at64 < at600, "{kv}: {at64} {at600}");
+        assert!(number(&v, &format!("kinds.q4.kv.{kv}.fill_prefill_s")) > 0.0);
+    }
+    let f32_token = number(&v, "kinds.q4.kv.f32.kv_bytes_per_token");
+    assert_eq!(
+        f32_token,
+        2.0 * number(&v, "kinds.q4.kv.bf16.kv_bytes_per_token")
+    );
+    assert_eq!(
+        number(&v, "kinds.q4.kv.bf16.ctx.600.kv_bytes_per_step"),
+        600.0 * f32_token / 2.0
+    );
+    // Issue 19's target is at 4096 with the bf16 cache: no verdict without that context ...
+    assert!(v["long_context_target"]["kinds"]["q4"].is_null(), "{out}");
+    // ... and with it, the bf16 ratio at 4096 against 1.15.
+    let (code, out, err, _) = decode(&["--ctx", "4096", "--kv", "bf16", "--steps", "1"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let ratio = number(&v, "long_context_target.kinds.q4.ratio");
+    assert_eq!(ratio, number(&v, "kinds.q4.kv.bf16.ctx.4096.ratio_to_ctx0"));
+    assert_eq!(
+        v["long_context_target"]["kinds"]["q4"]["meets"].as_bool(),
+        Some(ratio <= 1.15)
+    );
+}
+
+#[test]
+fn decode_refuses_bad_contexts_and_kv_types_before_making_a_pack() {
+    for (args, says) in [
+        (&["--ctx", "262140"][..], "262144"),
+        (&["--ctx", "300000"], "max_position_embeddings"),
+        (&["--ctx", ""], "names no context"),
+        (&["--ctx", ","], "names no context"),
+        (&["--ctx", "2k"], "\"2k\""),
+        (&["--ctx=-1"], "\"-1\""),
+        (&["--kv", "f16"], "f16"),
+        (&["--kv", ""], "names no KV cache type"),
+        (&["--steps", "0"], "--steps"),
+    ] {
+        let (code, out, err, made) = decode(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!made, "{args:?}: a pack was made before the refusal");
+    }
+    // Control: the same runner with a valid context runs and makes the pack (so the refusals
+    // above are the arguments', not the runner's).
+    let (code, out, err, made) = decode(&["--ctx", "8", "--kv", "bf16", "--steps", "1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(made && out.contains("\"ctx\""), "{out}");
+}

@@ -137,6 +137,56 @@ pub fn kv_heads_per_task(shape: AttnShape, rows: usize, threads: usize) -> usize
         .unwrap_or(1)
 }
 
+/// Query rows one prefill attention task takes: they share each K/V block read (`bench attention
+/// --rows` measures it).
+pub const ATTN_ROW_BLOCK: usize = 8;
+
+/// Attention for `rows` query rows of every head on `pool`'s threads, as the decoder's prefill and
+/// decode run it: row i reads slots `0..start_slot + i + 1` of `cache` (written beforehand); `q` and
+/// `out` hold `rows` rows of `shape.q_dim()` values. Many rows: tasks of [`ATTN_ROW_BLOCK`] rows,
+/// every head; few rows: tasks of adjacent KV heads of one row ([`kv_heads_per_task`]). Every split
+/// gives the same bits ([`attend_causal`]).
+pub fn attend_rows_parallel<T: KvElem>(
+    pool: &rayon::ThreadPool,
+    shape: AttnShape,
+    cache: KvHeads<'_, T>,
+    start_slot: usize,
+    rows: usize,
+    q: &[f32],
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    let q_dim = shape.q_dim();
+    let per_task = kv_heads_per_task(shape, rows, pool.current_num_threads());
+    pool.install(|| {
+        if per_task == shape.kv_heads {
+            // Enough rows for every thread: blocks of rows, every head, sharing each K/V read.
+            let block = ATTN_ROW_BLOCK * q_dim;
+            out[..rows * q_dim]
+                .par_chunks_mut(block)
+                .zip(q[..rows * q_dim].par_chunks(block))
+                .enumerate()
+                .for_each(|(b, (out, qs))| {
+                    let (first, n) = (start_slot + b * ATTN_ROW_BLOCK + 1, out.len() / q_dim);
+                    attend_causal(shape, 0, first, n, qs, cache, out);
+                });
+        } else {
+            // Few rows: each task takes adjacent KV heads of one row (`bench attention` measures
+            // the splits).
+            let span = per_task * shape.group() * shape.head_dim;
+            let tasks_per_row = shape.kv_heads / per_task;
+            out[..rows * q_dim]
+                .par_chunks_mut(span)
+                .enumerate()
+                .for_each(|(t, out)| {
+                    let (r, g0) = (t / tasks_per_row, (t % tasks_per_row) * per_task);
+                    let qs = &q[r * q_dim + g0 * span / per_task..][..span];
+                    attend_heads(shape, g0, start_slot + r + 1, qs, cache, out);
+                });
+        }
+    });
+}
+
 /// [`attend`] with explicit 8-lane AVX2 loops for f32 and bf16 caches.
 ///
 /// # Safety

@@ -1314,6 +1314,17 @@ fn attention_bench(c: &Common, shape: &RandomShape, context: usize) -> Value {
     json!({ "shape": shape.name, "threads": c.threads, "context": context, "attention": result })
 }
 
+/// CPU seconds (user + system) of every thread of this process so far, from `/proc/self/stat`
+/// (ticks of 10 ms).
+fn process_cpu_secs() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
 /// `bench attention --rows N`: the prefill attention of N rows after `context` filled slots, every
 /// layer, through the decoder's own parallel split ([`forward::attention::attend_rows_parallel`]).
 fn attention_prefill_bench(c: &Common, shape: &RandomShape, context: usize, rows: usize) -> Value {
@@ -1383,9 +1394,11 @@ fn attention_prefill_bench(c: &Common, shape: &RandomShape, context: usize, rows
         }
         // At least two passes and a second of them; the fastest counts.
         let mut times = Vec::new();
+        let mut cpu_times = Vec::new();
         let started = Instant::now();
         while times.len() < 2 || (started.elapsed().as_secs_f64() < 1.0 && times.len() < 20) {
             let t = Instant::now();
+            let cpu = process_cpu_secs();
             for l in 0..layers {
                 match &cache.data {
                     KvData::F32(s) => attend_rows_parallel(
@@ -1409,18 +1422,28 @@ fn attention_prefill_bench(c: &Common, shape: &RandomShape, context: usize, rows
                 }
             }
             times.push(secs(t.elapsed()));
+            if let (Some(a), Some(b)) = (cpu, process_cpu_secs()) {
+                cpu_times.push(b - a);
+            }
         }
         let fastest = times.iter().copied().fold(f64::INFINITY, f64::min);
         let med = median(times);
         let gmac_s = macs as f64 / fastest / 1e9;
+        // On a loaded machine: the rate this run's CPU time would give on `threads` idle cores.
+        let cpu = cpu_times.iter().copied().fold(f64::INFINITY, f64::min);
+        let cpu_gmac_s =
+            (cpu > 0.0 && cpu.is_finite()).then(|| macs as f64 * c.threads as f64 / cpu / 1e9);
         if !c.json {
             println!(
-                "attention {:?} cache, prefill {rows} rows after {context} slots, {layers} layers: {:.1} ms (median {:.1}), {gmac_s:.1} GMAC/s = {}% of the f32 FMA peak, {}% of the f32 mul+add peak",
+                "attention {:?} cache, prefill {rows} rows after {context} slots, {layers} layers: {:.1} ms (median {:.1}), {gmac_s:.1} GMAC/s = {}% of the f32 FMA peak, {}% of the f32 mul+add peak; CPU time {:.1} ms = {} GMAC/s on {} idle cores",
                 dtype,
                 fastest * 1e3,
                 med * 1e3,
                 pct(gmac_s, fma_peak).map_or("?".into(), |p| p.to_string()),
                 pct(gmac_s, mul_add_peak).map_or("?".into(), |p| p.to_string()),
+                cpu * 1e3,
+                cpu_gmac_s.map_or("?".into(), |g| format!("{g:.1}")),
+                c.threads,
             );
         }
         result.insert(
@@ -1431,6 +1454,8 @@ fn attention_prefill_bench(c: &Common, shape: &RandomShape, context: usize, rows
                 "gmac_s": round2(gmac_s),
                 "f32_fma_peak_pct": pct(gmac_s, fma_peak),
                 "f32_mul_add_peak_pct": pct(gmac_s, mul_add_peak),
+                "cpu_ms": cpu.is_finite().then_some(cpu * 1e3),
+                "cpu_gmac_s": cpu_gmac_s.map(round2),
             }),
         );
     }

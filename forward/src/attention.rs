@@ -160,15 +160,34 @@ pub fn attend_rows_parallel<T: KvElem>(
     let per_task = kv_heads_per_task(shape, rows, pool.current_num_threads());
     pool.install(|| {
         if per_task == shape.kv_heads {
-            // Enough rows for every thread: blocks of rows, every head, sharing each K/V read.
-            let block = ATTN_ROW_BLOCK * q_dim;
+            // Enough rows for every thread: tasks of one KV head and a block of rows (sharing
+            // each K/V read), KV head after KV head, so that a thread's next task reads the K/V
+            // its last one left in cache (every head of a long prompt's layer is more than L3).
+            let span = shape.group() * shape.head_dim;
+            let blocks = rows.div_ceil(ATTN_ROW_BLOCK);
+            let parts: Vec<Vec<f32>> = (0..shape.kv_heads * blocks)
+                .into_par_iter()
+                .map(|t| {
+                    let (g, b) = (t / blocks, t % blocks);
+                    let r0 = b * ATTN_ROW_BLOCK;
+                    let n = ATTN_ROW_BLOCK.min(rows - r0);
+                    let mut qs = Vec::with_capacity(n * span);
+                    for i in r0..r0 + n {
+                        qs.extend_from_slice(&q[i * q_dim + g * span..][..span]);
+                    }
+                    let mut o = vec![0f32; n * span];
+                    attend_causal(shape, g, start_slot + r0 + 1, n, &qs, cache, &mut o);
+                    o
+                })
+                .collect();
             out[..rows * q_dim]
-                .par_chunks_mut(block)
-                .zip(q[..rows * q_dim].par_chunks(block))
+                .par_chunks_mut(q_dim)
                 .enumerate()
-                .for_each(|(b, (out, qs))| {
-                    let (first, n) = (start_slot + b * ATTN_ROW_BLOCK + 1, out.len() / q_dim);
-                    attend_causal(shape, 0, first, n, qs, cache, out);
+                .for_each(|(i, row)| {
+                    let (b, at) = (i / ATTN_ROW_BLOCK, (i % ATTN_ROW_BLOCK) * span);
+                    for (g, o) in row.chunks_exact_mut(span).enumerate() {
+                        o.copy_from_slice(&parts[g * blocks + b][at..at + span]);
+                    }
                 });
         } else {
             // Few rows: each task takes adjacent KV heads of one row (`bench attention` measures

@@ -139,7 +139,7 @@ pub fn kv_heads_per_task(shape: AttnShape, rows: usize, threads: usize) -> usize
 
 /// Query rows one prefill attention task takes: they share each K/V block read (`bench attention
 /// --rows` measures it).
-pub const ATTN_ROW_BLOCK: usize = 8;
+pub const ATTN_ROW_BLOCK: usize = 16;
 
 /// Attention for `rows` query rows of every head on `pool`'s threads, as the decoder's prefill and
 /// decode run it: row i reads slots `0..start_slot + i + 1` of `cache` (written beforehand); `q` and

@@ -137,6 +137,75 @@ pub fn kv_heads_per_task(shape: AttnShape, rows: usize, threads: usize) -> usize
         .unwrap_or(1)
 }
 
+/// Query rows one prefill attention task takes: they share each K/V block read (`bench attention
+/// --rows` measures it).
+pub const ATTN_ROW_BLOCK: usize = 16;
+
+/// Attention for `rows` query rows of every head on `pool`'s threads, as the decoder's prefill and
+/// decode run it: row i reads slots `0..start_slot + i + 1` of `cache` (written beforehand); `q` and
+/// `out` hold `rows` rows of `shape.q_dim()` values. Many rows: tasks of [`ATTN_ROW_BLOCK`] rows,
+/// every head; few rows: tasks of adjacent KV heads of one row ([`kv_heads_per_task`]). Every split
+/// gives the same bits ([`attend_causal`]).
+pub fn attend_rows_parallel<T: KvElem>(
+    pool: &rayon::ThreadPool,
+    shape: AttnShape,
+    cache: KvHeads<'_, T>,
+    start_slot: usize,
+    rows: usize,
+    q: &[f32],
+    out: &mut [f32],
+) {
+    use rayon::prelude::*;
+    let q_dim = shape.q_dim();
+    let per_task = kv_heads_per_task(shape, rows, pool.current_num_threads());
+    pool.install(|| {
+        if per_task == shape.kv_heads {
+            // Enough rows for every thread: tasks of one KV head and a block of rows (sharing
+            // each K/V read), KV head after KV head, so that a thread's next task reads the K/V
+            // its last one left in cache (every head of a long prompt's layer is more than L3).
+            let span = shape.group() * shape.head_dim;
+            let blocks = rows.div_ceil(ATTN_ROW_BLOCK);
+            let parts: Vec<Vec<f32>> = (0..shape.kv_heads * blocks)
+                .into_par_iter()
+                .map(|t| {
+                    let (g, b) = (t / blocks, t % blocks);
+                    let r0 = b * ATTN_ROW_BLOCK;
+                    let n = ATTN_ROW_BLOCK.min(rows - r0);
+                    let mut qs = Vec::with_capacity(n * span);
+                    for i in r0..r0 + n {
+                        qs.extend_from_slice(&q[i * q_dim + g * span..][..span]);
+                    }
+                    let mut o = vec![0f32; n * span];
+                    attend_causal(shape, g, start_slot + r0 + 1, n, &qs, cache, &mut o);
+                    o
+                })
+                .collect();
+            out[..rows * q_dim]
+                .par_chunks_mut(q_dim)
+                .enumerate()
+                .for_each(|(i, row)| {
+                    let (b, at) = (i / ATTN_ROW_BLOCK, (i % ATTN_ROW_BLOCK) * span);
+                    for (g, o) in row.chunks_exact_mut(span).enumerate() {
+                        o.copy_from_slice(&parts[g * blocks + b][at..at + span]);
+                    }
+                });
+        } else {
+            // Few rows: each task takes adjacent KV heads of one row (`bench attention` measures
+            // the splits).
+            let span = per_task * shape.group() * shape.head_dim;
+            let tasks_per_row = shape.kv_heads / per_task;
+            out[..rows * q_dim]
+                .par_chunks_mut(span)
+                .enumerate()
+                .for_each(|(t, out)| {
+                    let (r, g0) = (t / tasks_per_row, (t % tasks_per_row) * per_task);
+                    let qs = &q[r * q_dim + g0 * span / per_task..][..span];
+                    attend_heads(shape, g0, start_slot + r + 1, qs, cache, out);
+                });
+        }
+    });
+}
+
 /// [`attend`] with explicit 8-lane AVX2 loops for f32 and bf16 caches.
 ///
 /// # Safety
@@ -162,272 +231,10 @@ unsafe fn attend_avx2<T: KvElem>(
 }
 
 #[cfg(target_arch = "x86_64")]
-// Index loops mirror the register tiles (head h, column block c).
-#[allow(clippy::needless_range_loop)]
-mod simd {
-    use super::{AttnShape, Block, KvHeads, SLOT_BLOCK, V_SLOT_BLOCK};
-    use crate::kernels::simd::{bf16x8_to_ps, transpose8};
-    use half::bf16;
-    use std::any::TypeId;
-    use std::arch::x86_64::*;
+mod simd;
 
-    /// The cache as one of `U` when `T` is `U`.
-    pub fn cast<'a, T: 'static, U: 'static>(kv: KvHeads<'a, T>) -> Option<KvHeads<'a, U>> {
-        let same = |s: &'a [T]| {
-            // SAFETY: called only when T and U are the same type, so the layout and length carry over.
-            unsafe { std::slice::from_raw_parts(s.as_ptr() as *const U, s.len()) }
-        };
-        (TypeId::of::<T>() == TypeId::of::<U>()).then(|| KvHeads {
-            k: same(kv.k),
-            v: same(kv.v),
-            capacity: kv.capacity,
-            head_dim: kv.head_dim,
-        })
-    }
-
-    /// A cache element type read 8 at a time as f32.
-    pub trait Lanes {
-        type Elem: Copy;
-        unsafe fn load8(p: *const Self::Elem) -> __m256;
-        fn widen(x: Self::Elem) -> f32;
-    }
-
-    pub struct F32Lanes;
-    impl Lanes for F32Lanes {
-        type Elem = f32;
-        #[inline(always)]
-        unsafe fn load8(p: *const f32) -> __m256 {
-            _mm256_loadu_ps(p)
-        }
-        #[inline(always)]
-        fn widen(x: f32) -> f32 {
-            x
-        }
-    }
-
-    /// bf16 widens by a 16-bit shift (exact; a NaN keeps its payload, where `half` would also set
-    /// the quiet bit — a cache holding NaN gives NaN either way).
-    pub struct Bf16Lanes;
-    impl Lanes for Bf16Lanes {
-        type Elem = bf16;
-        #[inline(always)]
-        unsafe fn load8(p: *const bf16) -> __m256 {
-            bf16x8_to_ps(p)
-        }
-        #[inline(always)]
-        fn widen(x: bf16) -> f32 {
-            x.to_f32()
-        }
-    }
-
-    /// Slots ahead of the one being read whose K or V rows are prefetched: the hardware prefetcher
-    /// alone left each thread at about half the streaming read rate (`bench attention`).
-    const PREFETCH_SLOTS: usize = 16;
-
-    /// Prefetches `rows` rows of `d` elements starting at row `at` of `x`, if they exist.
-    #[inline(always)]
-    unsafe fn prefetch_rows<E>(x: &[E], at: usize, rows: usize, d: usize) {
-        let start = (at * d).min(x.len());
-        let end = ((at + rows) * d).min(x.len());
-        let bytes = (end - start) * std::mem::size_of::<E>();
-        let p = x.as_ptr().add(start) as *const i8;
-        for line in (0..bytes).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(p.add(line));
-        }
-    }
-
-    /// `super::dot` of one slot: lane i accumulates elements i, i+8, ...; lanes summed 0 to 7; the tail.
-    #[inline(always)]
-    unsafe fn dot<L: Lanes>(q: &[f32], k: &[L::Elem]) -> f32 {
-        let blocks = q.len() / 8;
-        let mut acc = _mm256_setzero_ps();
-        for b in 0..blocks {
-            let qv = _mm256_loadu_ps(q.as_ptr().add(8 * b));
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(qv, L::load8(k.as_ptr().add(8 * b))));
-        }
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-        let mut sum = crate::mathf::sum_lanes(&lanes);
-        for j in 8 * blocks..q.len() {
-            sum += q[j] * L::widen(k[j]);
-        }
-        sum
-    }
-
-    /// The scores of 8 consecutive slots (`k` starts at the first, rows of `d`) into `out[..8]`:
-    /// each dot in [`dot`]'s order (the 8 accumulators are transposed so that lanes become slots,
-    /// then lanes 0..7 of every slot are added in order as whole vectors), times `scale`.
-    #[inline(always)]
-    unsafe fn scores8<L: Lanes>(q: &[f32], k: &[L::Elem], d: usize, scale: f32, out: &mut [f32]) {
-        let blocks = d / 8;
-        let mut acc = [_mm256_setzero_ps(); SLOT_BLOCK];
-        for b in 0..blocks {
-            let qv = _mm256_loadu_ps(q.as_ptr().add(8 * b));
-            for (s, a) in acc.iter_mut().enumerate() {
-                let kv = L::load8(k.as_ptr().add(s * d + 8 * b));
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(qv, kv));
-            }
-        }
-        let t = transpose8(acc);
-        let mut sum = t[0];
-        for &ti in &t[1..] {
-            sum = _mm256_add_ps(sum, ti);
-        }
-        let out = &mut out[..SLOT_BLOCK];
-        if 8 * blocks < d {
-            let mut dots = [0f32; SLOT_BLOCK];
-            _mm256_storeu_ps(dots.as_mut_ptr(), sum);
-            for (s, o) in dots.iter_mut().enumerate() {
-                for j in 8 * blocks..d {
-                    *o += q[j] * L::widen(k[s * d + j]);
-                }
-            }
-            sum = _mm256_loadu_ps(dots.as_ptr());
-        }
-        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
-    }
-
-    /// Adds `Σ_s p[h][s] · v_s` over slots `slots` (in order) to H heads' outputs, for the 8-wide
-    /// column blocks `c0 .. c0 + NV`; `v` is the KV head's `slots x d` values, `outs[h]` head h's
-    /// `d` outputs. With `prefetch`, the rows [`PREFETCH_SLOTS`] ahead are prefetched.
-    #[inline(always)]
-    unsafe fn pv_block<L: Lanes, const H: usize, const NV: usize>(
-        p: [&[f32]; H],
-        v: &[L::Elem],
-        d: usize,
-        c0: usize,
-        slots: std::ops::Range<usize>,
-        outs: [*mut f32; H],
-        prefetch: bool,
-    ) {
-        let mut acc = [[_mm256_setzero_ps(); NV]; H];
-        for h in 0..H {
-            for c in 0..NV {
-                acc[h][c] = _mm256_loadu_ps(outs[h].add(8 * (c0 + c)));
-            }
-        }
-        for s in slots {
-            if prefetch {
-                prefetch_rows(v, s + PREFETCH_SLOTS, 1, d);
-            }
-            let mut x = [_mm256_setzero_ps(); NV];
-            for (c, xc) in x.iter_mut().enumerate() {
-                *xc = L::load8(v.as_ptr().add(s * d + 8 * (c0 + c)));
-            }
-            for h in 0..H {
-                let w = _mm256_set1_ps(p[h][s]);
-                for c in 0..NV {
-                    acc[h][c] = _mm256_add_ps(acc[h][c], _mm256_mul_ps(w, x[c]));
-                }
-            }
-        }
-        for h in 0..H {
-            for c in 0..NV {
-                _mm256_storeu_ps(outs[h].add(8 * (c0 + c)), acc[h][c]);
-            }
-        }
-    }
-
-    /// Adds slots `slots` of H query heads' weighted values (`p[h]`, sharing the KV head's `v`) to
-    /// their outputs, every column.
-    #[inline(always)]
-    unsafe fn pv_heads<L: Lanes, const H: usize>(
-        p: [&[f32]; H],
-        v: &[L::Elem],
-        d: usize,
-        slots: std::ops::Range<usize>,
-        outs: [*mut f32; H],
-        prefetch: bool,
-    ) {
-        let vectors = d / 8;
-        let mut c = 0;
-        while c + 4 <= vectors {
-            pv_block::<L, H, 4>(p, v, d, c, slots.clone(), outs, prefetch && c == 0);
-            c += 4;
-        }
-        while c < vectors {
-            pv_block::<L, H, 1>(p, v, d, c, slots.clone(), outs, prefetch && c == 0);
-            c += 1;
-        }
-        for j in 8 * vectors..d {
-            for s in slots.clone() {
-                for h in 0..H {
-                    *outs[h].add(j) += p[h][s] * L::widen(v[s * d + j]);
-                }
-            }
-        }
-    }
-
-    /// [`super::attend_causal`]: per KV head, the scores of every row and query head (each block of
-    /// 8 K rows read once for all of them), their softmax, then the outputs a block of
-    /// [`V_SLOT_BLOCK`] V rows at a time (read once, then from L1, for every row and head).
-    #[inline(always)]
-    pub unsafe fn attend<L: Lanes>(
-        shape: AttnShape,
-        b: Block,
-        q: &[f32],
-        kv: KvHeads<'_, L::Elem>,
-        out: &mut [f32],
-        scores: &mut [f32],
-    ) {
-        let d = shape.head_dim;
-        let r = shape.group();
-        let scale = 1.0 / (d as f32).sqrt();
-        let span = q.len() / b.rows;
-        let max = b.max_slots();
-        // Row i, head h of the group: scores[(i * r + h) * max ..][..b.slots(i)].
-        let at = |i: usize, h: usize| (i * r + h) * max;
-        out.fill(0.0);
-        for g in 0..span / (r * d) {
-            let k = kv.k_head(b.g0 + g, max);
-            let qh = |i: usize, h: usize| &q[i * span + (g * r + h) * d..][..d];
-            for s0 in (0..max).step_by(SLOT_BLOCK) {
-                prefetch_rows(k, s0 + PREFETCH_SLOTS, SLOT_BLOCK, d);
-                for i in 0..b.rows {
-                    let slots = b.slots(i);
-                    if s0 + SLOT_BLOCK <= slots {
-                        for h in 0..r {
-                            let out = &mut scores[at(i, h) + s0..];
-                            scores8::<L>(qh(i, h), &k[s0 * d..], d, scale, out);
-                        }
-                    } else {
-                        for s in s0..slots.min(s0 + SLOT_BLOCK) {
-                            for h in 0..r {
-                                let dv = dot::<L>(qh(i, h), &k[s * d..(s + 1) * d]);
-                                scores[at(i, h) + s] = dv * scale;
-                            }
-                        }
-                    }
-                }
-            }
-            for i in 0..b.rows {
-                for h in 0..r {
-                    super::softmax(&mut scores[at(i, h)..][..b.slots(i)]);
-                }
-            }
-            let v = kv.v_head(b.g0 + g, max);
-            for s0 in (0..max).step_by(V_SLOT_BLOCK) {
-                for i in 0..b.rows {
-                    let s1 = (s0 + V_SLOT_BLOCK).min(b.slots(i));
-                    if s1 <= s0 {
-                        continue;
-                    }
-                    let o = out.as_mut_ptr().add(i * span + g * r * d);
-                    let p = |h: usize| &scores[at(i, h)..][..b.slots(i)];
-                    let mut h = 0;
-                    while h + 2 <= r {
-                        let outs = [o.add(h * d), o.add((h + 1) * d)];
-                        pv_heads::<L, 2>([p(h), p(h + 1)], v, d, s0..s1, outs, i == 0);
-                        h += 2;
-                    }
-                    if h < r {
-                        pv_heads::<L, 1>([p(h)], v, d, s0..s1, [o.add(h * d)], i == 0);
-                    }
-                }
-            }
-        }
-    }
-}
+#[cfg(test)]
+mod exact_tests;
 
 /// Softmax of one head's scores in place, in f32: each score becomes `exp(score - max) * (1 / sum)`,
 /// with [`crate::mathf`]'s exp and its order of the sum.

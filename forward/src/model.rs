@@ -1,6 +1,6 @@
 //! `Forward`: the Qwen3-VL text decoder, one clear pass per step.
 
-use crate::attention::{attend_causal, attend_heads, kv_heads_per_task, AttnShape};
+use crate::attention::{attend_rows_parallel, AttnShape};
 use crate::backend::{BackendError, GemmBackend, WeightRef};
 use crate::device::{AbGemm, DeviceConfig, DeviceGemm};
 use crate::host::HostGemm;
@@ -865,9 +865,6 @@ fn add_deepstack(x: &mut [f32], h: &HybridInputs, layer: usize, hidden: usize, e
     }
 }
 
-/// Query rows one prefill attention task takes: they share each K/V block read (`bench` prefill).
-const ATTN_ROW_BLOCK: usize = 8;
-
 /// Writes the rows' K/V at their slots, then attends every row in parallel.
 #[allow(clippy::too_many_arguments)]
 fn attend_rows<T: KvElem>(
@@ -891,34 +888,5 @@ fn attend_rows<T: KvElem>(
             &v[r * kv_dim..(r + 1) * kv_dim],
         );
     }
-    let cache = store.layer(layer);
-    let q_dim = shape.q_dim();
-    let per_task = kv_heads_per_task(shape, rows, pool.current_num_threads());
-    pool.install(|| {
-        if per_task == shape.kv_heads {
-            // Enough rows for every thread: blocks of rows, every head, sharing each K/V read.
-            let block = ATTN_ROW_BLOCK * q_dim;
-            attn[..rows * q_dim]
-                .par_chunks_mut(block)
-                .zip(q[..rows * q_dim].par_chunks(block))
-                .enumerate()
-                .for_each(|(b, (out, qs))| {
-                    let (first, n) = (start_slot + b * ATTN_ROW_BLOCK + 1, out.len() / q_dim);
-                    attend_causal(shape, 0, first, n, qs, cache, out);
-                });
-        } else {
-            // Few rows: each task takes adjacent KV heads of one row (`bench attention` measures
-            // the splits).
-            let span = per_task * shape.group() * shape.head_dim;
-            let tasks_per_row = shape.kv_heads / per_task;
-            attn[..rows * q_dim]
-                .par_chunks_mut(span)
-                .enumerate()
-                .for_each(|(t, out)| {
-                    let (r, g0) = (t / tasks_per_row, (t % tasks_per_row) * per_task);
-                    let qs = &q[r * q_dim + g0 * span / per_task..][..span];
-                    attend_heads(shape, g0, start_slot + r + 1, qs, cache, out);
-                });
-        }
-    });
+    attend_rows_parallel(pool, shape, store.layer(layer), start_slot, rows, q, attn);
 }

@@ -191,3 +191,48 @@ fn decode_refuses_bad_contexts_and_kv_types_before_making_a_pack() {
     assert_eq!(code, 0, "{err}");
     assert!(made && out.contains("\"ctx\""), "{out}");
 }
+
+/// `bench attention --rows N` times a prefill's attention and sets it against the peaks of the same
+/// run; `--rows 0` is refused by name (control: `--rows 4` on the tiny shape runs).
+#[test]
+fn attention_prefill_rows_are_timed_and_zero_rows_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack_dir = dir.path().to_str().unwrap();
+    let (code, out, err) = bench(&[
+        "attention",
+        "--shape",
+        "tiny",
+        "--rows",
+        "0",
+        "--json",
+        "--pack-dir",
+        pack_dir,
+    ]);
+    assert_ne!(code, 0);
+    assert!(out.is_empty(), "{out}");
+    assert!(err.contains("--rows"), "{err}");
+    let (code, out, err) = bench(&[
+        "attention",
+        "--shape",
+        "tiny",
+        "--rows",
+        "4",
+        "--context",
+        "3",
+        "--json",
+        "--pack-dir",
+        pack_dir,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(number(&v, "rows"), 4.0);
+    assert!(number(&v, "macs") > 0.0);
+    for kv in ["f32", "bf16"] {
+        for key in ["ms", "gmac_s", "f32_fma_peak_pct", "f32_mul_add_peak_pct"] {
+            assert!(
+                number(&v, &format!("attention.{kv}.{key}")) > 0.0,
+                "{kv} {key}"
+            );
+        }
+    }
+}

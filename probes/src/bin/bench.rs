@@ -92,12 +92,18 @@ enum Mode {
         #[arg(long, default_value = "tests/fixtures")]
         fixtures: PathBuf,
     },
-    /// Attention alone over a filled cache: every layer's KV heads at one decode row, f32 and bf16
-    /// caches, as the decoder runs it (the pool's threads over the KV heads).
+    /// Attention alone over a filled cache, every layer, f32 and bf16 caches, as the decoder runs
+    /// it: one decode row (the pool's threads over the KV heads), or with `--rows N` a prefill of N
+    /// rows after the context (row i attends context + i + 1 slots), reported as GMAC/s
+    /// = 2 · Σ_rows slots · query heads · head_dim · layers / time (q·k and p·v each count one
+    /// multiply-add per element) and as % of the f32 FMA and mul+add peaks measured in the run.
     Attention {
-        /// Filled cache slots the row attends to.
+        /// Filled cache slots the row attends to (a prefill's rows come after them).
         #[arg(long, default_value_t = 512)]
         context: usize,
+        /// Query rows: 1 is a decode step; more is a prefill of that many rows.
+        #[arg(long, default_value_t = 1)]
+        rows: usize,
     },
     /// The vision tower per image size and kind: preprocessing, tower, its GEMMs' GMAC/s against
     /// the host's peak (measured in the same run), attention, and the time to the first token
@@ -160,7 +166,16 @@ fn main() {
     }
     let report = match args.mode {
         None => decoder_bench(c, &shape, &kinds),
-        Some(Mode::Attention { context }) => attention_bench(c, &shape, context),
+        Some(Mode::Attention { context, rows }) => {
+            if rows == 0 {
+                refuse("--rows must be at least 1 (1 times a decode row, more a prefill)");
+            }
+            if rows == 1 {
+                attention_bench(c, &shape, context)
+            } else {
+                attention_prefill_bench(c, &shape, context, rows)
+            }
+        }
         Some(Mode::KvAccuracy { ref fixtures }) => kv_accuracy(c, fixtures),
         Some(Mode::Vision {
             ref images,
@@ -1340,6 +1355,165 @@ fn attention_bench(c: &Common, shape: &RandomShape, context: usize) -> Value {
         );
     }
     json!({ "shape": shape.name, "threads": c.threads, "context": context, "attention": result })
+}
+
+/// CPU seconds (user + system) of every thread of this process so far, from `/proc/self/stat`
+/// (ticks of 10 ms).
+fn process_cpu_secs() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// `bench attention --rows N`: the prefill attention of N rows after `context` filled slots, every
+/// layer, through the decoder's own parallel split ([`forward::attention::attend_rows_parallel`]).
+fn attention_prefill_bench(c: &Common, shape: &RandomShape, context: usize, rows: usize) -> Value {
+    use forward::attention::{attend_rows_parallel, AttnShape};
+    use forward::kv::{KvCache, KvData};
+    use probes::peak::PeakMix;
+    let sem = &shape.semantics;
+    let geometry = AttnShape {
+        heads: sem.num_heads,
+        kv_heads: sem.num_kv_heads,
+        head_dim: sem.head_dim,
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(c.threads)
+        .build()
+        .unwrap_or_else(|e| refuse(format!("cannot start the thread pool: {e}")));
+    let layers = sem.num_layers;
+    let load_start = load_avg();
+    let fma_peak = PeakMix::F32FmaYmm.measure(c.threads, 7);
+    let mul_add_peak = PeakMix::F32MulAddYmm.measure(c.threads, 7);
+    // q·k and p·v: one multiply-add each per element of every attended slot, head and layer.
+    let slots: u64 = (0..rows as u64).map(|i| context as u64 + i + 1).sum();
+    let macs = 2 * slots * (geometry.heads * geometry.head_dim * layers) as u64;
+    let q_dim = geometry.q_dim();
+    let q: Vec<f32> = (0..rows * q_dim)
+        .map(|i| ((i % 13) as f32 - 6.0) / 6.0)
+        .collect();
+    let mut out = vec![0f32; rows * q_dim];
+    let kv_dim = geometry.kv_dim();
+    let row: Vec<f32> = (0..kv_dim).map(|i| ((i % 7) as f32 - 3.0) / 3.0).collect();
+    if !c.json {
+        println!(
+            "shape {}  threads {}  load average {}  attention prefill {rows} rows after {context} slots, {layers} layers: {:.2} GMAC",
+            shape.name,
+            c.threads,
+            load_start.map_or("?".into(), |l| format!("{l:.2}")),
+            macs as f64 / 1e9
+        );
+        for (mix, p) in [
+            (PeakMix::F32FmaYmm, fma_peak),
+            (PeakMix::F32MulAddYmm, mul_add_peak),
+        ] {
+            if let Some(p) = p {
+                println!("peak {:32} {p:8.1} GMAC/s", mix.name());
+            }
+        }
+    }
+    let pct = |gmac_s: f64, peak: Option<f64>| peak.map(|p| round2(100.0 * gmac_s / p));
+    let mut result = Map::new();
+    for dtype in [KvDtype::F32, KvDtype::Bf16] {
+        let slots_needed = context + rows;
+        let mut cache = KvCache::new(
+            dtype,
+            layers,
+            slots_needed,
+            geometry.kv_heads,
+            geometry.head_dim,
+        );
+        // Every slot written (faults the cache in; the prefill's own K/V writes are not timed).
+        for l in 0..layers {
+            for slot in 0..slots_needed {
+                match &mut cache.data {
+                    KvData::F32(s) => s.write(l, slot, &row, &row),
+                    KvData::Bf16(s) => s.write(l, slot, &row, &row),
+                }
+            }
+        }
+        // At least two passes and a second of them; the fastest counts.
+        let mut times = Vec::new();
+        let mut cpu_times = Vec::new();
+        let started = Instant::now();
+        while times.len() < 2 || (started.elapsed().as_secs_f64() < 1.0 && times.len() < 20) {
+            let t = Instant::now();
+            let cpu = process_cpu_secs();
+            for l in 0..layers {
+                match &cache.data {
+                    KvData::F32(s) => attend_rows_parallel(
+                        &pool,
+                        geometry,
+                        s.layer(l),
+                        context,
+                        rows,
+                        &q,
+                        &mut out,
+                    ),
+                    KvData::Bf16(s) => attend_rows_parallel(
+                        &pool,
+                        geometry,
+                        s.layer(l),
+                        context,
+                        rows,
+                        &q,
+                        &mut out,
+                    ),
+                }
+            }
+            times.push(secs(t.elapsed()));
+            if let (Some(a), Some(b)) = (cpu, process_cpu_secs()) {
+                cpu_times.push(b - a);
+            }
+        }
+        let fastest = times.iter().copied().fold(f64::INFINITY, f64::min);
+        let med = median(times);
+        let gmac_s = macs as f64 / fastest / 1e9;
+        // On a loaded machine: the rate this run's CPU time would give on `threads` idle cores.
+        let cpu = cpu_times.iter().copied().fold(f64::INFINITY, f64::min);
+        let cpu_gmac_s =
+            (cpu > 0.0 && cpu.is_finite()).then(|| macs as f64 * c.threads as f64 / cpu / 1e9);
+        if !c.json {
+            println!(
+                "attention {:?} cache, prefill {rows} rows after {context} slots, {layers} layers: {:.1} ms (median {:.1}), {gmac_s:.1} GMAC/s = {}% of the f32 FMA peak, {}% of the f32 mul+add peak; CPU time {:.1} ms = {} GMAC/s on {} idle cores",
+                dtype,
+                fastest * 1e3,
+                med * 1e3,
+                pct(gmac_s, fma_peak).map_or("?".into(), |p| p.to_string()),
+                pct(gmac_s, mul_add_peak).map_or("?".into(), |p| p.to_string()),
+                cpu * 1e3,
+                cpu_gmac_s.map_or("?".into(), |g| format!("{g:.1}")),
+                c.threads,
+            );
+        }
+        result.insert(
+            format!("{dtype:?}").to_lowercase(),
+            json!({
+                "ms": fastest * 1e3,
+                "ms_median": med * 1e3,
+                "gmac_s": round2(gmac_s),
+                "f32_fma_peak_pct": pct(gmac_s, fma_peak),
+                "f32_mul_add_peak_pct": pct(gmac_s, mul_add_peak),
+                "cpu_ms": cpu.is_finite().then_some(cpu * 1e3),
+                "cpu_gmac_s": cpu_gmac_s.map(round2),
+            }),
+        );
+    }
+    json!({
+        "shape": shape.name,
+        "threads": c.threads,
+        "context": context,
+        "rows": rows,
+        "macs": macs,
+        "peaks_gmac_s": {
+            "f32_fma_gmac_s": fma_peak.map(round2),
+            "f32_mul_add_gmac_s": mul_add_peak.map(round2),
+        },
+        "attention": result,
+    })
 }
 
 // ------------------------------------------------------------------------------------------------

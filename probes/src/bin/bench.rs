@@ -9,6 +9,7 @@
 //! and against what the bytes a step reads predict.
 
 use clap::{Parser, Subcommand};
+use forward::attention::AttnShape;
 use forward::host::HostGemm;
 use forward::kernels::{Isa, Kernels};
 use forward::{BackendChoice, Forward, ForwardOptions, GemmBackend, KvDtype, Logits, WeightRef};
@@ -1259,10 +1260,11 @@ fn weight_bytes(w: &WeightRef<'_>) -> u64 {
 // ------------------------------------------------------------------------------------------------
 // The attention benchmark.
 
-fn attention_bench(c: &Common, shape: &RandomShape, context: usize) -> Value {
-    use forward::attention::{attend_heads, AttnShape};
-    use forward::kv::{KvCache, KvData, KvElem, KvStore};
-    use rayon::prelude::*;
+/// The attention geometry of `shape` and a pool of the run's threads (both attention benchmarks).
+fn attention_setup(
+    c: &Common,
+    shape: &RandomShape,
+) -> (forward::attention::AttnShape, rayon::ThreadPool) {
     let sem = &shape.semantics;
     let geometry = AttnShape {
         heads: sem.num_heads,
@@ -1273,6 +1275,15 @@ fn attention_bench(c: &Common, shape: &RandomShape, context: usize) -> Value {
         .num_threads(c.threads)
         .build()
         .unwrap_or_else(|e| refuse(format!("cannot start the thread pool: {e}")));
+    (geometry, pool)
+}
+
+fn attention_bench(c: &Common, shape: &RandomShape, context: usize) -> Value {
+    use forward::attention::attend_heads;
+    use forward::kv::{KvCache, KvData, KvElem, KvStore};
+    use rayon::prelude::*;
+    let sem = &shape.semantics;
+    let (geometry, pool) = attention_setup(c, shape);
     let layers = sem.num_layers;
     let q: Vec<f32> = (0..geometry.q_dim())
         .map(|i| ((i % 13) as f32 - 6.0) / 6.0)
@@ -1371,19 +1382,11 @@ fn process_cpu_secs() -> Option<f64> {
 /// `bench attention --rows N`: the prefill attention of N rows after `context` filled slots, every
 /// layer, through the decoder's own parallel split ([`forward::attention::attend_rows_parallel`]).
 fn attention_prefill_bench(c: &Common, shape: &RandomShape, context: usize, rows: usize) -> Value {
-    use forward::attention::{attend_rows_parallel, AttnShape};
+    use forward::attention::attend_rows_parallel;
     use forward::kv::{KvCache, KvData};
     use probes::peak::PeakMix;
     let sem = &shape.semantics;
-    let geometry = AttnShape {
-        heads: sem.num_heads,
-        kv_heads: sem.num_kv_heads,
-        head_dim: sem.head_dim,
-    };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(c.threads)
-        .build()
-        .unwrap_or_else(|e| refuse(format!("cannot start the thread pool: {e}")));
+    let (geometry, pool) = attention_setup(c, shape);
     let layers = sem.num_layers;
     let load_start = load_avg();
     let fma_peak = PeakMix::F32FmaYmm.measure(c.threads, 7);

@@ -37,6 +37,10 @@ fn json_has_every_figure_per_kind_and_splits_the_step() {
     // The peaks the prefills are set against, measured in the same run.
     for key in ["int8_gmac_s", "f32_fma_gmac_s"] {
         assert!(number(&v, &format!("peaks_gmac_s.{key}")) > 0.0, "{key}");
+        assert!(
+            number(&v, &format!("peaks_gmac_s_end.{key}")) > 0.0,
+            "{key} at the end"
+        );
     }
     for kind in ["q4", "i8"] {
         for key in [

@@ -115,19 +115,9 @@ impl Lanes16 for Zmm {
 
 /// How a [`YmmPair`] takes the dot of one q4 group of a packed panel.
 pub(crate) trait PairGroupDot: Sized {
+    /// Whether the 4-row tile is [`maddubs16_tile4`] (else the generic `q4_packed_tile`).
+    const ASM_TILE4: bool = false;
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> [__m256i; 2];
-    /// [`PanelLanes::tile4`] of `YmmPair<Self>`.
-    #[inline(always)]
-    unsafe fn tile4(
-        wp: &[u8],
-        sp: &[f32],
-        a: [&[i8]; Q4_TILE_ROWS],
-        corr: [&[i32]; Q4_TILE_ROWS],
-        a_scale: [f32; Q4_TILE_ROWS],
-        groups: usize,
-    ) -> [[f32; MAX_LANES]; Q4_TILE_ROWS] {
-        q4_packed_tile::<YmmPair<Self>, Q4_TILE_ROWS>(wp, sp, a, corr, a_scale, groups)
-    }
 }
 
 /// Two `ymm` halves (lanes 0..8, 8..16) as one 16-lane panel vector, with the group dot of `G`:
@@ -141,17 +131,7 @@ pub(crate) struct YmmPair<G>(std::marker::PhantomData<G>);
 pub(crate) struct Maddubs16;
 
 impl PairGroupDot for Maddubs16 {
-    #[inline(always)]
-    unsafe fn tile4(
-        wp: &[u8],
-        sp: &[f32],
-        a: [&[i8]; Q4_TILE_ROWS],
-        corr: [&[i32]; Q4_TILE_ROWS],
-        a_scale: [f32; Q4_TILE_ROWS],
-        groups: usize,
-    ) -> [[f32; MAX_LANES]; Q4_TILE_ROWS] {
-        maddubs16_tile4(wp, sp, a, corr, a_scale, groups)
-    }
+    const ASM_TILE4: bool = true;
     #[inline(always)]
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> [__m256i; 2] {
         let mut acc16 = [_mm256_setzero_si256(); 2];
@@ -373,7 +353,11 @@ impl<G: PairGroupDot> PanelLanes for YmmPair<G> {
         a_scale: [f32; Q4_TILE_ROWS],
         groups: usize,
     ) -> [[f32; MAX_LANES]; Q4_TILE_ROWS] {
-        G::tile4(wp, sp, a, corr, a_scale, groups)
+        if G::ASM_TILE4 {
+            maddubs16_tile4(wp, sp, a, corr, a_scale, groups)
+        } else {
+            q4_packed_tile::<Self, Q4_TILE_ROWS>(wp, sp, a, corr, a_scale, groups)
+        }
     }
 }
 

@@ -49,7 +49,12 @@ fn a_pack_claiming_millions_of_layers_is_refused_without_planning_them() {
     .unwrap();
     let before = peak_rss_kib();
     let err = Pack::open(&path).unwrap_err().to_string();
-    let grew_mib = (peak_rss_kib() - before) / 1024;
+    let after = peak_rss_kib();
+    assert!(
+        before > 0 && after > 0,
+        "VmHWM unreadable: {before} / {after} KiB"
+    );
+    let grew_mib = after.saturating_sub(before) / 1024;
     eprintln!("grew {grew_mib} MiB: {err}");
     assert!(
         err.contains("num_layers") && err.contains("16777216"),

@@ -209,7 +209,7 @@ macro_rules! q4_chunk {
 /// at the end times the row's scale): the same bits. The chunks are inline assembly because LLVM,
 /// free to regroup the i16 sums, hoisted a group's products ahead of their adds and spilled weight
 /// vectors to the stack every group (checked in the disassembly with intrinsics, with 2 and 4
-/// rows, inlined or not).
+/// rows not inlined, 4 rows inlined and not).
 ///
 /// # Safety
 /// The CPU must support AVX2; `wp`, `sp` are a packed 16-lane panel of `groups` groups, `a` and

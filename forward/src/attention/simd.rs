@@ -195,7 +195,7 @@ unsafe fn scores_tile<L: Lanes, const D: usize, const Q: usize, const S: usize>(
 
 /// The scores of `n` query vectors (`item(j)`: query j's values and where its score of the
 /// block's first slot goes) against the [`SLOT_BLOCK`] slots from `k`: tiles of [`SCORE_Q`]
-/// queries, then of fewer for the rest.
+/// queries, then of 2, then of 1 for the rest.
 #[inline(always)]
 unsafe fn scores_block<L: Lanes, const D: usize>(
     n: usize,
@@ -214,6 +214,17 @@ unsafe fn scores_block<L: Lanes, const D: usize>(
             scores_tile::<L, D, SCORE_Q, SCORE_S>(qs, k.add(s * d), d, scale, outs);
         }
         j += SCORE_Q;
+    }
+    // A pair left (a decode row of a 2-query-head group, as in the 2B model): each K vector
+    // loaded and widened once for both.
+    if j + 2 <= n {
+        let its: [(*const f32, *mut f32); 2] = std::array::from_fn(|t| item(j + t));
+        let qs = its.map(|t| t.0);
+        for s in (0..SLOT_BLOCK).step_by(SLOT_BLOCK / 2) {
+            let outs = its.map(|t| t.1.add(s));
+            scores_tile::<L, D, 2, { SLOT_BLOCK / 2 }>(qs, k.add(s * d), d, scale, outs);
+        }
+        j += 2;
     }
     while j < n {
         let (q, o) = item(j);

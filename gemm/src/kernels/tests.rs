@@ -525,7 +525,8 @@ fn the_i16_pair_i8_kernel_checks_catch_each_planted_mistake() {
     // built and catches a dropped last code pair, swapped codes within a pair and an unstored last
     // weight row. K = 608 spans three K chunks with no padding (a dropped padding pair would change
     // nothing; padded K tails are in the random tests); 17 weight rows leave a short last panel and
-    // a short last tile of panels; 6 rows a short last tile of rows.
+    // a short last tile of panels; 6 rows a short last tile of rows. 40 weight rows (5 panels: a
+    // tile of 3, then one of 2) and 25 (3, then 1) run the narrower tiles.
     use x86::i8_pairs::test_hooks::{plant, Fault};
     if !Isa::Avx2.is_available() {
         return;
@@ -545,6 +546,16 @@ fn the_i16_pair_i8_kernel_checks_catch_each_planted_mistake() {
         assert!(
             i8_mismatch(rows, k, n, &x, &codes, &scales).is_some(),
             "{fault:?} went unnoticed"
+        );
+    }
+    for n in [40, 25] {
+        let codes: Vec<i8> = (0..n * k).map(|_| rng.byte() as i8).collect();
+        let scales: Vec<f32> = (0..n).map(|_| rng.unit().abs() * 0.02).collect();
+        assert_eq!(i8_mismatch(rows, k, n, &x, &codes, &scales), None, "n {n}");
+        let _planted = plant(Fault::ShortTileNarrowed);
+        assert!(
+            i8_mismatch(rows, k, n, &x, &codes, &scales).is_some(),
+            "n {n}: a narrowed short tile went unnoticed"
         );
     }
 }

@@ -32,6 +32,8 @@ const ROWS: usize = 3;
 /// Weight panels (of 8 rows) of a tile: `ROWS * PANELS` accumulators + `PANELS` weight vectors +
 /// one broadcast fill the 16 `ymm` registers.
 const PANELS: usize = 3;
+// The narrower tiles of a short last group are spelled out for 2 and 1 panels.
+const _: () = assert!(PANELS == 3);
 /// Codes of K per chunk: a tile's weights are `PANELS * 8 * K_CHUNK * 2` bytes (12 KB).
 const K_CHUNK: usize = 256;
 /// Codes widened at a time (one 16-byte load).
@@ -98,7 +100,14 @@ pub(super) unsafe fn i8_block_pairs(
         }
         s.acc.resize(n * PANELS, _mm256_setzero_si256());
         for p0 in (0..panels).step_by(PANELS) {
-            // A short last tile repeats its last panel (computed, not stored).
+            // A short last group of panels runs a narrower tile (repeating a panel instead cost
+            // the most common tasks, 16 panels, an eighth of their work).
+            let live_panels = (panels - p0).min(PANELS);
+            #[cfg(test)]
+            let live_panels = live_panels
+                - usize::from(
+                    test_hooks::is(test_hooks::Fault::ShortTileNarrowed) && live_panels < PANELS,
+                );
             let ps: [usize; PANELS] = std::array::from_fn(|c| (p0 + c).min(panels - 1));
             s.acc.fill(_mm256_setzero_si256());
             for k0 in (0..kp).step_by(K_CHUNK) {
@@ -115,8 +124,13 @@ pub(super) unsafe fn i8_block_pairs(
                     let rs: [usize; ROWS] = std::array::from_fn(|i| (r0 + i).min(n - 1));
                     let a: [*const i16; ROWS] =
                         std::array::from_fn(|i| s.acts.as_ptr().add(rs[i] * kp + k0));
-                    let acc = s.acc.as_mut_ptr();
-                    tile(a, w, pairs, rs.map(|r| acc.add(r * PANELS)));
+                    let acc = rs.map(|r| s.acc.as_mut_ptr().add(r * PANELS));
+                    match live_panels {
+                        PANELS => tile::<PANELS>(a, w, pairs, acc),
+                        2 => tile::<2>(a, [w[0], w[1]], pairs, acc),
+                        1 => tile::<1>(a, [w[0]], pairs, acc),
+                        _ => {}
+                    }
                 }
             }
             for i in 0..n {
@@ -147,7 +161,7 @@ pub(super) unsafe fn i8_block_pairs(
     SCRATCH.with(|cell| *cell.borrow_mut() = s);
 }
 
-/// `ROWS` widened activation rows against `PANELS` widened panels over `pairs` code pairs, added to
+/// `ROWS` widened activation rows against `P` widened panels over `pairs` code pairs, added to
 /// the accumulators at `acc[i][c]` (row i, panel c). Not inlined: inside the block loop LLVM turned
 /// the stepped row pointers back into clamped row indices times the row length, recomputed every
 /// step (15 integer operations per 9 `vpmaddwd`); a call per tile and K chunk costs far less.
@@ -157,15 +171,15 @@ pub(super) unsafe fn i8_block_pairs(
 /// (weights) readable, and `acc[i]` `PANELS` vectors.
 #[target_feature(enable = "avx2")]
 #[inline(never)]
-unsafe fn tile(
+unsafe fn tile<const P: usize>(
     a: [*const i16; ROWS],
-    w: [*const i16; PANELS],
+    w: [*const i16; P],
     pairs: usize,
     acc: [*mut __m256i; ROWS],
 ) {
-    let mut sums = [[_mm256_setzero_si256(); PANELS]; ROWS];
+    let mut sums = [[_mm256_setzero_si256(); P]; ROWS];
     for i in 0..ROWS {
-        for c in 0..PANELS {
+        for c in 0..P {
             sums[i][c] = *acc[i].add(c);
         }
     }
@@ -173,21 +187,21 @@ unsafe fn tile(
     // address per step, 5 integer operations a row).
     let (mut a, mut w) = (a, w);
     for _ in 0..pairs {
-        let mut wv = [_mm256_setzero_si256(); PANELS];
-        for c in 0..PANELS {
+        let mut wv = [_mm256_setzero_si256(); P];
+        for c in 0..P {
             wv[c] = _mm256_loadu_si256(w[c] as *const __m256i);
             w[c] = w[c].add(2 * PANEL);
         }
         for i in 0..ROWS {
             let b = _mm256_set1_epi32((a[i] as *const i32).read_unaligned());
             a[i] = a[i].add(2);
-            for c in 0..PANELS {
+            for c in 0..P {
                 sums[i][c] = _mm256_add_epi32(sums[i][c], _mm256_madd_epi16(wv[c], b));
             }
         }
     }
     for i in 0..ROWS {
-        for c in 0..PANELS {
+        for c in 0..P {
             *acc[i].add(c) = sums[i][c];
         }
     }
@@ -255,6 +269,8 @@ pub(crate) mod test_hooks {
         PairHalvesSwapped,
         /// The last weight row of the last panel is never stored.
         LastRowUnstored,
+        /// A short last group of panels runs a tile one panel narrower.
+        ShortTileNarrowed,
     }
 
     thread_local! {

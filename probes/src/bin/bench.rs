@@ -1050,6 +1050,18 @@ fn gemm_shapes(layers: usize) -> Vec<(&'static str, Vec<String>)> {
     ]
 }
 
+/// The peak a batched GEMM of `kind` on `isa` is set against: f32 FMA for f32 and bf16 weights,
+/// else the int8 peak of [`measure_peaks`] (on AVX2 the faster of the two integer mixes). `None`
+/// for the scalar kernels or a mix the CPU lacks.
+fn gemm_peak(threads: usize, isa: Isa, kind: QuantKind) -> Option<f64> {
+    use probes::peak::PeakMix;
+    match (isa, kind) {
+        (Isa::Scalar, _) => None,
+        (_, QuantKind::F32 | QuantKind::Bf16) => PeakMix::F32FmaYmm.measure(threads, 3),
+        _ => measure_peaks(threads, isa).int8.map(|p| p.1),
+    }
+}
+
 /// Most rows `bench gemm` times the head at.
 const HEAD_MAX_ROWS: usize = 128;
 
@@ -1113,14 +1125,24 @@ fn gemm_bench(
                     if label.starts_with("head") && batch > HEAD_MAX_ROWS {
                         continue; // seconds per call; a prefill runs the head for one row
                     }
+                    // A batched case is compute-bound: it is set against the peak of the mixes
+                    // its kernels run, sampled just before and just after it (the larger: on a
+                    // shared host the rate moves within seconds).
+                    let peak_before = (batch > 1).then(|| gemm_peak(c.threads, isa, kind));
                     let (fast, med) = time_gemm(&mut host, weights, batch);
+                    let peak = peak_before
+                        .flatten()
+                        .into_iter()
+                        .chain(gemm_peak(c.threads, isa, kind).filter(|_| batch > 1))
+                        .reduce(f64::max);
                     let (n, k) = (weights[0].linear.n, weights[0].linear.k);
                     let bytes = weight_bytes(&weights[0]) as f64;
                     let gb_s = bytes / fast / 1e9;
                     let gmac_s = (n * k * batch) as f64 / fast / 1e9;
+                    let peak_pct = peak.map(|p| 100.0 * gmac_s / p);
                     if !c.json {
                         println!(
-                            "  {:10} {:18} rows {:4}  {:8.3} ms (median {:8.3})  {:6.1} GB/s ({:3.0}% of read)  {:7.1} GMAC/s",
+                            "  {:10} {:18} rows {:4}  {:8.3} ms (median {:8.3})  {:6.1} GB/s ({:3.0}% of read)  {:7.1} GMAC/s{}",
                             isa.name(),
                             label,
                             batch,
@@ -1128,7 +1150,11 @@ fn gemm_bench(
                             med * 1e3,
                             gb_s,
                             100.0 * gb_s / read_gb_s,
-                            gmac_s
+                            gmac_s,
+                            peak.map_or(String::new(), |p| format!(
+                                " ({:3.0}% of the {p:.1} GMAC/s peak beside it)",
+                                100.0 * gmac_s / p
+                            ))
                         );
                     }
                     kind_json.push(json!({
@@ -1136,6 +1162,7 @@ fn gemm_bench(
                         "ms": fast * 1e3, "ms_median": med * 1e3,
                         "gb_s": round2(gb_s), "read_pct": round2(100.0 * gb_s / read_gb_s),
                         "gmac_s": round2(gmac_s),
+                        "peak_gmac_s": peak.map(round2), "peak_pct": peak_pct.map(round2),
                     }));
                 }
             }

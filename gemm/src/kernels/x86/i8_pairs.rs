@@ -119,7 +119,33 @@ pub(super) unsafe fn i8_block_pairs(
                     );
                 let w: [*const i16; PANELS] =
                     std::array::from_fn(|c| s.weights.as_ptr().add(ps[c] * panel_len + k0 * PANEL));
+                // The next chunk's weights (the next K chunk of these panels, or the first of the
+                // next group), prefetched a share per row tile: without it the first row tile of
+                // every chunk waited on them from L3 (a task's widened panels outgrow L2).
+                let next: Option<([usize; PANELS], usize)> = if k0 + K_CHUNK < kp {
+                    Some((ps, k0 + K_CHUNK))
+                } else if p0 + PANELS < panels {
+                    Some((
+                        std::array::from_fn(|c| (p0 + PANELS + c).min(panels - 1)),
+                        0,
+                    ))
+                } else {
+                    None
+                };
+                let tiles = n.div_ceil(ROWS);
                 for r0 in (0..n).step_by(ROWS) {
+                    if let Some((nps, nk0)) = next {
+                        let lines = (kp - nk0).min(K_CHUNK) * PANEL * 2 / 64;
+                        let t = r0 / ROWS;
+                        let (from, to) = (t * lines / tiles, (t + 1) * lines / tiles);
+                        for &np in &nps {
+                            let base =
+                                s.weights.as_ptr().add(np * panel_len + nk0 * PANEL) as *const i8;
+                            for line in from..to {
+                                _mm_prefetch::<_MM_HINT_T0>(base.add(64 * line));
+                            }
+                        }
+                    }
                     // A short last tile repeats its last row.
                     let rs: [usize; ROWS] = std::array::from_fn(|i| (r0 + i).min(n - 1));
                     let a: [*const i16; ROWS] =

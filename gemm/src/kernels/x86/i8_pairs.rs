@@ -194,7 +194,7 @@ pub(super) unsafe fn i8_block_pairs(
 ///
 /// # Safety
 /// The CPU must support AVX2; every pointer must have `pairs` code pairs (rows) or panel pairs
-/// (weights) readable, and `acc[i]` `PANELS` vectors.
+/// (weights) readable, and `acc[i]` `P` vectors.
 #[target_feature(enable = "avx2")]
 #[inline(never)]
 unsafe fn tile<const P: usize>(

@@ -1128,13 +1128,14 @@ fn gemm_bench(
                     // A batched case is compute-bound: it is set against the peak of the mixes
                     // its kernels run, sampled just before and just after it (the larger: on a
                     // shared host the rate moves within seconds).
-                    let peak_before = (batch > 1).then(|| gemm_peak(c.threads, isa, kind));
+                    let sample = || {
+                        (batch > 1)
+                            .then(|| gemm_peak(c.threads, isa, kind))
+                            .flatten()
+                    };
+                    let peak_before = sample();
                     let (fast, med) = time_gemm(&mut host, weights, batch);
-                    let peak = peak_before
-                        .flatten()
-                        .into_iter()
-                        .chain(gemm_peak(c.threads, isa, kind).filter(|_| batch > 1))
-                        .reduce(f64::max);
+                    let peak = peak_before.into_iter().chain(sample()).reduce(f64::max);
                     let (n, k) = (weights[0].linear.n, weights[0].linear.k);
                     let bytes = weight_bytes(&weights[0]) as f64;
                     let gb_s = bytes / fast / 1e9;

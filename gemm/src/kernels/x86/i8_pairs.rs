@@ -72,10 +72,8 @@ pub(super) unsafe fn i8_block_pairs(
     acts: &Activations,
     out: &mut [&mut [f32]],
 ) {
+    // `Kernels::gemm_block` returns before any kernel for no rows or no weight rows.
     let (rows, nb) = (out.len(), out[0].len());
-    if rows == 0 || nb == 0 {
-        return;
-    }
     let kp = padded(k);
     let panel_len = kp * PANEL; // i16 per widened panel
     let panels = nb.div_ceil(PANEL);

@@ -32,6 +32,9 @@ pub fn cast<'a, T: 'static, U: 'static>(kv: KvHeads<'a, T>) -> Option<KvHeads<'a
 /// A cache element type read 8 at a time as f32.
 pub trait Lanes {
     type Elem: Copy;
+    /// Whether a load costs vector operations besides the load (bf16's widening): then a V vector
+    /// is worth sharing between more outputs ([`pv_block`]).
+    const WIDENS: bool;
     unsafe fn load8(p: *const Self::Elem) -> __m256;
     fn widen(x: Self::Elem) -> f32;
 }
@@ -39,6 +42,7 @@ pub trait Lanes {
 pub struct F32Lanes;
 impl Lanes for F32Lanes {
     type Elem = f32;
+    const WIDENS: bool = false;
     #[inline(always)]
     unsafe fn load8(p: *const f32) -> __m256 {
         _mm256_loadu_ps(p)
@@ -54,6 +58,7 @@ impl Lanes for F32Lanes {
 pub struct Bf16Lanes;
 impl Lanes for Bf16Lanes {
     type Elem = bf16;
+    const WIDENS: bool = true;
     #[inline(always)]
     unsafe fn load8(p: *const bf16) -> __m256 {
         bf16x8_to_ps(p)
@@ -72,9 +77,12 @@ const PREFETCH_SLOTS: usize = 16;
 /// each, so each K vector loaded (and widened) serves `SCORE_Q` queries.
 const SCORE_Q: usize = 4;
 const SCORE_S: usize = SLOT_BLOCK / SCORE_Q;
-/// Outputs per value tile and 8-wide column blocks per tile (`PV_H x PV_NV` accumulators).
-const PV_H: usize = 2;
-const PV_NV: usize = 4;
+/// Outputs per value tile and 8-wide column blocks per tile (`PV_H x PV_NV` accumulators) for a
+/// bf16 cache: each V vector widened once serves 4 outputs (2 x 4 widened it twice as often: at
+/// 512 rows the attention took 6% less time). An f32 cache runs `2 x 4` (its loads are loads
+/// only; 4 x 2 measured 3% slower), as do the pairs left over; a single output `1 x 4`.
+const PV_H: usize = 4;
+const PV_NV: usize = 2;
 
 /// The head dim: `D` when the kernel is built for one (the loops unroll over a constant), else the
 /// run-time `d` (`D == 0`).
@@ -297,10 +305,11 @@ unsafe fn pv_step<L: Lanes, const H: usize, const NV: usize, const PF: bool>(
     }
 }
 
-/// [`pv_tile`] over every column of H outputs (the first column block prefetching with `pf`), then
-/// the columns past the last multiple of 8, slot by slot.
+/// [`pv_tile`]s of NV column blocks over every column of H outputs (the first tile prefetching
+/// with `pf`), then single column blocks, then the columns past the last multiple of 8, slot by
+/// slot.
 #[inline(always)]
-unsafe fn pv_outputs<L: Lanes, const D: usize, const H: usize>(
+unsafe fn pv_outputs<L: Lanes, const D: usize, const H: usize, const NV: usize>(
     ps: [*const f32; H],
     v: *const L::Elem,
     d: usize,
@@ -311,13 +320,13 @@ unsafe fn pv_outputs<L: Lanes, const D: usize, const H: usize>(
     let d = dim::<D>(d);
     let vectors = d / 8;
     let mut c = 0;
-    if pf && c + PV_NV <= vectors {
-        pv_tile::<L, D, H, PV_NV, true>(ps, v, d, c, n, outs);
-        c += PV_NV;
+    if pf && c + NV <= vectors {
+        pv_tile::<L, D, H, NV, true>(ps, v, d, c, n, outs);
+        c += NV;
     }
-    while c + PV_NV <= vectors {
-        pv_tile::<L, D, H, PV_NV, false>(ps, v, d, c, n, outs);
-        c += PV_NV;
+    while c + NV <= vectors {
+        pv_tile::<L, D, H, NV, false>(ps, v, d, c, n, outs);
+        c += NV;
     }
     while c < vectors {
         pv_tile::<L, D, H, 1, false>(ps, v, d, c, n, outs);
@@ -333,8 +342,8 @@ unsafe fn pv_outputs<L: Lanes, const D: usize, const H: usize>(
 }
 
 /// Adds `n` slots' weighted V rows (from `v`) to `m` outputs (`item(j)`: output j's weight of the
-/// first slot and its column 0): tiles of [`PV_H`] outputs, then of one; the first tile prefetches
-/// with `pf`.
+/// first slot and its column 0): for a cache that widens, tiles of [`PV_H`] outputs; then tiles of
+/// 2 (a decode row of a 2-query-head group), then of one; the first tile prefetches with `pf`.
 #[inline(always)]
 unsafe fn pv_block<L: Lanes, const D: usize>(
     m: usize,
@@ -345,15 +354,21 @@ unsafe fn pv_block<L: Lanes, const D: usize>(
     mut pf: bool,
 ) {
     let mut j = 0;
-    while j + PV_H <= m {
+    while L::WIDENS && j + PV_H <= m {
         let its: [(*const f32, *mut f32); PV_H] = std::array::from_fn(|t| item(j + t));
-        pv_outputs::<L, D, PV_H>(its.map(|t| t.0), v, d, n, its.map(|t| t.1), pf);
+        pv_outputs::<L, D, PV_H, PV_NV>(its.map(|t| t.0), v, d, n, its.map(|t| t.1), pf);
         pf = false;
         j += PV_H;
     }
+    while j + 2 <= m {
+        let its: [(*const f32, *mut f32); 2] = std::array::from_fn(|t| item(j + t));
+        pv_outputs::<L, D, 2, 4>(its.map(|t| t.0), v, d, n, its.map(|t| t.1), pf);
+        pf = false;
+        j += 2;
+    }
     while j < m {
         let (p, o) = item(j);
-        pv_outputs::<L, D, 1>([p], v, d, n, [o], pf);
+        pv_outputs::<L, D, 1, 4>([p], v, d, n, [o], pf);
         pf = false;
         j += 1;
     }

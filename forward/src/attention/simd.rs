@@ -78,9 +78,10 @@ const PREFETCH_SLOTS: usize = 16;
 const SCORE_Q: usize = 4;
 const SCORE_S: usize = SLOT_BLOCK / SCORE_Q;
 /// Outputs per value tile and 8-wide column blocks per tile (`PV_H x PV_NV` accumulators) for a
-/// bf16 cache: each V vector widened once serves 4 outputs (2 x 4 widened it twice as often: at
-/// 512 rows the attention took 6% less time). An f32 cache runs `2 x 4` (its loads are loads
-/// only; 4 x 2 measured 3% slower), as do the pairs left over; a single output `1 x 4`.
+/// bf16 cache: each V vector widened once serves 4 outputs, where 2 x 4 tiles widened it twice as
+/// often (`bench attention --rows 512`: 6% less time with 4 x 2). An f32 cache runs `2 x 4` (its
+/// loads are loads only: 4 x 2 read 854 -> 884 ms there), as do the pairs left over; a single
+/// output `1 x 4`.
 const PV_H: usize = 4;
 const PV_NV: usize = 2;
 

@@ -240,3 +240,43 @@ fn attention_prefill_rows_are_timed_and_zero_rows_refused() {
         }
     }
 }
+
+/// `bench gemm` labels each GEMM with the shape it times, read from the pack: on the tiny shape
+/// (hidden 64, 4 x 16 query and 2 x 16 KV dims, intermediate 128, vocab 256) no label may name the
+/// 2B model's sizes, which the labels once did whatever `--shape`.
+#[test]
+fn gemm_labels_name_the_timed_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack_dir = dir.path().to_str().unwrap();
+    let (code, out, err) = bench(&[
+        "gemm",
+        "--shape",
+        "tiny",
+        "--kinds",
+        "q4",
+        "--rows",
+        "4",
+        "--isa",
+        "scalar",
+        "--json",
+        "--pack-dir",
+        pack_dir,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let cases = v["gemm"]["q4"].as_array().expect("a list of q4 cases");
+    let mut labels: Vec<&str> = cases.iter().filter_map(|c| c["gemm"].as_str()).collect();
+    labels.sort();
+    labels.dedup();
+    assert_eq!(
+        labels,
+        [
+            "down 64x128",
+            "gate/up 128x64",
+            "head 256x64",
+            "k/v  32x64",
+            "q/o  64x64"
+        ],
+        "{out}"
+    );
+}

@@ -1038,15 +1038,17 @@ fn round_ms(v: f64) -> f64 {
 // ------------------------------------------------------------------------------------------------
 // The per-GEMM benchmark.
 
-/// The distinct GEMM shapes of a decoder layer plus the head: (label, weight name of layer l).
+/// The distinct GEMM shapes of a decoder layer (timed on the first-named weight of each: q, k,
+/// gate, down) plus the head: (label, weight names of every layer). The label's `n x k` is added
+/// from the pack, so it names the shape being timed.
 fn gemm_shapes(layers: usize) -> Vec<(&'static str, Vec<String>)> {
     use packs::names::{proj, Proj};
     let per_layer = |p: Proj| (0..layers).map(|l| proj(l, p)).collect::<Vec<_>>();
     vec![
-        ("q/o  2048x2048", per_layer(Proj::Q)),
-        ("k/v  1024x2048", per_layer(Proj::K)),
-        ("gate/up 6144x2048", per_layer(Proj::Gate)),
-        ("down 2048x6144", per_layer(Proj::Down)),
+        ("q/o ", per_layer(Proj::Q)),
+        ("k/v ", per_layer(Proj::K)),
+        ("gate/up", per_layer(Proj::Gate)),
+        ("down", per_layer(Proj::Down)),
     ]
 }
 
@@ -1093,7 +1095,7 @@ fn gemm_bench(
         let mut shapes: Vec<(String, Vec<WeightRef<'_>>)> = gemm_shapes(layers)
             .into_iter()
             .map(|(label, names)| {
-                let refs = names
+                let refs: Vec<WeightRef<'_>> = names
                     .iter()
                     .enumerate()
                     .map(|(id, n)| WeightRef {
@@ -1101,7 +1103,8 @@ fn gemm_bench(
                         linear: pack.linear(n).unwrap_or_else(|e| refuse(e)),
                     })
                     .collect();
-                (label.to_string(), refs)
+                let (n, k) = refs.first().map_or((0, 0), |w| (w.linear.n, w.linear.k));
+                (format!("{label} {n}x{k}"), refs)
             })
             .collect();
         let head = pack.head();

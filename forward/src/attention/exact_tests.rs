@@ -96,8 +96,8 @@ fn every_head_dim_build_gives_the_portable_bits_in_every_row_block() {
         .unwrap();
     // 128 and 64 have their own builds; 72 (9 column blocks: tiles of 2 + 2 + 2 + 2 + 1 for the
     // bf16 cache's 4 outputs, 4 + 4 + 1 for 2 or 1) and 80 (10 blocks) and 20 (a tail past the
-    // 8-lane blocks) run the any-head-dim build. Groups of 2, 3 and 1 (so bf16 runs 4-output tiles
-    // with a pair, a single output or nothing left over).
+    // 8-lane blocks) run the any-head-dim build. Groups of 2, 3 and 1 (so bf16 runs 4-output
+    // value tiles and 8-query score tiles with a pair, a single output or nothing left over).
     for (d, heads, kv_heads) in [
         (128, 16, 8),
         (128, 6, 2),

@@ -77,6 +77,8 @@ const PREFETCH_SLOTS: usize = 16;
 /// each, so each K vector loaded (and widened) serves `SCORE_Q` queries.
 const SCORE_Q: usize = 4;
 const SCORE_S: usize = SLOT_BLOCK / SCORE_Q;
+/// Query vectors per score tile for a cache that widens (one slot per tile: 8 dots).
+const SCORE_Q_WIDENED: usize = 8;
 /// Outputs per value tile and 8-wide column blocks per tile (`PV_H x PV_NV` accumulators) for a
 /// bf16 cache: each V vector widened once serves 4 outputs, where 2 x 4 tiles widened it twice as
 /// often (`bench attention --rows 512`: 6% less time with 4 x 2). An f32 cache runs `2 x 4` (its
@@ -216,15 +218,15 @@ unsafe fn scores_block<L: Lanes, const D: usize>(
 ) {
     let d = dim::<D>(d);
     let mut j = 0;
-    // A cache that widens: tiles of 8 queries x 1 slot, each K vector widened once for 8.
-    while L::WIDENS && j + 8 <= n {
-        let its: [(*const f32, *mut f32); 8] = std::array::from_fn(|t| item(j + t));
+    // A cache that widens: tiles of 8 queries x 1 slot, each K vector widened once for all 8.
+    while L::WIDENS && j + SCORE_Q_WIDENED <= n {
+        let its: [(*const f32, *mut f32); SCORE_Q_WIDENED] = std::array::from_fn(|t| item(j + t));
         let qs = its.map(|t| t.0);
         for s in 0..SLOT_BLOCK {
             let outs = its.map(|t| t.1.add(s));
-            scores_tile::<L, D, 8, 1>(qs, k.add(s * d), d, scale, outs);
+            scores_tile::<L, D, SCORE_Q_WIDENED, 1>(qs, k.add(s * d), d, scale, outs);
         }
-        j += 8;
+        j += SCORE_Q_WIDENED;
     }
     while j + SCORE_Q <= n {
         let its: [(*const f32, *mut f32); SCORE_Q] = std::array::from_fn(|t| item(j + t));

@@ -6,7 +6,7 @@ much of that the tile's own loop (its weight loads and broadcasts included, ever
 reaches on this CPU, so a GEMM's shortfall can be split into "the loop form" and "everything
 around it" (memory, threads, per-call work).
 
-Each variant is one thread of inline-free assembly (written to a temporary directory, built with
+Each variant is one thread of standalone assembly (written to a temporary directory, built with
 gcc), run for 128 code pairs per call (one K chunk of `gemm/src/kernels/x86/i8_pairs.rs`), timed
 between two runs of the peak mix; the printed figure is the median over 41 alternations of
 (variant multiply-adds per second) / (peak mix multiply-adds per second), with quartiles.

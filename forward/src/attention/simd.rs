@@ -32,8 +32,9 @@ pub fn cast<'a, T: 'static, U: 'static>(kv: KvHeads<'a, T>) -> Option<KvHeads<'a
 /// A cache element type read 8 at a time as f32.
 pub trait Lanes {
     type Elem: Copy;
-    /// Whether a load costs vector operations besides the load (bf16's widening): then a V vector
-    /// is worth sharing between more outputs ([`pv_block`]).
+    /// Whether a load costs vector operations besides the load (bf16's widening): then each K
+    /// vector is worth sharing between more queries ([`scores_block`]) and each V vector between
+    /// more outputs ([`pv_block`]).
     const WIDENS: bool;
     unsafe fn load8(p: *const Self::Elem) -> __m256;
     fn widen(x: Self::Elem) -> f32;
@@ -79,13 +80,15 @@ const SCORE_Q: usize = 4;
 const SCORE_S: usize = SLOT_BLOCK / SCORE_Q;
 /// Query vectors per score tile for a cache that widens (one slot per tile: 8 dots).
 const SCORE_Q_WIDENED: usize = 8;
-/// Outputs per value tile and 8-wide column blocks per tile (`PV_H x PV_NV` accumulators) for a
-/// bf16 cache: each V vector widened once serves 4 outputs, where 2 x 4 tiles widened it twice as
-/// often (`bench attention --rows 512`: 6% less time with 4 x 2). An f32 cache runs `2 x 4` (its
-/// loads are loads only: 4 x 2 read 854 -> 884 ms there), as do the pairs left over; a single
-/// output `1 x 4`.
-const PV_H: usize = 4;
-const PV_NV: usize = 2;
+/// Outputs per value tile and 8-wide column blocks per tile (`PV_H x PV_NV` accumulators): an
+/// f32 cache's tiles (its loads are loads only: 4 x 2 read 854 -> 884 ms there) and the pairs a
+/// widening cache leaves over; a single output runs `1 x PV_NV`.
+const PV_H: usize = 2;
+const PV_NV: usize = 4;
+/// The same for a cache that widens: each V vector widened once serves 4 outputs, where 2 x 4
+/// tiles widened it twice as often (`bench attention --rows 512`, bf16: 6% less time).
+const PV_H_WIDENED: usize = 4;
+const PV_NV_WIDENED: usize = 2;
 
 /// The head dim: `D` when the kernel is built for one (the loops unroll over a constant), else the
 /// run-time `d` (`D == 0`).
@@ -356,8 +359,9 @@ unsafe fn pv_outputs<L: Lanes, const D: usize, const H: usize, const NV: usize>(
 }
 
 /// Adds `n` slots' weighted V rows (from `v`) to `m` outputs (`item(j)`: output j's weight of the
-/// first slot and its column 0): for a cache that widens, tiles of [`PV_H`] outputs; then tiles of
-/// 2 (a decode row of a 2-query-head group), then of one; the first tile prefetches with `pf`.
+/// first slot and its column 0): for a cache that widens, tiles of [`PV_H_WIDENED`] outputs; then
+/// tiles of [`PV_H`] (a decode row of a 2-query-head group), then of one; the first tile
+/// prefetches with `pf`.
 #[inline(always)]
 unsafe fn pv_block<L: Lanes, const D: usize>(
     m: usize,
@@ -368,21 +372,22 @@ unsafe fn pv_block<L: Lanes, const D: usize>(
     mut pf: bool,
 ) {
     let mut j = 0;
-    while L::WIDENS && j + PV_H <= m {
+    while L::WIDENS && j + PV_H_WIDENED <= m {
+        let its: [(*const f32, *mut f32); PV_H_WIDENED] = std::array::from_fn(|t| item(j + t));
+        let (ps, outs) = (its.map(|t| t.0), its.map(|t| t.1));
+        pv_outputs::<L, D, PV_H_WIDENED, PV_NV_WIDENED>(ps, v, d, n, outs, pf);
+        pf = false;
+        j += PV_H_WIDENED;
+    }
+    while j + PV_H <= m {
         let its: [(*const f32, *mut f32); PV_H] = std::array::from_fn(|t| item(j + t));
         pv_outputs::<L, D, PV_H, PV_NV>(its.map(|t| t.0), v, d, n, its.map(|t| t.1), pf);
         pf = false;
         j += PV_H;
     }
-    while j + 2 <= m {
-        let its: [(*const f32, *mut f32); 2] = std::array::from_fn(|t| item(j + t));
-        pv_outputs::<L, D, 2, 4>(its.map(|t| t.0), v, d, n, its.map(|t| t.1), pf);
-        pf = false;
-        j += 2;
-    }
     while j < m {
         let (p, o) = item(j);
-        pv_outputs::<L, D, 1, 4>([p], v, d, n, [o], pf);
+        pv_outputs::<L, D, 1, PV_NV>([p], v, d, n, [o], pf);
         pf = false;
         j += 1;
     }

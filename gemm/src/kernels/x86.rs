@@ -599,6 +599,38 @@ unsafe fn i8_tile<D: Dot, const R: usize, const C: usize>(
     sums
 }
 
+/// How far ahead (bytes of i8 codes) the GEMV prefetches at least; at least 8 weight rows ahead
+/// when that is more (the distance of the q4 GEMV's panels).
+const I8_PREFETCH: usize = 8192;
+
+/// [`i8_tile`] for one activation row and one weight row, prefetching the weight stream: at each
+/// 64 bytes `off` of the row it fetches the line at address `pf + off` (the caller's distance ahead
+/// of the row; a prefetch never faults, even past the weight). The same sum as
+/// `i8_tile::<D, 1, 1>` (integer adds, in any order the same). (Measured: without the prefetch one
+/// weight row after another streamed 10-25% slower.)
+#[inline(always)]
+unsafe fn i8_row_dot<D: Dot>(a: &[i8], w: &[i8], k: usize, offset: i32, pf: usize) -> i32 {
+    debug_assert!(a.len() >= k && w.len() >= k);
+    let steps = k / SIMD_BYTES;
+    let (ap, wp) = (a.as_ptr(), w.as_ptr());
+    let mut acc = [_mm256_setzero_si256(); 2];
+    for s in 0..steps {
+        let off = s * SIMD_BYTES;
+        if off.is_multiple_of(64) {
+            _mm_prefetch::<_MM_HINT_T0>((pf + off) as *const i8);
+        }
+        // SAFETY (of the loads): `off + 32 <= k` and both rows hold `k` codes.
+        let wv = _mm256_loadu_si256(wp.add(off) as *const __m256i);
+        let av = _mm256_loadu_si256(ap.add(off) as *const __m256i);
+        acc[s % 2] = D::i8_dot(acc[s % 2], D::i8_weight(wv), wv, av);
+    }
+    let mut v = hsum_epi32(_mm256_add_epi32(acc[0], acc[1])) - D::I8_OFFSET * offset;
+    for j in steps * SIMD_BYTES..k {
+        v += a[j] as i32 * w[j] as i32;
+    }
+    v
+}
+
 /// Rows at which i8 switches from one weight row at a time to 4 x 2 tiles.
 const I8_TILE_ROWS: usize = 4;
 
@@ -614,9 +646,11 @@ unsafe fn i8_block<D: Dot>(
     let wrow = |j: usize| &codes[j * k..(j + 1) * k];
     let offset = |r: usize| acts.sums(r)[0];
     if rows < I8_TILE_ROWS {
+        let dist = I8_PREFETCH.max(PANEL * k);
         for j in 0..nb {
+            let pf = codes.as_ptr() as usize + j * k + dist;
             for (r, o) in out.iter_mut().enumerate() {
-                let [[acc]] = i8_tile::<D, 1, 1>([acts.codes(r)], [wrow(j)], k, [offset(r)]);
+                let acc = i8_row_dot::<D>(acts.codes(r), wrow(j), k, offset(r), pf);
                 o[j] = quant::finish_i8(acc, acts.scale(r), scales[j]);
             }
         }

@@ -1100,17 +1100,26 @@ thread_local! {
 const F_WIDEN_MIN_ROWS: usize = 4;
 
 /// R activation rows x `F_TILE` weight rows in `scalar::dot_f32`'s order per output: element
-/// `[r][c]`. Each weight load serves all R rows.
+/// `[r][c]`. Each weight load serves all R rows. With `pf_ahead` > 0 (the GEMV, which streams each
+/// weight once) every 64 bytes of each weight row prefetch the line `pf_ahead` bytes further on.
 #[inline(always)]
 unsafe fn f32_tile<T: Widen + Into<f32> + Copy, const R: usize>(
     x: [&[f32]; R],
     w: [&[T]; F_TILE],
     k: usize,
+    pf_ahead: usize,
 ) -> [[f32; F_TILE]; R] {
     let mut lo = [[_mm256_setzero_ps(); F_TILE]; R];
     let mut hi = [[_mm256_setzero_ps(); F_TILE]; R];
     let blocks = k / 16;
+    let block_bytes = 16 * std::mem::size_of::<T>();
     for b in 0..blocks {
+        if pf_ahead > 0 && (b * block_bytes).is_multiple_of(64) {
+            for row in w {
+                let at = row.as_ptr().add(16 * b) as usize + pf_ahead;
+                _mm_prefetch::<_MM_HINT_T0>(at as *const i8);
+            }
+        }
         let mut xl = [_mm256_setzero_ps(); R];
         let mut xh = [_mm256_setzero_ps(); R];
         for r in 0..R {
@@ -1159,8 +1168,10 @@ unsafe fn f32_block<D: Dot, T: Widen + Into<f32> + Copy>(
             let js = panel_rows::<F_TILE>(j0, nb);
             let wr = map_n(js, |j| &w[j * k..(j + 1) * k]);
             let live = (nb - j0).min(F_TILE);
+            // A tile's rows are one address range (row-major): fetch the next tile's.
+            let ahead = F_TILE * k * std::mem::size_of::<T>();
             for (r, o) in out.iter_mut().enumerate() {
-                let [sums] = f32_tile([xr(r)], wr, k);
+                let [sums] = f32_tile([xr(r)], wr, k, ahead);
                 copy_live(&mut o[j0..], &sums, F_TILE, live);
             }
         }
@@ -1178,7 +1189,7 @@ unsafe fn f32_block<D: Dot, T: Widen + Into<f32> + Copy>(
             let mut r = rb.start;
             if D::F32_PAIRS {
                 while r + 2 <= rb.end {
-                    let sums = f32_tile([xr(r), xr(r + 1)], wr, k);
+                    let sums = f32_tile([xr(r), xr(r + 1)], wr, k, 0);
                     for (i, s) in sums.iter().enumerate() {
                         copy_live(&mut out[r + i][j0..], s, F_TILE, live);
                     }
@@ -1186,7 +1197,7 @@ unsafe fn f32_block<D: Dot, T: Widen + Into<f32> + Copy>(
                 }
             }
             while r < rb.end {
-                let [sums] = f32_tile([xr(r)], wr, k);
+                let [sums] = f32_tile([xr(r)], wr, k, 0);
                 copy_live(&mut out[r][j0..], &sums, F_TILE, live);
                 r += 1;
             }

@@ -52,13 +52,14 @@ const Q4_PACKED_MIN_ROWS: usize = 4;
 const Q4_TILE_ROWS: usize = 4;
 /// Most weight rows the packed q4 kernel unpacks at once (256 x K bytes; a host task's whole chunk).
 const Q4_PACKED_ROWS: usize = 256;
-/// How far ahead (bytes of q4 codes, in address order) the GEMV prefetches at least; it prefetches
-/// one whole panel ahead (`PANEL * K / 2` bytes) when that is more. (Measured with row-major codes,
+/// How far ahead (bytes of weight codes, in address order) the q4 and i8 GEMVs prefetch at least;
+/// they prefetch one whole panel of 8 rows ahead (`PANEL * K / 2` bytes for q4, `PANEL * K` for
+/// i8) when that is more. (Measured on q4 with row-major codes,
 /// when a panel's 8 rows were 8 streams the hardware prefetcher followed poorly: one thread went
 /// from ~10.5 to ~16-17 GB/s out of DRAM at K = 2048, and the down projection from ~8.2 to ~6.9 ms
 /// per token against a fixed 8 KB distance. The pack's panel layout now makes each whole panel one
 /// address-ordered stream, which the prefetch runs ahead of.)
-const Q4_PREFETCH: usize = 8192;
+const GEMV_PREFETCH_MIN: usize = 8192;
 /// Weight rows per f32/bf16 tile.
 const F_TILE: usize = 4;
 
@@ -599,10 +600,6 @@ unsafe fn i8_tile<D: Dot, const R: usize, const C: usize>(
     sums
 }
 
-/// How far ahead (bytes of i8 codes) the GEMV prefetches at least; at least 8 weight rows ahead
-/// when that is more (the distance of the q4 GEMV's panels).
-const I8_PREFETCH: usize = 8192;
-
 /// [`i8_tile`] for one activation row and one weight row, prefetching the weight stream: at each
 /// 64 bytes `off` of the row it fetches the line at address `pf + off` (the caller's distance ahead
 /// of the row; a prefetch never faults, even past the weight). The same sum as
@@ -659,7 +656,7 @@ unsafe fn i8_block<D: Dot>(
     let wrow = |j: usize| &codes[j * k..(j + 1) * k];
     let offset = |r: usize| acts.sums(r)[0];
     if rows < I8_TILE_ROWS {
-        let dist = I8_PREFETCH.max(PANEL * k);
+        let dist = GEMV_PREFETCH_MIN.max(PANEL * k);
         for j in 0..nb {
             let pf = codes.as_ptr() as usize + j * k + dist;
             for (r, o) in out.iter_mut().enumerate() {
@@ -841,7 +838,7 @@ unsafe fn q4_block_rows<D: Dot>(
         let s = map_n(js, |j| &scales[j * groups..(j + 1) * groups]);
         // Addresses to prefetch from (codes, scales): this panel's start plus the distance (scales
         // are 1/8 of the codes' bytes).
-        let dist = Q4_PREFETCH.max(PANEL * k / 2);
+        let dist = GEMV_PREFETCH_MIN.max(PANEL * k / 2);
         let pf = (
             codes.all().as_ptr() as usize + codes.row_start(j0) + dist,
             scales.as_ptr() as usize + j0 * groups * 2 + dist / 8,

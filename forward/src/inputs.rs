@@ -26,6 +26,12 @@ pub struct PromptInputs {
 
 impl PromptInputs {
     pub fn open(path: impl AsRef<Path>) -> Result<PromptInputs, StError> {
+        PromptInputs::open_path(path.as_ref())
+    }
+
+    /// [`PromptInputs::open`] without the generic: its body is compiled once, here, not again in every
+    /// crate and test binary that opens one.
+    fn open_path(path: &Path) -> Result<PromptInputs, StError> {
         let f = StFile::open(path)?;
         match f.metadata("format") {
             Some(FORMAT) => {}

@@ -190,7 +190,13 @@ impl Pack {
     /// no overlap, dtype and shape agreeing with byte sizes, 64-byte alignment, the format string,
     /// the semantics, and every tensor the semantics require present with the right dtype and shape.
     pub fn open(path: impl AsRef<Path>) -> Result<Pack, PackError> {
-        let path = path.as_ref().to_path_buf();
+        Pack::open_path(path.as_ref())
+    }
+
+    /// [`Pack::open`] without the generic: its body is compiled once, here, not again in every
+    /// crate and test binary that opens one.
+    fn open_path(path: &Path) -> Result<Pack, PackError> {
+        let path = path.to_path_buf();
         let io = |source| PackError::Io {
             path: path.clone(),
             source,

@@ -39,7 +39,13 @@ pub struct AnswerTokenizer {
 
 impl AnswerTokenizer {
     pub fn open(path: impl AsRef<Path>) -> Result<AnswerTokenizer, TextError> {
-        let path = path.as_ref().to_path_buf();
+        AnswerTokenizer::open_path(path.as_ref())
+    }
+
+    /// [`AnswerTokenizer::open`] without the generic: its body is compiled once, here, not again in every
+    /// crate and test binary that opens one.
+    fn open_path(path: &Path) -> Result<AnswerTokenizer, TextError> {
+        let path = path.to_path_buf();
         let bytes = std::fs::read(&path).map_err(|e| TextError::Read {
             path: path.clone(),
             reason: e.to_string(),

@@ -2,7 +2,7 @@
 //! within 1e-4 of the largest value for the image rows and every DeepStack set, several images
 //! of different sizes in one call; and the controls — each planted mistake breaks the comparison.
 
-mod common;
+use crate::common;
 
 use common::{build_pack, encode, worst, worst_relative, Case, Reference};
 use packs::QuantKind;

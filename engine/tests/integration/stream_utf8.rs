@@ -1,7 +1,7 @@
 //! Streaming with the tiny checkpoint's byte-level tokenizer: multi-byte characters split over
 //! several ids are never shown half, and the pieces add up to transformers-style `decode` of all ids.
 
-mod common;
+use crate::common;
 
 use engine::{ChatFormat, TextStream};
 

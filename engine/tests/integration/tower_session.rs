@@ -2,7 +2,7 @@
 //! pool), fed transformers' pixel rows of the two pictures (tests/fixtures/engine/images.safetensors):
 //! the two-picture answer and the chat's second turn equal transformers' greedy ids.
 
-mod common;
+use crate::common;
 
 use common::*;
 use engine::{Event, Message, SamplingParams, Session, SessionOptions};

@@ -3,7 +3,7 @@
 //! transformers' tower, tests/fixtures/engine/images.safetensors), and a chat whose second turn
 //! reuses the cached first turn and equals transformers run on the whole history.
 
-mod common;
+use crate::common;
 
 use common::*;
 use engine::{Event, FinishReason, Message, SamplingParams, Session, SessionOptions};

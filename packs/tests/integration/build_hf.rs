@@ -1,7 +1,7 @@
 //! `build_from_hf` on synthetic hub checkpoints: every kind, both rope spellings, sharded, bf16,
 //! f16, text-only; every refusal of a bad config or checkpoint; atomic output.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

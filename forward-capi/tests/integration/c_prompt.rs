@@ -2,7 +2,7 @@
 //! `xvl_step_batch_embeds`, greedy `xvl_step`s, a text `xvl_step_batch` — and its logits and ids must
 //! equal the Rust API's byte for byte, linked dynamically and statically.
 
-mod common;
+use crate::common;
 
 use common::Link;
 use forward::sampling::argmax;

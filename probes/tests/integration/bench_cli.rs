@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-mod common;
+use crate::common;
 use common::bench;
 
 fn number(v: &Value, path: &str) -> f64 {

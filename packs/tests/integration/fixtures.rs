@@ -2,7 +2,7 @@
 //! checkpoint: the semantics agree with config.json and every tensor is the documented encoding
 //! of the checkpoint's values.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! The README's C example compiles with warnings as errors, links, and decodes on a tiny pack; its
 //! ids equal the Rust API's greedy ids for the same prompt.
 
-mod common;
+use crate::common;
 
 use common::Link;
 use forward::sampling::argmax;

@@ -2,7 +2,7 @@
 //! width, a grid that does not match the rows or the merge size, a non-finite pixel, no images.
 //! And the backend ids: every GEMM names an id the tower prepared, from `first_id` on.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

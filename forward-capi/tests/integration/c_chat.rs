@@ -3,7 +3,7 @@
 //! engine/cases.json, run "two_images": ids 482 472 252 357 500, "anksson\u{FFFD}ud"), streamed and
 //! in its buffer; bad arguments come back as status codes naming what was wrong.
 
-mod common;
+use crate::common;
 
 use common::Link;
 use std::ffi::OsStr;

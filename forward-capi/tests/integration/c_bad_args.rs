@@ -2,7 +2,7 @@
 //! a slot that is not the next, unknown enum values, the device backend) come back as the documented
 //! status codes and messages, and nothing moves; the matching good calls succeed.
 
-mod common;
+use crate::common;
 
 use common::Link;
 use packs::random::{write_random, RandomShape};

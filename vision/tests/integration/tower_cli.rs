@@ -1,7 +1,7 @@
 //! `xdna-vl-vision`: `--pixels` (a reference's inputs) gives transformers' rows in the output file;
 //! bad input exits 2 with a message naming it.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

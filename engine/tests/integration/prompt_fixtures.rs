@@ -3,7 +3,7 @@
 //! transformers renders it. Controls: no generation prompt, pads counted from the patch grid,
 //! planes continuing from the image's token count — each shown to differ.
 
-mod common;
+use crate::common;
 
 use common::*;
 use engine::prompt::PromptAblation;

@@ -3,7 +3,7 @@
 //! parameter types, the same `#define` values, the same struct layouts. Each check has a control: a
 //! planted mistake it must report.
 
-mod common;
+use crate::common;
 
 use common::Link;
 use std::collections::BTreeMap;

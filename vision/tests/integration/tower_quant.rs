@@ -2,7 +2,7 @@
 //! exact arithmetic (tools/vision_reference.py's quant-aware references), and, as a control, the
 //! same outputs against the f32 reference are much further off.
 
-mod common;
+use crate::common;
 
 use common::{build_pack, encode, worst, Case, Reference};
 use packs::QuantKind;

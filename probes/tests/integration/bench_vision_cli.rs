@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-mod common;
+use crate::common;
 use common::bench;
 
 fn get<'a>(v: &'a Value, path: &str) -> &'a Value {

@@ -2,7 +2,7 @@
 //! shows 0 differing GEMMs for i8 and q4 towers, the device alone gives the host's bits, and a
 //! planted weight-layout mistake is caught. Ids start after a decoder's (`first_id` 1000).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,0 +1,11 @@
+//! The engine crate's integration tests as one test binary: one link and one set of shared
+//! instantiations instead of one per file (the clean CI build's time is mostly linking and
+//! code generation). Each file is a module; `cargo test -p engine --test integration <module>::`
+//! runs one.
+
+mod common;
+
+mod prompt_fixtures;
+mod session_fixtures;
+mod stream_utf8;
+mod tower_session;

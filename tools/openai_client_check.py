@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The official OpenAI Python client against `xdna-vl serve`: pictures as data URLs, streamed and
 not, /v1/models, and a wrong key refused. Needs `pip install openai`; CI does not run it (the Rust
-tests in xdna-vl/tests/serve.rs check the same over raw HTTP).
+tests in xdna-vl/tests/integration/serve.rs check the same over raw HTTP).
 
   cargo run --release -p xdna-vl -- serve --port 8080 --api-key k1 &
   python3 tools/openai_client_check.py --base-url http://127.0.0.1:8080/v1 --api-key k1

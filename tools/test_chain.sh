@@ -8,7 +8,7 @@
 #   tools/test_chain.sh            run in a temporary directory (needs torch, transformers, pillow)
 #   tools/test_chain.sh --update   regenerate tests/fixtures/chat
 #
-# CI does not run this (no Python there); probes/tests/chat_cli.rs checks the committed result.
+# CI does not run this (no Python there); probes/tests/integration/chat_cli.rs checks the committed result.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

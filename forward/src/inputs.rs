@@ -29,8 +29,8 @@ impl PromptInputs {
         PromptInputs::open_path(path.as_ref())
     }
 
-    /// [`PromptInputs::open`] without the generic: its body is compiled once, here, not again in every
-    /// crate and test binary that opens one.
+    /// [`PromptInputs::open`] without the generic: its body is compiled once, here, not again in
+    /// every crate and test binary that opens one.
     fn open_path(path: &Path) -> Result<PromptInputs, StError> {
         let f = StFile::open(path)?;
         match f.metadata("format") {

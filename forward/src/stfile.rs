@@ -24,8 +24,8 @@ impl StFile {
         StFile::open_path(path.as_ref())
     }
 
-    /// [`StFile::open`] without the generic: its body is compiled once, here, not again in every
-    /// crate and test binary that opens one.
+    /// [`StFile::open`] without the generic: its body is compiled once, here, not again in
+    /// every crate and test binary that opens one.
     fn open_path(path: &Path) -> Result<StFile, StError> {
         let path = path.to_path_buf();
         let bytes = std::fs::read(&path).map_err(|e| StError {

@@ -193,8 +193,8 @@ impl Pack {
         Pack::open_path(path.as_ref())
     }
 
-    /// [`Pack::open`] without the generic: its body is compiled once, here, not again in every
-    /// crate and test binary that opens one.
+    /// [`Pack::open`] without the generic: its body is compiled once, here, not again in
+    /// every crate and test binary that opens one.
     fn open_path(path: &Path) -> Result<Pack, PackError> {
         let path = path.to_path_buf();
         let io = |source| PackError::Io {

@@ -23,8 +23,8 @@ impl Reference {
         Reference::open_path(path.as_ref())
     }
 
-    /// [`Reference::open`] without the generic: its body is compiled once, here, not again in every
-    /// crate and test binary that opens one.
+    /// [`Reference::open`] without the generic: its body is compiled once, here, not again in
+    /// every crate and test binary that opens one.
     fn open_path(path: &Path) -> Result<Reference, StError> {
         let f = StFile::open(path)?;
         let (prefill_logits, pshape) = f.f32("prefill_logits", 2)?;

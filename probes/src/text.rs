@@ -42,8 +42,8 @@ impl AnswerTokenizer {
         AnswerTokenizer::open_path(path.as_ref())
     }
 
-    /// [`AnswerTokenizer::open`] without the generic: its body is compiled once, here, not again in every
-    /// crate and test binary that opens one.
+    /// [`AnswerTokenizer::open`] without the generic: its body is compiled once, here, not again in
+    /// every crate and test binary that opens one.
     fn open_path(path: &Path) -> Result<AnswerTokenizer, TextError> {
         let path = path.to_path_buf();
         let bytes = std::fs::read(&path).map_err(|e| TextError::Read {

@@ -191,8 +191,8 @@ pub(super) unsafe fn i8_block_pairs(
 /// recomputed every step (15 integer operations per 9 `vpmaddwd`). Since the release profile has
 /// one codegen unit the build inlines it anyway (seen in the LLVM IR and `objdump`, 2026-12-05) and
 /// the loop does recompute them, yet the i8 GEMMs took 1-5% less time than in the 16-unit build in
-/// 15 of 16 alternated timings (`bench gemm --rows 512 --kinds i8`, one and two threads): on this
-/// Zen 3 the loop is bound by its multiplies, and integer operations go to other pipes.
+/// 15 of 16 alternated timings (`bench gemm --rows 512 --kinds i8`, one and two threads); that
+/// the loop is bound by its multiplies on this Zen 3 is inferred from them, not measured apart.
 ///
 /// # Safety
 /// The CPU must support AVX2; every pointer must have `pairs` code pairs (rows) or panel pairs

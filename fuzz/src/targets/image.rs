@@ -44,6 +44,15 @@ impl ImageTarget {
         ] {
             bases.push(super::file_base(f, FILE, &pre.join(f))?);
         }
+        // Our JPEG decoder's progressive, restart-marker and 4:2:0 paths.
+        let jpeg = super::fixtures().join("jpeg");
+        for f in [
+            "pil_restart_progressive_420_q80_45x45.jpg",
+            "pil_restart_blocks_420_q90_64x40.jpg",
+            "simplejpeg_440_q70_31x9.jpg",
+        ] {
+            bases.push(super::file_base(f, FILE, &jpeg.join(f))?);
+        }
         let path = fx.join("Qwen3-VL-tiny/preprocessor_config.json");
         let text = std::fs::read(&path).map_err(|e| e.to_string())?;
         let json = serde_json::from_slice(&text).map_err(|e| e.to_string())?;

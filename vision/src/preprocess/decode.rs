@@ -1,7 +1,9 @@
 //! Encoded file -> upright 8-bit RGB, as transformers' `load_image` (PIL `open`, `exif_transpose`,
 //! `convert("RGB")`) followed by the processor's `convert_to_rgb` sees it.
 //!
-//! Decoding is the `image` crate's; what PIL does with the decoded samples is ours, measured on Pillow 13:
+//! JPEG pixels come from jpeg/ (libjpeg-turbo's decoding, as Pillow runs it), and from the `image`
+//! crate for what that declines and for every other format; what PIL does with the decoded samples is
+//! ours, measured on Pillow 13:
 //! gray is repeated to R = G = B; alpha is dropped, not composited; 16-bit RGB(A)/LA keep their high byte;
 //! 16-bit gray (PIL mode I;16) is clipped to 255, not scaled; 1/2/4-bit gray scale to 0..255 (x255, x85,
 //! x17); a single transparent colour becomes white (transparency.rs); a GIF's screen outside its first
@@ -13,7 +15,7 @@ use image::metadata::Orientation;
 use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, Limits};
 
 use super::gif_first_frame::GifFirstFrame;
-use super::{transparency, PreprocessError, PreprocessOptions, RgbImage};
+use super::{jpeg, transparency, PreprocessError, PreprocessOptions, RgbImage};
 
 /// The formats the engine accepts (the `image` crate is built with exactly these).
 const FORMATS: &str = "PNG, JPEG, WebP or GIF";
@@ -98,12 +100,24 @@ pub fn decode_rgb(
         ));
     }
     let orientation = exif_orientation(&mut decoder);
-    let mut image = DynamicImage::from_decoder(decoder).map_err(|e| {
-        refuse(
-            name,
-            format!("cannot decode the {width}x{height} image: {e}"),
-        )
-    })?;
+    // JPEG pixels from our port of libjpeg-turbo's decoding (PIL's bytes); what it does not follow
+    // is decoded by the `image` crate as before.
+    let native = match format {
+        Some(ImageFormat::Jpeg) => jpeg::decode(bytes, opts.max_decoded_pixels)
+            .ok()
+            .filter(|p| (p.width, p.height) == (width as usize, height as usize))
+            .and_then(jpeg_image),
+        _ => None,
+    };
+    let mut image = match native {
+        Some(image) => image,
+        None => DynamicImage::from_decoder(decoder).map_err(|e| {
+            refuse(
+                name,
+                format!("cannot decode the {width}x{height} image: {e}"),
+            )
+        })?,
+    };
     image.apply_orientation(orientation);
 
     let mut rgb = to_rgb_as_pil(image, name)?;
@@ -120,6 +134,16 @@ pub fn decode_rgb(
         }
     }
     Ok(rgb)
+}
+
+/// Our JPEG decoder's samples as the `image` crate's types (gray stays gray until PIL's convert).
+fn jpeg_image(p: jpeg::JpegPixels) -> Option<DynamicImage> {
+    let (w, h) = (p.width as u32, p.height as u32);
+    match p.channels {
+        1 => image::GrayImage::from_raw(w, h, p.data).map(DynamicImage::ImageLuma8),
+        3 => image::RgbImage::from_raw(w, h, p.data).map(DynamicImage::ImageRgb8),
+        _ => None,
+    }
 }
 
 /// Pillow's screen outside a GIF's first frame: the transparent index's colour, else index 0's.

@@ -6,7 +6,9 @@
 //! `Image.resize` with the config's filter (BICUBIC), `rescale`, `normalize`, `patchify`. It is the one
 //! transformers uses when torchvision is absent; the torchvision "fast" processor resizes differently
 //! (a few uint8 levels). Steps, each in its own file:
-//! - decode.rs: decode with the `image` crate, EXIF orientation, PIL's conversions to 8-bit RGB;
+//! - decode.rs: decode (JPEG with jpeg/, the rest with the `image` crate), EXIF orientation, PIL's
+//!   conversions to 8-bit RGB;
+//! - jpeg/: libjpeg-turbo's JPEG decompression as Pillow runs it, bit for bit;
 //! - transparency.rs: the single transparent colour PIL whitens;
 //! - gif_first_frame.rs: a GIF's first frame on its screen, as Pillow lays it out;
 //! - smart_resize.rs: the target size (Python's rounding);
@@ -19,6 +21,7 @@ use packs::semantics::ImagePreprocess;
 
 mod decode;
 mod gif_first_frame;
+pub mod jpeg;
 pub mod patch_rows;
 pub mod resample;
 pub mod smart_resize;

@@ -5,6 +5,7 @@
 
 mod common;
 
+mod jpeg_reference;
 mod preprocess_reference;
 mod tower;
 mod tower_cli;

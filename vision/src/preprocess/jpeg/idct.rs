@@ -22,83 +22,90 @@ const F_2_053: i32 = 16819;
 const F_2_562: i32 = 20995;
 const F_3_072: i32 = 25172;
 
-/// `packssdw`: a 32-bit lane saturated to 16 bits.
-fn sat16(x: i32) -> i16 {
-    x.clamp(i16::MIN as i32, i16::MAX as i32) as i16
+/// Eight lanes of 16 bits, as one AVX2 register holds a block's row (pass 1) or column (pass 2).
+type Lanes = [i16; 8];
+
+fn lanes(f: impl Fn(usize) -> i32) -> [i32; 8] {
+    std::array::from_fn(f)
 }
 
-/// `pmaddwd` of one pair.
-fn madd(a: i16, ca: i32, b: i16, cb: i32) -> i32 {
-    (a as i32 * ca).wrapping_add(b as i32 * cb)
+/// `pmaddwd` of one pair per lane.
+fn madd(a: &Lanes, ca: i32, b: &Lanes, cb: i32) -> [i32; 8] {
+    lanes(|i| (a[i] as i32 * ca).wrapping_add(b[i] as i32 * cb))
 }
 
-/// One 1-D islow pass over `x` (a column in pass 1, a row in pass 2), descaled by `shift`: the
-/// `DODCT` macro lane by lane.
-fn dodct(x: [i16; 8], shift: u32) -> [i16; 8] {
+/// `paddw`.
+fn add16(a: &Lanes, b: &Lanes) -> Lanes {
+    std::array::from_fn(|i| a[i].wrapping_add(b[i]))
+}
+
+/// One 1-D islow pass over eight lanes at once (the `DODCT` macro): `x[k]` holds coefficient `k`
+/// of each lane; the result `[k]` holds output `k`, descaled by `shift` and saturated to 16 bits.
+fn dodct(x: &[Lanes; 8], shift: u32) -> [Lanes; 8] {
     // Even part.
-    let tmp3 = madd(x[2], F_0_541 + F_0_765, x[6], F_0_541);
-    let tmp2 = madd(x[6], F_0_541 - F_1_847, x[2], F_0_541);
-    let tmp0 = (x[0].wrapping_add(x[4]) as i32) << CONST_BITS;
-    let tmp1 = (x[0].wrapping_add(x[4].wrapping_neg()) as i32) << CONST_BITS;
-    let tmp10 = tmp0.wrapping_add(tmp3);
-    let tmp13 = tmp0.wrapping_sub(tmp3);
-    let tmp11 = tmp1.wrapping_add(tmp2);
-    let tmp12 = tmp1.wrapping_sub(tmp2);
+    let tmp3 = madd(&x[2], F_0_541 + F_0_765, &x[6], F_0_541);
+    let tmp2 = madd(&x[6], F_0_541 - F_1_847, &x[2], F_0_541);
+    let sum04 = add16(&x[0], &x[4]);
+    let neg4: Lanes = std::array::from_fn(|i| x[4][i].wrapping_neg());
+    let diff04 = add16(&x[0], &neg4);
+    let tmp0 = lanes(|i| (sum04[i] as i32) << CONST_BITS);
+    let tmp1 = lanes(|i| (diff04[i] as i32) << CONST_BITS);
     // Odd part.
-    let z3 = x[7].wrapping_add(x[3]);
-    let z4 = x[5].wrapping_add(x[1]);
-    let z3s = madd(z3, F_1_175 - F_1_961, z4, F_1_175);
-    let z4s = madd(z4, F_1_175 - F_0_390, z3, F_1_175);
-    let t0 = madd(x[7], F_0_298 - F_0_899, x[1], -F_0_899).wrapping_add(z3s);
-    let t1 = madd(x[5], F_2_053 - F_2_562, x[3], -F_2_562).wrapping_add(z4s);
-    let t3 = madd(x[7], -F_0_899, x[1], F_1_501 - F_0_899).wrapping_add(z4s);
-    let t2 = madd(x[5], -F_2_562, x[3], F_3_072 - F_2_562).wrapping_add(z3s);
+    let z3 = add16(&x[7], &x[3]);
+    let z4 = add16(&x[5], &x[1]);
+    let z3s = madd(&z3, F_1_175 - F_1_961, &z4, F_1_175);
+    let z4s = madd(&z4, F_1_175 - F_0_390, &z3, F_1_175);
+    let t0 = madd(&x[7], F_0_298 - F_0_899, &x[1], -F_0_899);
+    let t1 = madd(&x[5], F_2_053 - F_2_562, &x[3], -F_2_562);
+    let t3 = madd(&x[7], -F_0_899, &x[1], F_1_501 - F_0_899);
+    let t2 = madd(&x[5], -F_2_562, &x[3], F_3_072 - F_2_562);
     let round = 1i32 << (shift - 1);
-    let out = |v: i32| sat16(v.wrapping_add(round) >> shift);
-    [
-        out(tmp10.wrapping_add(t3)),
-        out(tmp11.wrapping_add(t2)),
-        out(tmp12.wrapping_add(t1)),
-        out(tmp13.wrapping_add(t0)),
-        out(tmp13.wrapping_sub(t0)),
-        out(tmp12.wrapping_sub(t1)),
-        out(tmp11.wrapping_sub(t2)),
-        out(tmp10.wrapping_sub(t3)),
-    ]
+    let mut out = [[0i16; 8]; 8];
+    for i in 0..8 {
+        let (t0, t1) = (t0[i].wrapping_add(z3s[i]), t1[i].wrapping_add(z4s[i]));
+        let (t2, t3) = (t2[i].wrapping_add(z3s[i]), t3[i].wrapping_add(z4s[i]));
+        let (tmp10, tmp13) = (tmp0[i].wrapping_add(tmp3[i]), tmp0[i].wrapping_sub(tmp3[i]));
+        let (tmp11, tmp12) = (tmp1[i].wrapping_add(tmp2[i]), tmp1[i].wrapping_sub(tmp2[i]));
+        // `packssdw`: saturated to 16 bits.
+        let o = |v: i32| {
+            (v.wrapping_add(round) >> shift).clamp(i16::MIN as i32, i16::MAX as i32) as i16
+        };
+        out[0][i] = o(tmp10.wrapping_add(t3));
+        out[1][i] = o(tmp11.wrapping_add(t2));
+        out[2][i] = o(tmp12.wrapping_add(t1));
+        out[3][i] = o(tmp13.wrapping_add(t0));
+        out[4][i] = o(tmp13.wrapping_sub(t0));
+        out[5][i] = o(tmp12.wrapping_sub(t1));
+        out[6][i] = o(tmp11.wrapping_sub(t2));
+        out[7][i] = o(tmp10.wrapping_sub(t3));
+    }
+    out
+}
+
+fn transpose(m: &[Lanes; 8]) -> [Lanes; 8] {
+    std::array::from_fn(|r| std::array::from_fn(|c| m[c][r]))
 }
 
 /// One 8x8 block: `coef` and `quant` in natural (row-major) order; writes 8 rows of 8 samples at
 /// `out[row * stride ..]`.
 pub fn idct_islow(coef: &[i16; 64], quant: &[u16; 64], out: &mut [u8], stride: usize) {
-    // `pmullw`: the low 16 bits of the product.
-    let dq = |i: usize| coef[i].wrapping_mul(quant[i] as i16);
-    let mut ws = [0i16; 64];
-    if coef[8..].iter().all(|&c| c == 0) {
-        for c in 0..8 {
-            let dc = dq(c).wrapping_shl(PASS1_BITS);
-            for r in 0..8 {
-                ws[r * 8 + c] = dc;
-            }
-        }
+    // `pmullw`: the low 16 bits of the product. Row r of the block, its 8 columns as lanes.
+    let rows: [Lanes; 8] = std::array::from_fn(|r| {
+        std::array::from_fn(|c| coef[r * 8 + c].wrapping_mul(quant[r * 8 + c] as i16))
+    });
+    // Pass 1 (columns): workspace[k] = output k of every column.
+    let ws = if coef[8..].iter().all(|&c| c == 0) {
+        let dc: Lanes = std::array::from_fn(|c| rows[0][c].wrapping_shl(PASS1_BITS));
+        [dc; 8]
     } else {
-        for c in 0..8 {
-            let col = dodct(
-                std::array::from_fn(|r| dq(r * 8 + c)),
-                CONST_BITS - PASS1_BITS,
-            );
-            for r in 0..8 {
-                ws[r * 8 + c] = col[r];
-            }
-        }
-    }
-    for r in 0..8 {
-        let row = dodct(
-            std::array::from_fn(|c| ws[r * 8 + c]),
-            CONST_BITS + PASS1_BITS + 3,
-        );
-        for (o, v) in out[r * stride..r * stride + 8].iter_mut().zip(row) {
-            // `packsswb` then `paddb 128`.
-            *o = (v.clamp(-128, 127) + 128) as u8;
+        dodct(&rows, CONST_BITS - PASS1_BITS)
+    };
+    // Pass 2 (rows): lanes are the block's rows, inputs its columns.
+    let samples = dodct(&transpose(&ws), CONST_BITS + PASS1_BITS + 3);
+    for (r, line) in out.chunks_mut(stride).take(8).enumerate() {
+        for (c, o) in line[..8].iter_mut().enumerate() {
+            // `packsswb`, then `paddb 128`.
+            *o = (samples[c][r].clamp(-128, 127) + 128) as u8;
         }
     }
 }

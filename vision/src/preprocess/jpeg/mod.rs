@@ -183,15 +183,20 @@ fn assemble(frame: &Frame, ycc: bool) -> Result<JpegPixels, JpegError> {
     }
     let data = if planes.len() == 1 {
         planes.pop().unwrap_or_default()
-    } else if ycc {
-        let t = color::YccTables::new();
-        (0..w * h)
-            .flat_map(|i| t.rgb(planes[0][i], planes[1][i], planes[2][i]))
-            .collect()
     } else {
-        (0..w * h)
-            .flat_map(|i| [planes[0][i], planes[1][i], planes[2][i]])
-            .collect()
+        let t = color::YccTables::new();
+        let mut rgb = vec![0u8; w * h * 3];
+        let samples = planes[0].iter().zip(&planes[1]).zip(&planes[2]);
+        if ycc {
+            for (px, ((&y, &cb), &cr)) in rgb.chunks_exact_mut(3).zip(samples) {
+                px.copy_from_slice(&t.rgb(y, cb, cr));
+            }
+        } else {
+            for (px, ((&r, &g), &b)) in rgb.chunks_exact_mut(3).zip(samples) {
+                px.copy_from_slice(&[r, g, b]);
+            }
+        }
+        rgb
     };
     Ok(JpegPixels {
         width: w,

@@ -16,8 +16,22 @@ pub struct Plane<'a> {
 }
 
 impl Plane<'_> {
-    fn at(&self, x: usize, y: usize) -> u8 {
-        self.samples[y * self.stride + x]
+    /// Row `y`'s real samples.
+    fn row(&self, y: usize) -> &[u8] {
+        &self.samples[y * self.stride..y * self.stride + self.width]
+    }
+
+    /// For output row `y` of a 2x vertical upsampling: the nearer input row and the farther one
+    /// (above for even rows, below for odd), clamped to the real rows as jdmainct.c's context rows
+    /// are.
+    fn rows_for(&self, y: usize) -> (&[u8], &[u8]) {
+        let near = y / 2;
+        let far = if y % 2 == 1 {
+            (near + 1).min(self.height - 1)
+        } else {
+            near.saturating_sub(1)
+        };
+        (self.row(near), self.row(far))
     }
 }
 
@@ -29,98 +43,78 @@ pub fn upsample(
     (out_w, out_h): (usize, usize),
 ) -> Result<Vec<u8>, JpegError> {
     let mut out = vec![0u8; out_w * out_h];
-    let last_row = plane.height - 1;
+    let lines = out.chunks_exact_mut(out_w).enumerate();
     if h == max_h && v == max_v {
-        for y in 0..out_h {
-            for x in 0..out_w {
-                out[y * out_w + x] = plane.at(x, y);
-            }
+        for (y, line) in lines {
+            line.copy_from_slice(&plane.row(y)[..out_w]);
         }
-    } else if h * 2 == max_h && v == max_v {
-        if plane.width > 2 {
-            for y in 0..out_h {
-                let row = h2v1_fancy(plane, y);
-                out[y * out_w..(y + 1) * out_w].copy_from_slice(&row[..out_w]);
-            }
-        } else {
-            box_upsample(plane, 2, 1, out_w, out_h, &mut out);
+    } else if h * 2 == max_h && v == max_v && plane.width > 2 {
+        let mut row = vec![0u8; 2 * plane.width];
+        for (y, line) in lines {
+            h2v1_fancy(plane.row(y), &mut row);
+            line.copy_from_slice(&row[..out_w]);
         }
     } else if h == max_h && v * 2 == max_v {
-        for y in 0..out_h {
-            let (inrow, below) = (y / 2, y % 2 == 1);
-            let other = if below {
-                (inrow + 1).min(last_row)
-            } else {
-                inrow.saturating_sub(1)
-            };
-            let bias = if below { 2 } else { 1 };
-            for x in 0..out_w {
-                let sum = plane.at(x, inrow) as u32 * 3 + plane.at(x, other) as u32;
-                out[y * out_w + x] = ((sum + bias) >> 2) as u8;
+        // h1v2_fancy_upsample (libjpeg-turbo uses it at any width).
+        for (y, line) in lines {
+            let (near, far) = plane.rows_for(y);
+            let bias = if y % 2 == 1 { 2 } else { 1 };
+            for ((o, &a), &b) in line.iter_mut().zip(near).zip(far) {
+                *o = ((a as u32 * 3 + b as u32 + bias) >> 2) as u8;
             }
         }
-    } else if h * 2 == max_h && v * 2 == max_v {
-        if plane.width > 2 {
-            for y in 0..out_h {
-                let row = h2v2_fancy(plane, y);
-                out[y * out_w..(y + 1) * out_w].copy_from_slice(&row[..out_w]);
+    } else if h * 2 == max_h && v * 2 == max_v && plane.width > 2 {
+        let mut row = vec![0u8; 2 * plane.width];
+        let mut colsum = vec![0u32; plane.width];
+        for (y, line) in lines {
+            let (near, far) = plane.rows_for(y);
+            for ((s, &a), &b) in colsum.iter_mut().zip(near).zip(far) {
+                *s = a as u32 * 3 + b as u32;
             }
-        } else {
-            box_upsample(plane, 2, 2, out_w, out_h, &mut out);
+            h2v2_fancy(&colsum, &mut row);
+            line.copy_from_slice(&row[..out_w]);
         }
     } else if max_h % h == 0 && max_v % v == 0 {
-        box_upsample(plane, max_h / h, max_v / v, out_w, out_h, &mut out);
+        // int_upsample (and h2v1_upsample / h2v2_upsample, the narrow cases): each sample repeated.
+        let (he, ve) = (max_h / h, max_v / v);
+        for (y, line) in lines {
+            let src = plane.row(y / ve);
+            for (x, o) in line.iter_mut().enumerate() {
+                *o = src[x / he];
+            }
+        }
     } else {
         return Err(JpegError::Unsupported("fractional sampling factors"));
     }
     Ok(out)
 }
 
-/// `int_upsample` / `h2v1_upsample` / `h2v2_upsample`: each sample repeated.
-fn box_upsample(plane: &Plane, he: usize, ve: usize, out_w: usize, out_h: usize, out: &mut [u8]) {
-    for y in 0..out_h {
-        for x in 0..out_w {
-            out[y * out_w + x] = plane.at(x / he, y / ve);
-        }
+/// `h2v1_fancy_upsample` of one row of samples into `out` (2 * its length).
+fn h2v1_fancy(s: &[u8], out: &mut [u8]) {
+    let w = s.len();
+    let s = |x: usize| s[x] as u32;
+    out[0] = s(0) as u8;
+    out[1] = ((s(0) * 3 + s(1) + 2) >> 2) as u8;
+    for x in 1..w - 1 {
+        out[2 * x] = ((s(x) * 3 + s(x - 1) + 1) >> 2) as u8;
+        out[2 * x + 1] = ((s(x) * 3 + s(x + 1) + 2) >> 2) as u8;
     }
+    out[2 * w - 2] = ((s(w - 1) * 3 + s(w - 2) + 1) >> 2) as u8;
+    out[2 * w - 1] = s(w - 1) as u8;
 }
 
-/// `h2v1_fancy_upsample` of row `y`: 2 * width samples.
-fn h2v1_fancy(plane: &Plane, y: usize) -> Vec<u8> {
-    let w = plane.width;
-    let s = |x: usize| plane.at(x, y) as u32;
-    let mut row = Vec::with_capacity(2 * w);
-    row.push(s(0) as u8);
-    row.push(((s(0) * 3 + s(1) + 2) >> 2) as u8);
+/// `h2v2_fancy_upsample` of one output row, from its column sums (3 * nearer row + farther row),
+/// into `out` (2 * their length).
+fn h2v2_fancy(c: &[u32], out: &mut [u8]) {
+    let w = c.len();
+    out[0] = ((c[0] * 4 + 8) >> 4) as u8;
+    out[1] = ((c[0] * 3 + c[1] + 7) >> 4) as u8;
     for x in 1..w - 1 {
-        row.push(((s(x) * 3 + s(x - 1) + 1) >> 2) as u8);
-        row.push(((s(x) * 3 + s(x + 1) + 2) >> 2) as u8);
+        out[2 * x] = ((c[x] * 3 + c[x - 1] + 8) >> 4) as u8;
+        out[2 * x + 1] = ((c[x] * 3 + c[x + 1] + 7) >> 4) as u8;
     }
-    row.push(((s(w - 1) * 3 + s(w - 2) + 1) >> 2) as u8);
-    row.push(s(w - 1) as u8);
-    row
-}
-
-/// `h2v2_fancy_upsample` of output row `y`: 2 * width samples.
-fn h2v2_fancy(plane: &Plane, y: usize) -> Vec<u8> {
-    let w = plane.width;
-    let (inrow, below) = (y / 2, y % 2 == 1);
-    let other = if below {
-        (inrow + 1).min(plane.height - 1)
-    } else {
-        inrow.saturating_sub(1)
-    };
-    let colsum = |x: usize| plane.at(x, inrow) as u32 * 3 + plane.at(x, other) as u32;
-    let mut row = Vec::with_capacity(2 * w);
-    row.push(((colsum(0) * 4 + 8) >> 4) as u8);
-    row.push(((colsum(0) * 3 + colsum(1) + 7) >> 4) as u8);
-    for x in 1..w - 1 {
-        row.push(((colsum(x) * 3 + colsum(x - 1) + 8) >> 4) as u8);
-        row.push(((colsum(x) * 3 + colsum(x + 1) + 7) >> 4) as u8);
-    }
-    row.push(((colsum(w - 1) * 3 + colsum(w - 2) + 8) >> 4) as u8);
-    row.push(((colsum(w - 1) * 4 + 7) >> 4) as u8);
-    row
+    out[2 * w - 2] = ((c[w - 1] * 3 + c[w - 2] + 8) >> 4) as u8;
+    out[2 * w - 1] = ((c[w - 1] * 4 + 7) >> 4) as u8;
 }
 
 #[cfg(test)]

@@ -348,6 +348,8 @@ fn dc_diff(r: &mut BitReader, dc: Option<&HuffTable>) -> Result<i32, JpegError> 
     Ok(r.receive_extend(s))
 }
 
+/// A sequential block: the DC difference, then the whole AC band (jdhuff.c's `decode_mcu`; an EOBr
+/// symbol ends the block whatever its r).
 fn baseline_block(
     r: &mut BitReader,
     dc: Option<&HuffTable>,
@@ -355,23 +357,8 @@ fn baseline_block(
     pred: &mut i32,
     block: &mut [i16; 64],
 ) -> Result<(), JpegError> {
-    *pred = pred.wrapping_add(dc_diff(r, dc)?);
-    block[0] = *pred as i16;
-    let ac = table(ac)?;
-    let mut k = 1usize;
-    while k < 64 {
-        let rs = r.decode(ac)?;
-        let (run, s) = ((rs >> 4) as usize, (rs & 15) as u32);
-        if s != 0 {
-            k += run;
-            block[NATURAL_ORDER[k]] = r.receive_extend(s) as i16;
-        } else if run == 15 {
-            k += 15;
-        } else {
-            break;
-        }
-        k += 1;
-    }
+    dc_first(r, dc, pred, block, 0)?;
+    ac_band(r, table(ac)?, block, 1, 63, 0)?;
     Ok(())
 }
 
@@ -387,6 +374,36 @@ fn dc_first(
     Ok(())
 }
 
+/// Coefficients `ss..=se` of one block, scaled by `2^al`, up to the band's end or an end-of-band
+/// symbol EOBr, whose r it returns.
+fn ac_band(
+    r: &mut BitReader,
+    ac: &HuffTable,
+    block: &mut [i16; 64],
+    ss: usize,
+    se: usize,
+    al: u32,
+) -> Result<Option<u32>, JpegError> {
+    let mut k = ss;
+    while k <= se {
+        let rs = r.decode(ac)?;
+        let (run, s) = ((rs >> 4) as u32, (rs & 15) as u32);
+        if s != 0 {
+            k += run as usize;
+            let v = r.receive_extend(s);
+            block[NATURAL_ORDER[k]] = (v as u32).wrapping_shl(al) as i16;
+        } else if run == 15 {
+            k += 15;
+        } else {
+            return Ok(Some(run));
+        }
+        k += 1;
+    }
+    Ok(None)
+}
+
+/// A progressive first AC scan's block (jdphuff.c's `decode_mcu_AC_first`): EOBr starts a run of
+/// 2^r + (r more bits) blocks with nothing more in this band.
 fn ac_first(
     r: &mut BitReader,
     ac: Option<&HuffTable>,
@@ -400,22 +417,8 @@ fn ac_first(
         *eobrun -= 1;
         return Ok(());
     }
-    let ac = table(ac)?;
-    let mut k = ss;
-    while k <= se {
-        let rs = r.decode(ac)?;
-        let (run, s) = ((rs >> 4) as u32, (rs & 15) as u32);
-        if s != 0 {
-            k += run as usize;
-            let v = r.receive_extend(s);
-            block[NATURAL_ORDER[k]] = (v as u32).wrapping_shl(al) as i16;
-        } else if run == 15 {
-            k += 15;
-        } else {
-            *eobrun = (1 << run) + r.bits(run) - 1;
-            break;
-        }
-        k += 1;
+    if let Some(run) = ac_band(r, table(ac)?, block, ss, se, al)? {
+        *eobrun = (1 << run) + r.bits(run) - 1;
     }
     Ok(())
 }

@@ -93,7 +93,8 @@ pub fn decode_rgb(
         });
     }
     if format == Some(ImageFormat::Jpeg) && !jpeg_has_end(bytes) {
-        // zune-jpeg fills a cut-off scan with gray; PIL refuses ("image file is truncated").
+        // Decoders fill a cut-off scan (zune-jpeg with gray, libjpeg and ours with zeros); PIL refuses
+        // ("image file is truncated").
         return Err(refuse(
             name,
             format!("cannot decode the {width}x{height} image: the JPEG data ends before its end marker (truncated)"),

@@ -5,8 +5,9 @@
 
 For each model: a random-init Qwen3-VL with a geometry drawn from the seed (head_dim 8..64, query
 and key/value heads, a random MRoPE split of head_dim / 2, 1-3 layers, vision depth 1-4 with a
-random DeepStack subset, 16..100 position embeddings, tied or untied head) saved as the hub saves
-it (bf16, sharded, with the tiny chat checkpoint's tokenizer and template and the hub's image
+random DeepStack subset, 16..100 position embeddings, tied or untied head, 512 or 640 vocabulary
+rows for the tiny tokenizer's 512 tokens, so a model can pick ids no token has; or with --shape 2b
+Qwen3-VL-2B-Instruct's geometry) saved as the hub saves it (bf16, sharded, with the tiny chat checkpoint's tokenizer and template and the hub's image
 sizes); 0-4 pictures of random sizes and formats (PNG RGB / gray / RGBA, JPEG 4:2:0 / 4:4:4 /
 progressive, lossy WebP). Then `packs build --quant bf16` and `xdna-vl run --json --greedy` with
 the pictures and a question, against transformers' `generate`-equivalent greedy ids (f32 compute on
@@ -19,6 +20,7 @@ Needs torch, transformers (5.x), safetensors, pillow. CI does not run it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -42,6 +44,15 @@ END_OF_TURN = 500  # <|im_end|> in the tiny chat tokenizer
 PROMPT = "What is in these pictures? Tell me"
 
 
+# Qwen3-VL-2B-Instruct's geometry (config.json on the hub), for --shape 2b.
+SHAPE_2B = dict(
+    text=dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+              num_key_value_heads=8, head_dim=128, mrope_section=[24, 20, 20]),
+    vision=dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, num_position_embeddings=2304,
+                deepstack_visual_indexes=[5, 11, 17]),
+    tie=True, vocab=151936)
+
+
 def draw_geometry(rng: np.random.Generator) -> dict:
     head_dim = int(rng.choice([8, 16, 32, 64]))
     kv = int(rng.choice([1, 2, 3]))
@@ -60,7 +71,7 @@ def draw_geometry(rng: np.random.Generator) -> dict:
         vision=dict(depth=depth, hidden_size=v_heads * v_head_dim, intermediate_size=int(rng.choice([32, 64, 96])),
                     num_heads=v_heads, num_position_embeddings=int(rng.choice([16, 36, 64, 100])),
                     deepstack_visual_indexes=sorted(rng.choice(depth, size=sets, replace=False).tolist())),
-        tie=bool(rng.random() < 0.5))
+        tie=bool(rng.random() < 0.5), vocab=int(rng.choice([512, 640])))
 
 
 def draw_pictures(rng: np.random.Generator, out: str) -> list[str]:
@@ -94,7 +105,7 @@ def draw_pictures(rng: np.random.Generator, out: str) -> list[str]:
 
 def run_one(index: int, seed: int, work: str, args) -> str:
     rng = np.random.default_rng([seed, index])
-    geo = draw_geometry(rng)
+    geo = draw_geometry(rng) if args.shape == "random" else SHAPE_2B
     out = os.path.join(work, f"model-{index}")
     ck = os.path.join(out, "checkpoint")
     os.makedirs(ck)
@@ -107,8 +118,8 @@ def run_one(index: int, seed: int, work: str, args) -> str:
         json.dump(pre, f, indent=2)
     with open(os.path.join(CHAT, "config.json")) as f:
         chat = json.load(f)
-    spec = dict(dtype="bfloat16", config_spelling="5.x", max_shard_size="100KB", tie_word_embeddings=geo["tie"],
-                text=dict(vocab_size=512, rope_theta=5_000_000.0, rms_norm_eps=1e-6, initializer_range=0.1,
+    spec = dict(dtype="bfloat16", config_spelling="5.x", max_shard_size="100KB" if args.shape == "random" else "1GB", tie_word_embeddings=geo["tie"],
+                text=dict(vocab_size=geo["vocab"], rope_theta=5_000_000.0, rms_norm_eps=1e-6, initializer_range=0.1,
                           **geo["text"]),
                 vision=dict(initializer_range=0.1, **geo["vision"]),
                 special_ids=dict(vision_start=chat["vision_start_token_id"], vision_end=chat["vision_end_token_id"],
@@ -119,6 +130,8 @@ def run_one(index: int, seed: int, work: str, args) -> str:
     model = Qwen3VLForConditionalGeneration(hr.build_config(spec)).eval()
     hr.randomize_norms(model, torch.Generator().manual_seed(int(rng.integers(0, 2**31))))
     hr.save_checkpoint(model, spec, ck)
+    del model  # the 2B shape holds 8.5 GB of f32 weights: one copy at a time
+    gc.collect()
     model = hi.load_model(ck)  # f32 compute on the bf16 values, as the bf16 pack computes
     pictures = draw_pictures(rng, out)
     prompt = hi.encode(hi.load_processor(ck), hi.load_images(pictures), PROMPT)
@@ -136,7 +149,7 @@ def run_one(index: int, seed: int, work: str, args) -> str:
     what = (f"model {index}: heads {geo['text']['num_attention_heads']}/{geo['text']['num_key_value_heads']} "
             f"head_dim {geo['text']['head_dim']} mrope {geo['text']['mrope_section']} layers "
             f"{geo['text']['num_hidden_layers']}, vision depth {geo['vision']['depth']} deepstack "
-            f"{geo['vision']['deepstack_visual_indexes']}, {'tied' if geo['tie'] else 'untied'}; "
+            f"{geo['vision']['deepstack_visual_indexes']}, {'tied' if geo['tie'] else 'untied'}, vocab {geo['vocab']}; "
             f"{len(pictures)} pictures ({', '.join(os.path.basename(p) for p in pictures) or 'text only'}), "
             f"{prompt.input_ids.shape[1]} prompt rows")
     if r.returncode != 0:
@@ -160,6 +173,8 @@ def main(argv: list[str]) -> int:
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--models", type=int, default=6, help="random models to check")
     ap.add_argument("--seed", type=int, default=1, help="draws every geometry, weight and picture")
+    ap.add_argument("--shape", choices=["random", "2b"], default="random",
+                    help="random geometries, or Qwen3-VL-2B-Instruct's (about 4 GB of bf16 shards per model, minutes)")
     ap.add_argument("--steps", type=int, default=10, help="greedy steps to compare")
     ap.add_argument("--tie-gap", type=float, default=1e-3, help="a divergence under this top-2 gap is a near tie")
     ap.add_argument("--packs", default=os.path.join(ROOT, "target", "release", "packs"))

@@ -7,7 +7,7 @@ transformers' `load_image` opens a picture with PIL and converts it to RGB; for 
 libjpeg-turbo's decompression with its defaults (islow IDCT, fancy upsampling), and on x86-64 its
 AVX2 kernels. vision::preprocess::jpeg follows it bit for bit. Each case here is a small seeded
 picture encoded by Pillow (4:4:4 / 4:2:2 / 4:2:0, baseline, optimized, progressive, restart
-markers, gray, CMYK; and two with their quantization tables scaled up, so the IDCT leaves 16 bits,
+markers, gray, CMYK; two with their scan data cut short and an end marker appended; and two with their quantization tables scaled up, so the IDCT leaves 16 bits,
 where libjpeg-turbo's AVX2 and C paths part) or by simplejpeg (libjpeg-turbo's own encoder, for 4:4:0 and 4:1:1, which
 Pillow cannot write), at sizes that hit every edge case (1x1, one row, one column, widths and
 heights that are not a multiple of the MCU). Written per case:
@@ -115,6 +115,11 @@ CASES = [
     ("simplejpeg_411_q95_noise_7x13", (13, 7), "noise", "simplejpeg", dict(quality=95, sub="411")),
     ("pil_444_q100_dqt_x12_noise_16x16", (16, 16), "noise", "pil-dqt", dict(quality=100, subsampling=0, factor=12)),
     ("pil_420_q100_dqt_x40_noise_24x24", (24, 24), "noise", "pil-dqt", dict(quality=100, subsampling=2, factor=40)),
+    # Scan data cut short, EOI appended (a damaged file PIL still opens): libjpeg reads zeros past the
+    # data and leaves the rest of the segment gray; with restart markers, its resync.
+    ("pil_420_cut_scan_eoi_90x200", (200, 90), "checker", "pil-cut", dict(quality=90, subsampling=2, keep=0.6)),
+    ("pil_restart_cut_scan_eoi_64x40", (40, 64), "gradient", "pil-cut", dict(quality=90, subsampling=2,
+                                                                           restart_marker_blocks=2, keep=0.55)),
     ("pil_cmyk_q90_24x16", (16, 24), "gradient", "pil-cmyk", dict(quality=90)),
 ]
 
@@ -143,6 +148,9 @@ def main(argv: list[str]) -> int:
         elif encoder == "pil-dqt":
             kw = {k: v for k, v in opts.items() if k != "factor"}
             data = scale_quant_tables(pil_jpeg(im, **kw), opts["factor"])
+        elif encoder == "pil-cut":
+            full = pil_jpeg(im, **{k: v for k, v in opts.items() if k != "keep"})
+            data = full[: int(len(full) * opts["keep"])].rstrip(b"\xff") + b"\xff\xd9"
         elif encoder == "pil-cmyk":
             data = pil_jpeg(im.convert("CMYK"), **opts)
         else:

@@ -81,7 +81,11 @@ pub struct BitReader<'a> {
     pub pos: usize,
     acc: u64,
     bits: u32,
+    /// How many of `bits` came from the data (the rest are zeros read on at a marker).
+    real: u32,
     at_marker: bool,
+    /// A bit past the data was consumed: libjpeg's `insufficient_data`.
+    out_of_data: bool,
 }
 
 impl<'a> BitReader<'a> {
@@ -91,7 +95,9 @@ impl<'a> BitReader<'a> {
             pos,
             acc: 0,
             bits: 0,
+            real: 0,
             at_marker: false,
+            out_of_data: false,
         }
     }
 
@@ -104,6 +110,7 @@ impl<'a> BitReader<'a> {
                     Some(0xFF) => match self.data.get(self.pos + 1) {
                         Some(0x00) => {
                             self.pos += 2;
+                            self.real += 8;
                             0xFF
                         }
                         // A marker (or the end of the file): zeros from here, as libjpeg does.
@@ -114,6 +121,7 @@ impl<'a> BitReader<'a> {
                     },
                     Some(&b) => {
                         self.pos += 1;
+                        self.real += 8;
                         b
                     }
                     None => {
@@ -137,6 +145,23 @@ impl<'a> BitReader<'a> {
     fn consume(&mut self, n: u32) {
         self.acc <<= n;
         self.bits -= n;
+        if n > self.real {
+            self.out_of_data = true;
+        }
+        self.real = self.real.saturating_sub(n);
+    }
+
+    /// A reader that starts with libjpeg's out-of-data state `ended` (kept across a restart that
+    /// found no restart marker).
+    pub fn with_out_of_data(mut self, ended: bool) -> BitReader<'a> {
+        self.out_of_data = ended;
+        self
+    }
+
+    /// Whether a bit past the segment's data was read: libjpeg then leaves the rest of the
+    /// segment's MCUs untouched (zero, i.e. gray, in a sequential scan).
+    pub fn out_of_data(&self) -> bool {
+        self.out_of_data
     }
 
     /// `n` (0..=16) bits as an unsigned number.
@@ -197,6 +222,7 @@ impl<'a> BitReader<'a> {
     pub fn next_marker(&mut self) -> Option<usize> {
         self.acc = 0;
         self.bits = 0;
+        self.real = 0;
         self.at_marker = false;
         let mut at = self.pos;
         while at + 1 < self.data.len() {

@@ -291,16 +291,14 @@ pub fn decode_scan(
     let mut next_rst = 0u8;
     for m in 0..mcus_x * mcus_y {
         if restart_interval > 0 && m > 0 && m % restart_interval == 0 {
-            let pos = r
-                .next_marker()
-                .ok_or(JpegError::Corrupt("the data ends before a restart marker"))?;
-            if bytes[pos + 1] != 0xD0 + next_rst {
-                return Err(JpegError::Corrupt("a restart marker out of sequence"));
-            }
-            r = BitReader::new(bytes, pos + 2);
+            r = restart(bytes, r, next_rst)?;
             next_rst = (next_rst + 1) & 7;
             preds = [0; 4];
             eobrun = 0;
+        }
+        if r.out_of_data() {
+            // jdhuff.c / jdphuff.c: past the data, the segment's remaining MCUs are not touched.
+            continue;
         }
         let (mx, my) = (m % mcus_x, m / mcus_x);
         for (i, sc) in header.components.iter().enumerate() {
@@ -334,6 +332,55 @@ pub fn decode_scan(
     }
     r.next_marker()
         .ok_or(JpegError::Corrupt("no marker after a scan"))
+}
+
+enum Resync {
+    /// Swallow the marker and decode on after it.
+    Resume,
+    /// Look for the next marker and decide again.
+    Skip,
+    /// Leave the marker for later: the segment is empty.
+    Leave,
+}
+
+/// libjpeg's `read_restart_marker` and its default `jpeg_resync_to_restart` (jdmarker.c): the
+/// expected RSTn is swallowed and decoding resumes after it; a marker that is not a restart, or one of
+/// the next two restarts, is left for later and the segment reads as empty (zeros; with the
+/// out-of-data state kept); an earlier restart or a reserved marker is skipped in search of the next
+/// marker; any other restart is swallowed as if it were the expected one.
+fn restart<'a>(
+    bytes: &'a [u8],
+    mut r: BitReader<'a>,
+    want: u8,
+) -> Result<BitReader<'a>, JpegError> {
+    let ended = r.out_of_data();
+    let mut pos = r
+        .next_marker()
+        .ok_or(JpegError::Corrupt("the data ends before a restart marker"))?;
+    loop {
+        let marker = bytes[pos + 1];
+        let rst = |k: u8| 0xD0 + (k & 7);
+        let ahead = marker == rst(want.wrapping_add(1)) || marker == rst(want.wrapping_add(2));
+        let behind = marker == rst(want.wrapping_sub(1)) || marker == rst(want.wrapping_sub(2));
+        let action = match marker {
+            m if m == rst(want) => Resync::Resume,
+            0x00..=0xBF => Resync::Skip,
+            0xD0..=0xD7 if ahead => Resync::Leave,
+            0xD0..=0xD7 if behind => Resync::Skip,
+            0xD0..=0xD7 => Resync::Resume,
+            _ => Resync::Leave,
+        };
+        match action {
+            Resync::Resume => return Ok(BitReader::new(bytes, pos + 2)),
+            Resync::Skip => {
+                let mut skip = BitReader::new(bytes, pos + 2);
+                pos = skip.next_marker().ok_or(JpegError::Corrupt(
+                    "the data ends while looking for a restart marker",
+                ))?;
+            }
+            Resync::Leave => return Ok(BitReader::new(bytes, pos).with_out_of_data(ended)),
+        }
+    }
 }
 
 fn table(t: Option<&HuffTable>) -> Result<&HuffTable, JpegError> {

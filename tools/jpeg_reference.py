@@ -7,14 +7,16 @@ transformers' `load_image` opens a picture with PIL and converts it to RGB; for 
 libjpeg-turbo's decompression with its defaults (islow IDCT, fancy upsampling), and on x86-64 its
 AVX2 kernels. vision::preprocess::jpeg follows it bit for bit. Each case here is a small seeded
 picture encoded by Pillow (4:4:4 / 4:2:2 / 4:2:0, baseline, optimized, progressive, restart
-markers, gray, CMYK; two with their scan data cut short and an end marker appended; and two with their quantization tables scaled up, so the IDCT leaves 16 bits,
-where libjpeg-turbo's AVX2 and C paths part) or by simplejpeg (libjpeg-turbo's own encoder, for 4:4:0 and 4:1:1, which
-Pillow cannot write), at sizes that hit every edge case (1x1, one row, one column, widths and
+markers, gray, CMYK; two with their quantization tables scaled up, so the IDCT leaves 16 bits,
+where libjpeg-turbo's AVX2 and C paths part; three with their scan data cut short and an end marker
+appended, one of them progressive, which libjpeg block-smooths and our decoder declines) or by
+simplejpeg (libjpeg-turbo's own encoder: 4:4:0, 4:1:1 and YCCK, which Pillow cannot write), at
+sizes that hit every edge case (1x1, one row, one column, widths and
 heights that are not a multiple of the MCU). Written per case:
   <name>.jpg        the file
   <name>.png        `Image.open(<name>.jpg).convert("RGB")`, losslessly (PIL's bytes to match)
 and cases.json: name, how it was encoded, size, `expect` ("native": our decoder must give PIL's
-bytes; "fallback": it must decline, e.g. CMYK, and the `image` crate decodes it), and
+bytes; "fallback": it must decline, and the `image` crate decodes it), and
 `c_differs`: how many samples libjpeg-turbo's plain C path (JSIMD_FORCENONE=1) gives differently
 from the SIMD path Pillow ran (non-zero where the AVX2 IDCT's 16-bit lanes wrap or saturate).
 
@@ -121,6 +123,10 @@ CASES = [
     ("pil_restart_cut_scan_eoi_64x40", (40, 64), "gradient", "pil-cut", dict(quality=90, subsampling=2,
                                                                            restart_marker_blocks=2, keep=0.55)),
     ("pil_cmyk_q90_24x16", (16, 24), "gradient", "pil-cmyk", dict(quality=90)),
+    ("simplejpeg_ycck_420_q90_30x20", (20, 30), "gradient", "simplejpeg-cmyk", dict(quality=90, sub="420")),
+    # Cut before its last scans: libjpeg smooths the blocks (not followed here: the image crate decodes).
+    ("pil_progressive_cut_smoothed_61x47", (47, 61), "checker", "pil-cut", dict(quality=85, subsampling=2,
+                                                                               progressive=True, keep=0.45)),
 ]
 
 C_DECODE = """
@@ -151,6 +157,12 @@ def main(argv: list[str]) -> int:
         elif encoder == "pil-cut":
             full = pil_jpeg(im, **{k: v for k, v in opts.items() if k != "keep"})
             data = full[: int(len(full) * opts["keep"])].rstrip(b"\xff") + b"\xff\xd9"
+        elif encoder == "simplejpeg-cmyk":
+            import simplejpeg
+
+            cmyk = np.ascontiguousarray(np.asarray(im.convert("CMYK")))
+            data = simplejpeg.encode_jpeg(cmyk, quality=opts["quality"], colorspace="CMYK",
+                                          colorsubsampling=opts["sub"])
         elif encoder == "pil-cmyk":
             data = pil_jpeg(im.convert("CMYK"), **opts)
         else:
@@ -166,7 +178,7 @@ def main(argv: list[str]) -> int:
                            env=dict(os.environ, JSIMD_FORCENONE="1")).stdout
         c_differs = int((np.frombuffer(c, np.uint8) != np.asarray(rgb).reshape(-1)).sum())
         cases.append(dict(name=name, size=[w, h], picture=kind, encoder=encoder, options=opts,
-                          components=layers, expect="fallback" if encoder == "pil-cmyk" else "native",
+                          components=layers, expect="fallback" if "smoothed" in name else "native",
                           c_differs=c_differs, bytes=len(data)))
         print(f"{name}: {len(data)} bytes, components {layers}, C path differs on {c_differs} samples")
     with open(os.path.join(args.out, "cases.json"), "w") as f:

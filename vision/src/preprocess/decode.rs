@@ -137,14 +137,32 @@ pub fn decode_rgb(
     Ok(rgb)
 }
 
-/// Our JPEG decoder's samples as the `image` crate's types (gray stays gray until PIL's convert).
+/// Our JPEG decoder's samples as the `image` crate's types (gray stays gray until PIL's convert;
+/// CMYK is converted here, as Pillow converts it).
 fn jpeg_image(p: jpeg::JpegPixels) -> Option<DynamicImage> {
     let (w, h) = (p.width as u32, p.height as u32);
     match p.channels {
         1 => image::GrayImage::from_raw(w, h, p.data).map(DynamicImage::ImageLuma8),
         3 => image::RgbImage::from_raw(w, h, p.data).map(DynamicImage::ImageRgb8),
+        4 => image::RgbImage::from_raw(w, h, cmyk_to_rgb_as_pil(&p.data))
+            .map(DynamicImage::ImageRgb8),
         _ => None,
     }
+}
+
+/// Pillow's `convert("RGB")` of a CMYK image (Convert.c `cmyk2rgb`): each channel is
+/// `255 - k - c * (255 - k) / 255` with Pillow's rounded division by 255.
+fn cmyk_to_rgb_as_pil(cmyk: &[u8]) -> Vec<u8> {
+    let muldiv255 = |a: u32, b: u32| {
+        let t = a * b + 128;
+        ((t >> 8) + t) >> 8
+    };
+    cmyk.chunks_exact(4)
+        .flat_map(|p| {
+            let nk = 255 - p[3] as u32;
+            [0, 1, 2].map(|i| nk.saturating_sub(muldiv255(p[i] as u32, nk)) as u8)
+        })
+        .collect()
 }
 
 /// Pillow's screen outside a GIF's first frame: the transparent index's colour, else index 0's.

@@ -1,8 +1,8 @@
 //! vision::preprocess against transformers' PIL image processor (tests/fixtures/preprocess, made by
 //! tools/preprocess_reference.py): sizes, grids, the decoded and resized uint8 images bit for bit,
-//! pixel_values rows bit for bit (JPEG too, but CMYK); CMYK JPEG and lossy WebP within a measured
-//! bound. Each claim keeps a control: raster row order, a non-antialiased bicubic, EXIF ignored, the
-//! transparent colour not whitened, 16-bit gray scaled instead of clipped, rescale in float32.
+//! pixel_values rows bit for bit (JPEG too); lossy WebP within a measured bound. Each claim keeps a
+//! control: raster row order, a non-antialiased bicubic, EXIF ignored, the transparent colour not
+//! whitened, 16-bit gray scaled instead of clipped, rescale in float32.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -246,9 +246,9 @@ fn hd_frame_is_1280x704_and_880_tokens() {
     );
 }
 
-/// The fixtures' lossy cases (marked inexact when the `image` crate decoded every JPEG): JPEG now
-/// decodes with our port of libjpeg-turbo (vision::preprocess::jpeg) and must be exact, except CMYK,
-/// which still goes to the `image` crate; lossy WebP (image-webp vs libwebp) is measured and bounded.
+/// The fixtures' lossy cases (marked inexact when the `image` crate decoded every JPEG): JPEG, CMYK
+/// included, now decodes with our port of libjpeg-turbo (vision::preprocess::jpeg) and must be exact;
+/// lossy WebP (image-webp vs libwebp) is measured and bounded.
 #[test]
 fn lossy_decoders_stay_within_the_measured_bound() {
     let fx = Fixtures::load();
@@ -284,7 +284,7 @@ fn lossy_decoders_stay_within_the_measured_bound() {
              rows max diff {values}",
             theirs.len()
         );
-        let bound = if name.starts_with("jpeg_") && !name.contains("cmyk") {
+        let bound = if name.starts_with("jpeg_") {
             0
         } else {
             LOSSY_LEVELS
@@ -297,8 +297,8 @@ fn lossy_decoders_stay_within_the_measured_bound() {
     }
 }
 
-/// The bound for what the `image` crate still decodes: a CMYK JPEG (measured 1 level) and lossy WebP
-/// (0). Before vision::preprocess::jpeg, zune-jpeg was 4 levels off on the 4:2:0 q90 case.
+/// The bound for lossy WebP (measured 0). Before vision::preprocess::jpeg, zune-jpeg was 4 levels
+/// off on the 4:2:0 q90 JPEG case and 1 on the CMYK one.
 const LOSSY_LEVELS: u8 = 4;
 
 /// Pillow's resize alone, every convolution filter, both pass orders; control: always horizontal first

@@ -4,8 +4,7 @@
 //! component ids. The `image` crate's JPEG decoder (zune-jpeg) differs from it by a few levels on
 //! most pixels of a 4:2:0 file and by tens of levels on the last column of an odd-width one.
 //!
-//! What this does not follow (arithmetic coding, 12-bit and lossless frames, CMYK/YCCK and other
-//! component counts, a progressive file whose first coefficients stay unrefined, where libjpeg
+//! What this does not follow (arithmetic coding, 12-bit and lossless frames, 2-component files, a progressive file whose first coefficients stay unrefined, where libjpeg
 //! smooths blocks) is `Unsupported`, and so is data it cannot walk (`Corrupt`): the caller then
 //! decodes with the `image` crate as before.
 
@@ -28,7 +27,8 @@ pub enum JpegError {
     Corrupt(&'static str),
 }
 
-/// Decoded samples: `channels` (1 or 3) interleaved per pixel, rows top to bottom.
+/// Decoded samples as Pillow holds them after decoding: `channels` interleaved per pixel, rows top
+/// to bottom; 1 (mode L), 3 (RGB) or 4 (CMYK, as Pillow's "CMYK;I" unpacks it).
 pub struct JpegPixels {
     pub width: usize,
     pub height: usize,
@@ -129,6 +129,8 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<JpegPixels, JpegError> {
         }
     }
     let frame = frame.ok_or(JpegError::Corrupt("no frame header"))?;
+    // jdapimin.c's `default_decompress_parms`: is the file's colour transform YCC (YCbCr for three
+    // components, YCCK for four)?
     let ycc = match frame.components.len() {
         1 => false,
         3 => {
@@ -141,9 +143,10 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<JpegPixels, JpegError> {
                 ids != [b'R', b'G', b'B']
             }
         }
+        4 => adobe.is_some_and(|transform| transform != 0),
         _ => {
             return Err(JpegError::Unsupported(
-                "a component count other than 1 or 3",
+                "a component count other than 1, 3 or 4",
             ))
         }
     };
@@ -181,22 +184,42 @@ fn assemble(frame: &Frame, ycc: bool) -> Result<JpegPixels, JpegError> {
             (w, h),
         )?);
     }
-    let data = if planes.len() == 1 {
-        planes.pop().unwrap_or_default()
-    } else {
-        let t = color::YccTables::new();
-        let mut rgb = vec![0u8; w * h * 3];
-        let samples = planes[0].iter().zip(&planes[1]).zip(&planes[2]);
-        if ycc {
-            for (px, ((&y, &cb), &cr)) in rgb.chunks_exact_mut(3).zip(samples) {
-                px.copy_from_slice(&t.rgb(y, cb, cr));
+    let t = color::YccTables::new();
+    let data = match planes.len() {
+        1 => planes.pop().unwrap_or_default(),
+        3 => {
+            let mut rgb = vec![0u8; w * h * 3];
+            let samples = planes[0].iter().zip(&planes[1]).zip(&planes[2]);
+            if ycc {
+                for (px, ((&y, &cb), &cr)) in rgb.chunks_exact_mut(3).zip(samples) {
+                    px.copy_from_slice(&t.rgb(y, cb, cr));
+                }
+            } else {
+                for (px, ((&r, &g), &b)) in rgb.chunks_exact_mut(3).zip(samples) {
+                    px.copy_from_slice(&[r, g, b]);
+                }
             }
-        } else {
-            for (px, ((&r, &g), &b)) in rgb.chunks_exact_mut(3).zip(samples) {
-                px.copy_from_slice(&[r, g, b]);
-            }
+            rgb
         }
-        rgb
+        _ => {
+            // libjpeg's CMYK output (YCCK through `ycck_cmyk_convert`), then Pillow's "CMYK;I"
+            // unpacking: every sample inverted (Pillow assumes Adobe's convention for any CMYK JPEG).
+            let mut cmyk = vec![0u8; w * h * 4];
+            let samples = planes[0]
+                .iter()
+                .zip(&planes[1])
+                .zip(&planes[2])
+                .zip(&planes[3]);
+            for (px, (((&a, &b), &c), &k)) in cmyk.chunks_exact_mut(4).zip(samples) {
+                let [c0, c1, c2] = if ycc {
+                    t.rgb(a, b, c).map(|v| 255 - v)
+                } else {
+                    [a, b, c]
+                };
+                px.copy_from_slice(&[255 - c0, 255 - c1, 255 - c2, 255 - k]);
+            }
+            cmyk
+        }
     };
     Ok(JpegPixels {
         width: w,

@@ -1,12 +1,14 @@
 //! A baseline and progressive JPEG decoder that gives the bytes Pillow gives: libjpeg-turbo's
 //! decompression with its defaults (what `PIL.Image.open(...).convert("RGB")` runs): islow IDCT,
 //! fancy upsampling, its YCbCr -> RGB tables, its colour-space guess from JFIF / Adobe markers and
-//! component ids. The `image` crate's JPEG decoder (zune-jpeg) differs from it by a few levels on
-//! most pixels of a 4:2:0 file and by tens of levels on the last column of an odd-width one.
+//! component ids, its handling of scan data that ends early; CMYK as Pillow unpacks it. The `image`
+//! crate's JPEG decoder (zune-jpeg) differs from it by a few levels on most pixels of a 4:2:0 file
+//! and by tens of levels on the last column of an odd-width one.
 //!
-//! What this does not follow (arithmetic coding, 12-bit and lossless frames, 2-component files, a progressive file whose first coefficients stay unrefined, where libjpeg
-//! smooths blocks) is `Unsupported`, and so is data it cannot walk (`Corrupt`): the caller then
-//! decodes with the `image` crate as before.
+//! What this does not follow (arithmetic coding, 12-bit and lossless frames, 2-component files, a
+//! progressive file whose first coefficients stay unrefined, where libjpeg smooths blocks) is
+//! `Unsupported`, and so is data it cannot walk (`Corrupt`): the caller then decodes with the
+//! `image` crate as before. Files are decoded whole (every coefficient kept), scalar code throughout.
 
 mod bits;
 mod color;

@@ -154,3 +154,65 @@ fn damaged_files_are_declined_or_decoded_without_panic() {
         Some(JpegError::Unsupported("more pixels than allowed"))
     );
 }
+
+/// Offsets of every `FF xx` marker (`xx` not 00, FF or a restart) in a JPEG: in entropy-coded data
+/// an FF is always followed by 00 or a marker, so a plain search finds them.
+fn markers(bytes: &[u8], code: u8) -> Vec<usize> {
+    (0..bytes.len() - 1)
+        .filter(|&i| bytes[i] == 0xFF && bytes[i + 1] == code)
+        .collect()
+}
+
+/// libjpeg guesses the colour space once, at the first scan: an Adobe segment saying "RGB"
+/// (transform 0) between two scans changes nothing. Control: the same segment before the first scan
+/// makes the file RGB, which gives other bytes.
+#[test]
+fn colour_space_is_guessed_at_the_first_scan() {
+    let bytes = std::fs::read(fixtures().join("pil_progressive_444_q97_noise_35x26.jpg")).unwrap();
+    // Without its JFIF segment (APP0 right after SOI) the file is YCbCr by its component ids 1, 2, 3.
+    let app0 = markers(&bytes, 0xE0)[0];
+    assert_eq!(app0, 2);
+    let len = u16::from_be_bytes([bytes[4], bytes[5]]) as usize;
+    let plain: Vec<u8> = [&bytes[..2], &bytes[2 + 2 + len..]].concat();
+    let adobe_rgb: &[u8] = &[
+        0xFF, 0xEE, 0x00, 0x0E, b'A', b'd', b'o', b'b', b'e', 0x00, 0x64, 0x00, 0x00, 0x00, 0x00,
+        0x00,
+    ];
+    let insert_at = |at: usize| [&plain[..at], adobe_rgb, &plain[at..]].concat();
+    let decode = |b: &[u8]| jpeg::decode(b, 1 << 26).unwrap().data;
+    let base = decode(&plain);
+    let sos = markers(&plain, 0xDA);
+    assert!(sos.len() >= 2);
+    assert_eq!(
+        decode(&insert_at(sos[1])),
+        base,
+        "an Adobe segment after the first scan"
+    );
+    assert_ne!(
+        decode(&insert_at(sos[0])),
+        base,
+        "control: before the first scan it counts"
+    );
+}
+
+/// A file that asks for more coefficient visits than eight passes over the frame (here the last
+/// scan repeated 30 times) is declined before the work; control: the file as written decodes.
+#[test]
+fn scans_beyond_the_work_budget_are_declined() {
+    let bytes = std::fs::read(fixtures().join("pil_progressive_420_q85_61x47.jpg")).unwrap();
+    assert!(jpeg::decode(&bytes, 1 << 26).is_ok());
+    let last_sos = *markers(&bytes, 0xDA).last().unwrap();
+    let eoi = bytes.len() - 2;
+    assert_eq!(&bytes[eoi..], &[0xFF, 0xD9]);
+    let mut many = bytes[..eoi].to_vec();
+    for _ in 0..30 {
+        many.extend_from_slice(&bytes[last_sos..eoi]);
+    }
+    many.extend_from_slice(&[0xFF, 0xD9]);
+    assert_eq!(
+        jpeg::decode(&many, 1 << 26).err(),
+        Some(JpegError::Unsupported(
+            "scans that walk the frame more often than an encoder writes them"
+        ))
+    );
+}

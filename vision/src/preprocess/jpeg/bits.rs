@@ -107,18 +107,22 @@ impl<'a> BitReader<'a> {
                 0
             } else {
                 match self.data.get(self.pos) {
-                    Some(0xFF) => match self.data.get(self.pos + 1) {
-                        Some(0x00) => {
-                            self.pos += 2;
+                    Some(0xFF) => {
+                        // libjpeg (jdhuff.c) reads any run of FF followed by 00 as one FF byte.
+                        let mut next = self.pos + 1;
+                        while self.data.get(next) == Some(&0xFF) {
+                            next += 1;
+                        }
+                        if self.data.get(next) == Some(&0x00) {
+                            self.pos = next + 1;
                             self.real += 8;
                             0xFF
-                        }
-                        // A marker (or the end of the file): zeros from here, as libjpeg does.
-                        _ => {
+                        } else {
+                            // A marker (or the end of the file): zeros from here, as libjpeg does.
                             self.at_marker = true;
                             0
                         }
-                    },
+                    }
                     Some(&b) => {
                         self.pos += 1;
                         self.real += 8;
@@ -256,15 +260,20 @@ mod tests {
         assert!(HuffTable::new(&counts, vec![1, 2]).is_ok());
     }
 
-    /// FF 00 is a stuffed FF; at a marker the stream reads on as zeros and stays before it.
+    /// FF 00 is a stuffed FF, and so (libjpeg's leniency) is FF FF 00; at a marker the stream reads
+    /// on as zeros and stays before it.
     #[test]
     fn stuffing_and_markers() {
-        let data = [0xFF, 0x00, 0xA5, 0xFF, 0xD9];
+        let data = [0xFF, 0x00, 0xA5, 0xFF, 0xFF, 0x00, 0x5A, 0xFF, 0xD9];
         let mut r = BitReader::new(&data, 0);
         assert_eq!(r.bits(8), 0xFF);
         assert_eq!(r.bits(8), 0xA5);
+        assert_eq!(r.bits(8), 0xFF);
+        assert_eq!(r.bits(8), 0x5A);
+        assert!(!r.out_of_data());
         assert_eq!(r.bits(16), 0);
-        assert_eq!(r.next_marker(), Some(3));
+        assert!(r.out_of_data());
+        assert_eq!(r.next_marker(), Some(7));
         // Codes: 0 -> symbol 7, 10 -> symbol 9; bits 0 10 0 ... decode 7, 9, 7.
         let mut counts = [0u8; 16];
         counts[0] = 1;

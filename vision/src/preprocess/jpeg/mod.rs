@@ -51,6 +51,7 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<JpegPixels, JpegError> {
     let mut frame: Option<Frame> = None;
     let (mut jfif, mut adobe) = (false, None::<u8>);
     let mut scans = 0usize;
+    let mut work = 0usize;
     loop {
         // Markers may be preceded by fill bytes (FF FF ...).
         while bytes.get(at) == Some(&0xFF) && bytes.get(at + 1) == Some(&0xFF) {
@@ -94,8 +95,11 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<JpegPixels, JpegError> {
                 }
                 restart_interval = u16::from_be_bytes([seg[0], seg[1]]) as usize;
             }
-            0xE0 => jfif |= seg.len() >= 14 && seg.starts_with(b"JFIF\0"),
-            0xEE if seg.len() >= 12 && seg.starts_with(b"Adobe") => adobe = Some(seg[11]),
+            // libjpeg guesses the colour space once, at the first scan: later markers do not count.
+            0xE0 if scans == 0 => jfif |= seg.len() >= 14 && seg.starts_with(b"JFIF\0"),
+            0xEE if scans == 0 && seg.len() >= 12 && seg.starts_with(b"Adobe") => {
+                adobe = Some(seg[11])
+            }
             0xDA => {
                 scans += 1;
                 if scans > MAX_SCANS {
@@ -107,6 +111,12 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<JpegPixels, JpegError> {
                     .as_mut()
                     .ok_or(JpegError::Corrupt("a scan before the frame header"))?;
                 let header = ScanHeader::parse(seg, frame)?;
+                work += header.work(frame);
+                if work > frame.work_budget() {
+                    return Err(JpegError::Unsupported(
+                        "scans that walk the frame more often than an encoder writes them",
+                    ));
+                }
                 for sc in &header.components {
                     let comp = &mut frame.components[sc.index];
                     // libjpeg latches a component's quantization table at its first scan.

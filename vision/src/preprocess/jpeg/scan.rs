@@ -118,6 +118,18 @@ impl Frame {
         })
     }
 
+    /// The coefficient visits a file may ask for: eight passes over every coefficient of every
+    /// block. libjpeg's own progressive script makes about three; a crafted file of a few KB could
+    /// otherwise ask for hundreds (as many as `MAX_SCANS`) over a frame of 8192x8192.
+    pub fn work_budget(&self) -> usize {
+        let blocks: usize = self
+            .components
+            .iter()
+            .map(|c| c.blocks_w * c.blocks_h)
+            .sum();
+        blocks * 64 * 8
+    }
+
     /// Refuses what libjpeg would not output as plain coefficients: a component no scan filled, a
     /// progressive file left for block smoothing.
     pub fn check_complete(&self) -> Result<(), JpegError> {
@@ -139,6 +151,26 @@ pub struct ScanComponent {
     pub index: usize,
     td: usize,
     ta: usize,
+}
+
+impl ScanHeader {
+    /// Coefficient visits of this scan: its blocks times its band.
+    pub fn work(&self, frame: &Frame) -> usize {
+        let band = if frame.progressive {
+            self.se.saturating_sub(self.ss) + 1
+        } else {
+            64
+        };
+        let blocks: usize = self
+            .components
+            .iter()
+            .map(|sc| {
+                let c = &frame.components[sc.index];
+                c.scan_blocks_w * c.scan_blocks_h
+            })
+            .sum();
+        blocks * band
+    }
 }
 
 pub struct ScanHeader {

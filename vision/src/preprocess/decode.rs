@@ -92,7 +92,7 @@ pub fn decode_rgb(
             bound: opts.max_decoded_pixels,
         });
     }
-    if format == Some(ImageFormat::Jpeg) && !jpeg_has_end(bytes) {
+    if format == Some(ImageFormat::Jpeg) && !jpeg::has_end_marker(bytes) {
         // Decoders fill a cut-off scan (zune-jpeg with gray, libjpeg and ours with zeros); PIL refuses
         // ("image file is truncated").
         return Err(refuse(
@@ -212,31 +212,6 @@ fn xmp_orientation(xmp: &[u8]) -> Option<Orientation> {
     })
 }
 
-/// Whether a JPEG's entropy-coded data is followed by its EOI marker (FF D9). Markers are walked up to
-/// the first scan (an EXIF thumbnail's own EOI sits inside a segment and is skipped); inside scans FF is
-/// always stuffed (FF 00) or a marker, so the first FF D9 after it is the real end. A header we cannot
-/// walk is left to the decoder.
-fn jpeg_has_end(bytes: &[u8]) -> bool {
-    let mut at = 2usize;
-    loop {
-        let (Some(&0xFF), Some(&marker)) = (bytes.get(at), bytes.get(at + 1)) else {
-            return true;
-        };
-        match marker {
-            0xFF => at += 1,
-            0xDA => return bytes[at + 2..].windows(2).any(|w| w == [0xFF, 0xD9]),
-            0x01 | 0xD0..=0xD7 => at += 2,
-            0xD9 => return true,
-            _ => {
-                let (Some(&hi), Some(&lo)) = (bytes.get(at + 2), bytes.get(at + 3)) else {
-                    return true;
-                };
-                at += 2 + u16::from_be_bytes([hi, lo]) as usize;
-            }
-        }
-    }
-}
-
 /// PIL's `convert("RGB")` of the mode PIL would have opened the file in (see the module comment).
 fn to_rgb_as_pil(image: DynamicImage, name: &str) -> Result<RgbImage, PreprocessError> {
     let (width, height) = (image.width() as usize, image.height() as usize);
@@ -313,8 +288,8 @@ mod tests {
         // SOI, an APP1 segment holding a thumbnail's FF D9, SOS header, data: no real end.
         let mut jpeg = vec![0xFF, 0xD8, 0xFF, 0xE1, 0x00, 0x06, 0xFF, 0xD9, 0x00, 0x00];
         jpeg.extend([0xFF, 0xDA, 0x00, 0x02, 0x12, 0x34, 0xFF, 0x00, 0x56]);
-        assert!(!jpeg_has_end(&jpeg));
+        assert!(!jpeg::has_end_marker(&jpeg));
         jpeg.extend([0xFF, 0xD9]);
-        assert!(jpeg_has_end(&jpeg));
+        assert!(jpeg::has_end_marker(&jpeg));
     }
 }

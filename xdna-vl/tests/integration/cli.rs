@@ -4,40 +4,18 @@
 //! a message naming it.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn checkpoint() -> PathBuf {
-    root().join("tests/fixtures/chat/Qwen3-VL-tiny")
-}
+use crate::common::{checkpoint, pack, root};
 
 fn cases() -> Value {
     serde_json::from_str(
         &std::fs::read_to_string(root().join("tests/fixtures/engine/cases.json")).unwrap(),
     )
     .unwrap()
-}
-
-fn pack() -> &'static Path {
-    static PACK: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    let (_, p) = PACK.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("chat-f32.pack");
-        let opts = packs::build::BuildOptions::new(packs::QuantKind::F32);
-        packs::build::build_from_hf(&checkpoint(), &out, &opts).unwrap();
-        (dir, out)
-    });
-    p
 }
 
 struct Out {

@@ -3,5 +3,7 @@
 //! code generation). Each file is a module; `cargo test -p xdna-vl --test integration <module>::`
 //! runs one.
 
+mod common;
+
 mod cli;
 mod serve;

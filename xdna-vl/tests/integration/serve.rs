@@ -5,36 +5,13 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 
 use base64::Engine as _;
 use serde_json::{json, Value};
 use server::client::{self, Reply};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn chat_dir() -> PathBuf {
-    root().join("tests/fixtures/chat")
-}
-
-fn pack() -> &'static Path {
-    static PACK: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    let (_, p) = PACK.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("chat-f32.pack");
-        let opts = packs::build::BuildOptions::new(packs::QuantKind::F32);
-        packs::build::build_from_hf(&chat_dir().join("Qwen3-VL-tiny"), &out, &opts).unwrap();
-        (dir, out)
-    });
-    p
-}
+use crate::common::{chat_dir, pack};
 
 struct Served {
     child: Child,

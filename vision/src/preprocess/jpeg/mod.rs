@@ -53,28 +53,13 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<JpegPixels, JpegError> {
     let mut scans = 0usize;
     let mut work = 0usize;
     loop {
-        // Markers may be preceded by fill bytes (FF FF ...).
-        while bytes.get(at) == Some(&0xFF) && bytes.get(at + 1) == Some(&0xFF) {
-            at += 1;
-        }
-        let (Some(&0xFF), Some(&marker)) = (bytes.get(at), bytes.get(at + 1)) else {
-            return Err(JpegError::Corrupt("expected a marker"));
-        };
-        at += 2;
+        let (marker, seg, next) = next_segment(bytes, at)?;
+        at = next;
         match marker {
             0xD9 => break,
             0xD0..=0xD7 | 0x01 => continue,
             _ => {}
         }
-        let len = match (bytes.get(at), bytes.get(at + 1)) {
-            (Some(&hi), Some(&lo)) => u16::from_be_bytes([hi, lo]) as usize,
-            _ => return Err(JpegError::Corrupt("a segment without its length")),
-        };
-        if len < 2 || at + len > bytes.len() {
-            return Err(JpegError::Corrupt("a segment longer than the file"));
-        }
-        let seg = &bytes[at + 2..at + len];
-        at += len;
         match marker {
             0xC0..=0xC2 => {
                 if frame.is_some() {
@@ -164,6 +149,47 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<JpegPixels, JpegError> {
     };
     frame.check_complete()?;
     assemble(&frame, ycc)
+}
+
+/// The marker at `at` (after any fill bytes): its code, its segment's contents (empty for the
+/// standalone RSTn, TEM and EOI markers) and where the next one may start.
+fn next_segment(bytes: &[u8], mut at: usize) -> Result<(u8, &[u8], usize), JpegError> {
+    while bytes.get(at) == Some(&0xFF) && bytes.get(at + 1) == Some(&0xFF) {
+        at += 1;
+    }
+    let (Some(&0xFF), Some(&marker)) = (bytes.get(at), bytes.get(at + 1)) else {
+        return Err(JpegError::Corrupt("expected a marker"));
+    };
+    at += 2;
+    if matches!(marker, 0xD0..=0xD7 | 0x01 | 0xD9) {
+        return Ok((marker, &[], at));
+    }
+    let len = match (bytes.get(at), bytes.get(at + 1)) {
+        (Some(&hi), Some(&lo)) => u16::from_be_bytes([hi, lo]) as usize,
+        _ => return Err(JpegError::Corrupt("a segment without its length")),
+    };
+    if len < 2 || at + len > bytes.len() {
+        return Err(JpegError::Corrupt("a segment longer than the file"));
+    }
+    Ok((marker, &bytes[at + 2..at + len], at + len))
+}
+
+/// Whether the entropy-coded data is followed by an EOI marker (FF D9): the segments are walked
+/// up to the first scan (an EXIF thumbnail's own EOI sits inside a segment and is skipped); inside
+/// scans FF is always stuffed (FF 00) or a marker, so the first FF D9 after it is the real end. A
+/// header that cannot be walked counts as ended (the decoder then says what is wrong).
+pub fn has_end_marker(bytes: &[u8]) -> bool {
+    let mut at = 2;
+    loop {
+        let Ok((marker, _, next)) = next_segment(bytes, at) else {
+            return true;
+        };
+        match marker {
+            0xDA => return bytes[next..].windows(2).any(|w| w == [0xFF, 0xD9]),
+            0xD9 => return true,
+            _ => at = next,
+        }
+    }
 }
 
 /// IDCT, upsampling and colour conversion of the whole frame.

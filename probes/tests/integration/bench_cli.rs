@@ -50,6 +50,7 @@ fn json_has_every_figure_per_kind_and_splits_the_step() {
             "prefill_tok_s.128",
             "prefill_tok_s.512",
             "prefill_tok_s.2048",
+            "prefill_reps",
             "roofline_pct",
             "peak_rss_mb",
             "kv_bytes_per_token",

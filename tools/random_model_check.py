@@ -7,8 +7,8 @@ For each model: a random-init Qwen3-VL with a geometry drawn from the seed (head
 and key/value heads, a random MRoPE split of head_dim / 2, 1-3 layers, vision depth 1-4 with a
 random DeepStack subset, 16..100 position embeddings, tied or untied head, 512 or 640 vocabulary
 rows for the tiny tokenizer's 512 tokens, so a model can pick ids no token has; or with --shape 2b
-Qwen3-VL-2B-Instruct's geometry) saved as the hub saves it (bf16, sharded, with the tiny chat checkpoint's tokenizer and template and the hub's image
-sizes); 0-4 pictures of random sizes and formats (PNG RGB / gray / RGBA, JPEG 4:2:0 / 4:4:4 /
+Qwen3-VL-2B-Instruct's geometry) saved as the hub saves it (bf16, sharded, with the tiny chat
+checkpoint's tokenizer and template and the hub's image sizes); 0-4 pictures of random sizes and formats (PNG RGB / gray / RGBA, JPEG 4:2:0 / 4:4:4 /
 progressive, lossy WebP). Then `packs build --quant bf16` and `xdna-vl run --json --greedy` with
 the pictures and a question, against transformers' `generate`-equivalent greedy ids (f32 compute on
 the bf16 weights, which is what the bf16 pack computes). A divergence at a step whose top-2 logit
@@ -157,7 +157,7 @@ def run_one(index: int, seed: int, work: str, args) -> str:
         return "failed"
     ours = json.loads(r.stdout)["ids"]
     n = len(ours)
-    same = ours == ref[:n] and (n == len(ref) or ref[n - 1] == END_OF_TURN)
+    same = ours == ref[:n] and (n == len(ref) or (n > 0 and ref[n - 1] == END_OF_TURN))
     if same:
         verdict = "same"
     else:

@@ -1,8 +1,8 @@
 //! vision::preprocess::jpeg against Pillow (tests/fixtures/jpeg, made by tools/jpeg_reference.py):
 //! every sampling layout Pillow and libjpeg-turbo write (4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1, gray),
 //! baseline, optimized, progressive, restart markers, 1x1 / one-row / one-column / odd sizes,
-//! quantization tables that push the IDCT past 16 bits, and scan data cut short before an end marker. The decoded bytes must be Pillow's, and the
-//! product's path (`decode_rgb`) must give them too. Controls: the `image` crate's decoder (what
+//! quantization tables that push the IDCT past 16 bits, and scan data cut short before an end
+//! marker. The decoded bytes must be Pillow's, and the product's path (`decode_rgb`) must give them too. Controls: the `image` crate's decoder (what
 //! decoded JPEGs before) misses Pillow's bytes on these files, and the two cases past 16 bits are ones
 //! where libjpeg-turbo's own C path differs from the AVX2 one Pillow ran.
 
@@ -155,8 +155,8 @@ fn damaged_files_are_declined_or_decoded_without_panic() {
     );
 }
 
-/// Offsets of every `FF xx` marker (`xx` not 00, FF or a restart) in a JPEG: in entropy-coded data
-/// an FF is always followed by 00 or a marker, so a plain search finds them.
+/// Offsets of the `FF code` markers in a JPEG (`code` not 00 or FF): in entropy-coded data an FF
+/// is always followed by 00 or a marker, so a plain search finds them.
 fn markers(bytes: &[u8], code: u8) -> Vec<usize> {
     (0..bytes.len() - 1)
         .filter(|&i| bytes[i] == 0xFF && bytes[i + 1] == code)

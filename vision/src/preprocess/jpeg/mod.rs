@@ -240,8 +240,9 @@ fn assemble(frame: &Frame, ycc: bool) -> Result<JpegPixels, JpegError> {
             rgb
         }
         _ => {
-            // libjpeg's CMYK output (YCCK through `ycck_cmyk_convert`), then Pillow's "CMYK;I"
-            // unpacking: every sample inverted (Pillow assumes Adobe's convention for any CMYK JPEG).
+            // libjpeg's CMYK output (YCCK through `ycck_cmyk_convert`: 255 minus the YCC -> RGB
+            // colour, K as stored), then Pillow's "CMYK;I" unpacking, every sample inverted (Pillow
+            // assumes Adobe's convention for any CMYK JPEG): YCCK comes out as that RGB colour.
             let mut cmyk = vec![0u8; w * h * 4];
             let samples = planes[0]
                 .iter()
@@ -250,11 +251,11 @@ fn assemble(frame: &Frame, ycc: bool) -> Result<JpegPixels, JpegError> {
                 .zip(&planes[3]);
             for (px, (((&a, &b), &c), &k)) in cmyk.chunks_exact_mut(4).zip(samples) {
                 let [c0, c1, c2] = if ycc {
-                    t.rgb(a, b, c).map(|v| 255 - v)
+                    t.rgb(a, b, c)
                 } else {
-                    [a, b, c]
+                    [255 - a, 255 - b, 255 - c]
                 };
-                px.copy_from_slice(&[255 - c0, 255 - c1, 255 - c2, 255 - k]);
+                px.copy_from_slice(&[c0, c1, c2, 255 - k]);
             }
             cmyk
         }

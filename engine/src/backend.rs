@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use forward::{BackendChoice, DeviceConfig};
+use decoder::{BackendChoice, DeviceConfig};
 
 use crate::error::{EngineError, Result};
 

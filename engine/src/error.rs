@@ -36,7 +36,7 @@ pub enum EngineError {
     #[error("image {0}")]
     Preprocess(#[from] vision::preprocess::PreprocessError),
     #[error(transparent)]
-    Forward(#[from] forward::ForwardError),
+    Forward(#[from] decoder::ForwardError),
     #[error(transparent)]
     Pack(#[from] packs::PackError),
     #[error(transparent)]

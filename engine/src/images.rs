@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use forward::GemmBackend;
+use decoder::GemmBackend;
 use packs::semantics::ImagePreprocess;
 use packs::Pack;
 use vision::preprocess::{PixelPatches, PreprocessOptions};

@@ -182,7 +182,7 @@ impl Sampler {
 }
 
 /// Greedy: the decoder's own rule (the first index of the largest logit, as torch.argmax).
-pub use forward::sampling::argmax;
+pub use decoder::sampling::argmax;
 
 /// transformers' `RepetitionPenaltyLogitsProcessor`: for every id seen, a positive logit is divided
 /// by the penalty, a negative one multiplied.

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use forward::{Forward, ForwardOptions, HybridInputs, KvDtype, Logits};
+use decoder::{Forward, ForwardOptions, HybridInputs, KvDtype, Logits};
 use packs::Pack;
 use vision::preprocess::PreprocessOptions;
 
@@ -148,7 +148,7 @@ pub fn decode_step<'f>(
     forward: &'f mut Forward,
     token: u32,
     next_rotary_pos: &mut i64,
-) -> std::result::Result<&'f [f32], forward::ForwardError> {
+) -> std::result::Result<&'f [f32], decoder::ForwardError> {
     let slot = forward.next_slot();
     let logits = forward.step(token, *next_rotary_pos, slot)?;
     *next_rotary_pos += 1;

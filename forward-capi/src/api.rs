@@ -10,7 +10,7 @@ use crate::last_error;
 use crate::options::{self, XvlOpenOptions};
 use crate::status::*;
 use engine::{Event, Session, SessionOptions};
-use forward::{Forward, HybridInputs, Logits};
+use decoder::{Forward, HybridInputs, Logits};
 use packs::Pack;
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;

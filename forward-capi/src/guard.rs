@@ -35,7 +35,7 @@ mod tests {
     use super::*;
     use crate::handle::XvlForward;
     use crate::status::{XVL_ERR_PANIC, XVL_ERR_SLOT};
-    use forward::{BackendChoice, Forward, ForwardOptions};
+    use decoder::{BackendChoice, Forward, ForwardOptions};
     use packs::random::{write_random, RandomShape};
     use packs::{Pack, QuantKind};
     use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! getters read without taking it.
 
 use crate::status::{CallError, XVL_ERR_ARGUMENT, XVL_ERR_PANIC};
-use forward::Forward;
+use decoder::Forward;
 use std::sync::{Mutex, MutexGuard};
 
 /// Tags a live handle; cleared on close so a stale or foreign pointer is (usually) refused.

@@ -4,7 +4,7 @@
 use crate::ffi_args;
 use crate::status::*;
 use engine::{BackendSpec, GemmMode};
-use forward::{BackendChoice, ForwardOptions, KvDtype};
+use decoder::{BackendChoice, ForwardOptions, KvDtype};
 use std::ffi::c_char;
 use std::path::PathBuf;
 

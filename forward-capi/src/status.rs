@@ -1,7 +1,7 @@
 //! Status codes (the `XVL_*` defines of `xdna_vl.h`) and the error every entry point returns.
 
 use engine::EngineError;
-use forward::ForwardError;
+use decoder::ForwardError;
 
 /// What every entry point returns: `XVL_OK` or one of the `XVL_ERR_*` codes.
 pub type XvlStatus = i32;

@@ -1,6 +1,6 @@
 //! What both probes share on the command line: opening a pack, choosing the GEMM backend, exit codes.
 
-use forward::{BackendChoice, Forward, ForwardOptions};
+use decoder::{BackendChoice, Forward, ForwardOptions};
 use packs::Pack;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

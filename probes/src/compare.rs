@@ -1,6 +1,6 @@
 //! Comparing our logits with a reference's: per-row max |Δ|, top-1 agreement, cosine.
 
-use forward::sampling::argmax;
+use decoder::sampling::argmax;
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter()

@@ -1,7 +1,7 @@
 //! The device side of `--gemm ab`: the host/device comparison as JSON fields (the backend itself is
 //! chosen by `engine::BackendSpec`, see `cli::backend`).
 
-use forward::{AbReport, Forward};
+use decoder::{AbReport, Forward};
 
 /// The A/B counters of a forward running `--gemm ab`, as JSON fields.
 pub fn ab_json(fwd: &Forward) -> serde_json::Value {

@@ -1,6 +1,6 @@
 //! `reference*.safetensors`: transformers' logits and greedy ids for a prompt, and a text-only control.
 
-use forward::stfile::{StError, StFile};
+use decoder::stfile::{StError, StFile};
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug)]

@@ -4,8 +4,8 @@
 
 use crate::compare::{cosine, RowsCompared};
 use crate::reference::Reference;
-use forward::sampling::argmax;
-use forward::{Forward, Logits, PromptInputs};
+use decoder::sampling::argmax;
+use decoder::{Forward, Logits, PromptInputs};
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Replay {

@@ -1,7 +1,7 @@
 //! Fixture helpers for the end-to-end tests: the committed transformers cases, packs built from
 //! them in temporary directories, and a forward over each.
 
-use forward::{Ablation, BackendChoice, Forward, ForwardOptions, PromptInputs};
+use decoder::{Ablation, BackendChoice, Forward, ForwardOptions, PromptInputs};
 use packs::{Pack, QuantKind};
 use probes::Reference;
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! The decoder against transformers, on every committed case: f32 and bf16 packs within 1e-3,
 //! i8/q4 packs against their quantization-aware references, and the controls that must fail.
 
-use forward::{Ablation, Logits, RopeLayout};
+use decoder::{Ablation, Logits, RopeLayout};
 use packs::QuantKind;
 use probes::compare::{count_differing, max_abs_diff};
 use probes::replay;
@@ -142,8 +142,8 @@ fn equal_planes_are_byte_identical_to_the_token_path() {
         for (row, &t) in embeds.chunks_exact_mut(h).zip(&ids) {
             fwd.embed_row(t, row);
         }
-        let mut hybrid = forward::HybridInputs::text(0);
-        hybrid.planes = Some(forward::HybridInputs::equal_planes(ids.len(), 0));
+        let mut hybrid = decoder::HybridInputs::text(0);
+        hybrid.planes = Some(decoder::HybridInputs::equal_planes(ids.len(), 0));
         let planes = fwd
             .step_batch_embeds(&embeds, &hybrid, 0, Logits::AllRows)
             .unwrap()
@@ -240,7 +240,7 @@ fn control_coupling_cache_slot_and_rotary_position_after_an_image_fails() {
         let vocab = reference.vocab;
         let rows = inputs.rows();
         let embeds = inputs.embeds(&fwd);
-        let decode = |fwd: &mut forward::Forward, coupled: bool| -> f32 {
+        let decode = |fwd: &mut decoder::Forward, coupled: bool| -> f32 {
             fwd.reset();
             fwd.step_batch_embeds(&embeds, &inputs.hybrid(), 0, Logits::LastRow)
                 .unwrap();

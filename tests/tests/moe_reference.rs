@@ -2,9 +2,9 @@
 //! i8/q4 against their references, the dense controls): the MoE controls that must fail, routing
 //! ties as torch.topk breaks them, and a batch equal to its rows fed one at a time.
 
-use forward::moe::torch_topk;
-use forward::stfile::StFile;
-use forward::{Ablation, ForwardOptions, HybridInputs, Logits};
+use decoder::moe::torch_topk;
+use decoder::stfile::StFile;
+use decoder::{Ablation, ForwardOptions, HybridInputs, Logits};
 use packs::QuantKind;
 use probes::compare::max_abs_diff;
 use xdna_vl_tests::{ablated, cases, fixtures, forward, options, Case};

@@ -3,7 +3,7 @@
 //! blocks with 2-D rotary attention within each image, the 2×2 patch merger and the DeepStack
 //! mergers tapped after the blocks `deepstack_visual_indexes`.
 //!
-//! Every linear goes through the caller's `gemm::GemmBackend` (ids `first_id..`, after the
+//! Every linear goes through the caller's `compute::GemmBackend` (ids `first_id..`, after the
 //! decoder's); LayerNorm, attention, GELU and rotary run on the CPU, forked on the caller's pool.
 
 mod attention;
@@ -17,7 +17,7 @@ mod weights;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gemm::{GemmBackend, WeightRef};
+use compute::{GemmBackend, WeightRef};
 use packs::semantics::VisionSemantics;
 use packs::Pack;
 use rayon::prelude::*;
@@ -34,7 +34,7 @@ pub enum VisionError {
     #[error(transparent)]
     Pack(#[from] packs::PackError),
     #[error(transparent)]
-    Backend(#[from] gemm::BackendError),
+    Backend(#[from] compute::BackendError),
 }
 
 /// What the tower gives the decoder for a prompt's images, in prompt order.

@@ -210,10 +210,10 @@ fn default_threads() -> usize {
 }
 
 impl ModelArgs {
-    pub fn kv_dtype(&self) -> forward::KvDtype {
+    pub fn kv_dtype(&self) -> decoder::KvDtype {
         match self.kv {
-            KvArg::F32 => forward::KvDtype::F32,
-            KvArg::Bf16 => forward::KvDtype::Bf16,
+            KvArg::F32 => decoder::KvDtype::F32,
+            KvArg::Bf16 => decoder::KvDtype::Bf16,
         }
     }
 

@@ -5,9 +5,9 @@
 use crate::common;
 
 use common::Link;
-use forward::sampling::argmax;
-use forward::stfile::StFile;
-use forward::{
+use decoder::sampling::argmax;
+use decoder::stfile::StFile;
+use decoder::{
     BackendChoice, DeviceConfig, Forward, ForwardOptions, KvDtype, Logits, PromptInputs,
 };
 use packs::random::{write_random, RandomShape};

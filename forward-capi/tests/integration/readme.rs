@@ -4,8 +4,8 @@
 use crate::common;
 
 use common::Link;
-use forward::sampling::argmax;
-use forward::{BackendChoice, Forward, ForwardOptions, Logits};
+use decoder::sampling::argmax;
+use decoder::{BackendChoice, Forward, ForwardOptions, Logits};
 use packs::random::{write_random, RandomShape};
 use packs::{Pack, QuantKind};
 use std::sync::Arc;

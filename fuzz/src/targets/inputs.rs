@@ -1,10 +1,10 @@
-//! `forward::PromptInputs::open` (hybrid-inputs/1 files) on mutated fixture inputs, and what the
+//! `decoder::PromptInputs::open` (hybrid-inputs/1 files) on mutated fixture inputs, and what the
 //! forward does with inputs it opened: rows, image rows, planes, the next rotary position, the
 //! check against a model.
 
 use std::path::Path;
 
-use forward::PromptInputs;
+use decoder::PromptInputs;
 use serde_json::{json, Map, Value};
 
 use crate::category;

@@ -9,10 +9,10 @@
 //! and against what the bytes a step reads predict.
 
 use clap::{Parser, Subcommand};
-use forward::attention::AttnShape;
-use forward::host::HostGemm;
-use forward::kernels::{Isa, Kernels};
-use forward::{BackendChoice, Forward, ForwardOptions, GemmBackend, KvDtype, Logits, WeightRef};
+use decoder::attention::AttnShape;
+use decoder::host::HostGemm;
+use decoder::kernels::{Isa, Kernels};
+use decoder::{BackendChoice, Forward, ForwardOptions, GemmBackend, KvDtype, Logits, WeightRef};
 use packs::random::{write_random, RandomShape};
 use packs::{Pack, QuantKind, TensorKind};
 use serde_json::{json, Map, Value};
@@ -405,7 +405,7 @@ fn forward_with_room(
 /// A prefill prompt: row embeddings and what `step_batch_embeds` needs beside them.
 struct Prompt {
     embeds: Vec<f32>,
-    hybrid: forward::HybridInputs,
+    hybrid: decoder::HybridInputs,
     /// The merged image grid (rows x columns) of an image prompt.
     image: Option<(usize, usize)>,
 }
@@ -439,7 +439,7 @@ fn prompt_for(f: &Forward, rows: usize) -> Prompt {
     if n_img == 0 {
         return Prompt {
             embeds,
-            hybrid: forward::HybridInputs::text(0),
+            hybrid: decoder::HybridInputs::text(0),
             image: None,
         };
     }
@@ -455,7 +455,7 @@ fn prompt_for(f: &Forward, rows: usize) -> Prompt {
     let sets = sem.deepstack_sets;
     Prompt {
         embeds,
-        hybrid: forward::HybridInputs {
+        hybrid: decoder::HybridInputs {
             planes,
             start_pos: 0,
             image_rows: (before..before + n_img).collect(),
@@ -527,7 +527,7 @@ fn decode_steps(f: &mut Forward, steps: usize, probe: &ReadProbe) -> Decode {
             .step(token, slot as i64, slot)
             .unwrap_or_else(|e| refuse(e));
         let dt = secs(t.elapsed());
-        token = forward::sampling::argmax(out) % vocab as u32;
+        token = decoder::sampling::argmax(out) % vocab as u32;
         d.logits.push(out.to_vec());
         let gemm = secs(f.backend_mut().take_stats().host);
         d.times.push(dt);
@@ -1027,7 +1027,7 @@ fn compare_logits(a: &[Vec<f32>], b: &[Vec<f32>]) -> (f64, f64) {
         for (p, q) in x.iter().zip(y) {
             max = max.max((p - q).abs() as f64);
         }
-        agree += usize::from(forward::sampling::argmax(x) == forward::sampling::argmax(y));
+        agree += usize::from(decoder::sampling::argmax(x) == decoder::sampling::argmax(y));
     }
     (max, agree as f64 / a.len().max(1) as f64)
 }
@@ -1330,7 +1330,7 @@ fn weight_bytes(w: &WeightRef<'_>) -> u64 {
 fn attention_setup(
     c: &Common,
     shape: &RandomShape,
-) -> (forward::attention::AttnShape, rayon::ThreadPool) {
+) -> (decoder::attention::AttnShape, rayon::ThreadPool) {
     let sem = &shape.semantics;
     let geometry = AttnShape {
         heads: sem.num_heads,
@@ -1345,8 +1345,8 @@ fn attention_setup(
 }
 
 fn attention_bench(c: &Common, shape: &RandomShape, context: usize) -> Value {
-    use forward::attention::attend_heads;
-    use forward::kv::{KvCache, KvData, KvElem, KvStore};
+    use decoder::attention::attend_heads;
+    use decoder::kv::{KvCache, KvData, KvElem, KvStore};
     use rayon::prelude::*;
     let sem = &shape.semantics;
     let (geometry, pool) = attention_setup(c, shape);
@@ -1364,7 +1364,7 @@ fn attention_bench(c: &Common, shape: &RandomShape, context: usize) -> Value {
             }
         }
     }
-    let chosen = forward::attention::kv_heads_per_task(geometry, 1, c.threads);
+    let chosen = decoder::attention::kv_heads_per_task(geometry, 1, c.threads);
     let mut splits: Vec<usize> = (1..=geometry.kv_heads)
         .filter(|n| geometry.kv_heads.is_multiple_of(*n))
         .collect();
@@ -1446,10 +1446,10 @@ fn process_cpu_secs() -> Option<f64> {
 }
 
 /// `bench attention --rows N`: the prefill attention of N rows after `context` filled slots, every
-/// layer, through the decoder's own parallel split ([`forward::attention::attend_rows_parallel`]).
+/// layer, through the decoder's own parallel split ([`decoder::attention::attend_rows_parallel`]).
 fn attention_prefill_bench(c: &Common, shape: &RandomShape, context: usize, rows: usize) -> Value {
-    use forward::attention::attend_rows_parallel;
-    use forward::kv::{KvCache, KvData};
+    use decoder::attention::attend_rows_parallel;
+    use decoder::kv::{KvCache, KvData};
     use probes::peak::PeakMix;
     let sem = &shape.semantics;
     let (geometry, pool) = attention_setup(c, shape);
@@ -1613,7 +1613,7 @@ fn kv_accuracy(c: &Common, fixtures: &std::path::Path) -> Value {
         let name = case
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let inputs = forward::PromptInputs::open(case.join("inputs.safetensors"))
+        let inputs = decoder::PromptInputs::open(case.join("inputs.safetensors"))
             .unwrap_or_else(|e| refuse(format!("{}: {e}", case.display())));
         for kind in [QuantKind::F32, QuantKind::I8, QuantKind::Q4] {
             let ref_path = case.join(reference_name(kind));
@@ -1675,7 +1675,7 @@ fn kv_accuracy(c: &Common, fixtures: &std::path::Path) -> Value {
 
 mod vision_bench {
     use super::*;
-    use forward::HybridInputs;
+    use decoder::HybridInputs;
     use packs::semantics::{ImagePreprocess, VisionSemantics};
     use probes::peak::PeakMix;
     use vision::preprocess::{preprocess_bytes, PixelPatches, PreprocessOptions};

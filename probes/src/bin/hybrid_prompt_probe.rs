@@ -2,8 +2,8 @@
 //! compares against a transformers reference.
 
 use clap::Parser;
-use forward::sampling::{argmax, top_k};
-use forward::{Forward, Logits, PromptInputs};
+use decoder::sampling::{argmax, top_k};
+use decoder::{Forward, Logits, PromptInputs};
 use packs::QuantKind;
 use probes::cli::{self, GemmArgs, EXIT_FAIL, EXIT_PASS};
 use probes::text::{AnswerTokenizer, TextStream};
@@ -336,7 +336,7 @@ fn compare(
             inputs.rows(),
             inputs.image_rows().len(),
             reference.path.display(),
-            forward::kernels::Isa::best()
+            decoder::kernels::Isa::best()
         );
     }
     let mut t = Instant::now();
@@ -376,7 +376,7 @@ fn compare(
             "inputs": inputs.path.display().to_string(),
             "reference": reference.path.display().to_string(),
             "gemm": args.gemm.gemm,
-            "kernels": forward::kernels::Isa::best().name(),
+            "kernels": decoder::kernels::Isa::best().name(),
             "rows": inputs.rows(),
             "image_rows": inputs.image_rows().len(),
             "greedy_ids": r.greedy_ids,

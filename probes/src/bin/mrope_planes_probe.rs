@@ -2,8 +2,8 @@
 //! DeepStack sets are used, on the right axes.
 
 use clap::Parser;
-use forward::rope::{inv_freq, RopeLayout, PLANE_NAMES};
-use forward::{Forward, HybridInputs, Logits};
+use decoder::rope::{inv_freq, RopeLayout, PLANE_NAMES};
+use decoder::{Forward, HybridInputs, Logits};
 use probes::cli::{self, GemmArgs, EXIT_FAIL, EXIT_PASS};
 use probes::compare::{count_differing, mean_abs_diff};
 use serde_json::json;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
-use gemm::{AbGemm, DeviceConfig, DeviceGemm, GemmBackend, HostGemm};
+use compute::{AbGemm, DeviceConfig, DeviceGemm, GemmBackend, HostGemm};
 use packs::Pack;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
@@ -77,7 +77,7 @@ fn main() {
     }
     let pack = Arc::new(Pack::open(&args.pack).unwrap_or_else(|e| refuse(e)));
     let mut tower = Tower::new(&pack).unwrap_or_else(|e| refuse(e));
-    let pool = gemm::new_pool(args.threads).unwrap_or_else(|e| refuse(e));
+    let pool = compute::new_pool(args.threads).unwrap_or_else(|e| refuse(e));
     let mut backend = backend(&args, &pool).unwrap_or_else(|e| refuse(e));
     tower
         .prepare(backend.as_mut(), 0)
@@ -179,7 +179,7 @@ fn backend(args: &Args, pool: &Arc<rayon::ThreadPool>) -> Result<Box<dyn GemmBac
 
 /// `pixel_values` [patches, row] split by `image_grid_thw` [images, 3].
 fn read_pixels(path: &Path) -> Result<Vec<PixelPatches>, String> {
-    let f = forward::stfile::StFile::open(path).map_err(|e| e.to_string())?;
+    let f = decoder::stfile::StFile::open(path).map_err(|e| e.to_string())?;
     let (values, shape) = f.f32("pixel_values", 2).map_err(|e| e.to_string())?;
     let (grid, gshape) = f.i64("image_grid_thw", 2).map_err(|e| e.to_string())?;
     if gshape[1] != 3 {

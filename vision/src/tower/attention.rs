@@ -1,6 +1,6 @@
 //! Full (non-causal) attention of every row over the rows of its own segment (one frame of one
 //! image: transformers' `cu_seqlens`), every head, `softmax(q·kᵀ · d^−½) · v` with an f32 softmax
-//! (`forward::mathf`'s max and shifted exp sum).
+//! (`decoder::mathf`'s max and shifted exp sum).
 //!
 //! K (transposed, in tiles of 16 keys) and V are first laid out per head, and each task takes a
 //! block of `ROW_BLOCK` query rows of one head. The block walks its segment's keys a `KEY_TILE` at
@@ -14,7 +14,7 @@
 
 use std::sync::Mutex;
 
-use forward::mathf;
+use decoder::mathf;
 use rayon::prelude::*;
 
 /// Query rows one task takes (they share each key tile read).
@@ -79,7 +79,7 @@ impl Plan {
         Plan {
             row_block: ROW_BLOCK,
             key_tile: KEY_TILE,
-            avx2: gemm::kernels::Isa::Avx2.is_available(),
+            avx2: compute::kernels::Isa::Avx2.is_available(),
             #[cfg(test)]
             skip_key_tile: None,
         }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::{build_pack, encode_on, worst, Case, Reference};
-use gemm::{AbGemm, DeviceConfig, DeviceGemm, GemmBackend, HostGemm, PlantedLayout};
+use compute::{AbGemm, DeviceConfig, DeviceGemm, GemmBackend, HostGemm, PlantedLayout};
 use npu_sys::designs::write_emu_designs;
 use npu_sys::plan::plan_pack;
 use packs::{Pack, QuantKind};

@@ -7,7 +7,7 @@ use crate::common;
 use std::sync::Arc;
 
 use common::{build_pack, Case, Reference};
-use gemm::{BackendError, GemmBackend, HostGemm, WeightRef};
+use compute::{BackendError, GemmBackend, HostGemm, WeightRef};
 use packs::{BuildOptions, Pack, QuantKind};
 use vision::tower::{Tower, VisionError};
 

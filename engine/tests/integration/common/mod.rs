@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use engine::{ChatAssets, Image, ImageEncoder, Message, Result};
-use forward::GemmBackend;
+use decoder::GemmBackend;
 use serde_json::Value;
 use vision::preprocess::PixelPatches;
 use vision::tower::VisionOutput;

@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use forward::stfile::StFile;
-use gemm::{GemmBackend, HostGemm};
+use decoder::stfile::StFile;
+use compute::{GemmBackend, HostGemm};
 use packs::{BuildOptions, Pack, QuantKind};
 use vision::preprocess::PixelPatches;
 use vision::tower::{Tower, TowerAblation, VisionOutput};
@@ -99,7 +99,7 @@ impl Reference {
 }
 
 pub fn pool() -> Arc<rayon::ThreadPool> {
-    gemm::new_pool(2).unwrap()
+    compute::new_pool(2).unwrap()
 }
 
 /// The tower of `pack` on the host backend, with `ablation`, over all `images` in one call.

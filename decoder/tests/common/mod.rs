@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use forward::DeviceConfig;
+use decoder::DeviceConfig;
 use npu_sys::designs::write_emu_designs;
 use npu_sys::plan::plan_pack;
 use packs::random::{write_random, RandomShape};

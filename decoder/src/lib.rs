@@ -17,9 +17,9 @@ pub mod sampling;
 pub mod stfile;
 
 // The GEMM seam lives in the `gemm` crate (shared with the vision tower); its modules keep their
-// old paths here (`forward::host::HostGemm`, `forward::kernels::Isa`).
-pub use gemm::{backend, device, host, kernels};
-pub use gemm::{AbReport, BackendError, DeviceConfig, GemmBackend, GemmStats, WeightRef};
+// old paths here (`decoder::host::HostGemm`, `decoder::kernels::Isa`).
+pub use compute::{backend, device, host, kernels};
+pub use compute::{AbReport, BackendError, DeviceConfig, GemmBackend, GemmStats, WeightRef};
 pub use hybrid::HybridInputs;
 pub use inputs::PromptInputs;
 pub use kv::KvDtype;

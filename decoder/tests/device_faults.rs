@@ -5,7 +5,7 @@
 mod common;
 
 use common::{emu_config, tiny_pack};
-use forward::{BackendChoice, Forward, ForwardOptions, Logits};
+use decoder::{BackendChoice, Forward, ForwardOptions, Logits};
 use packs::QuantKind;
 use std::time::Duration;
 

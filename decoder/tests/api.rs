@@ -1,6 +1,6 @@
 //! The forward's API contract on a random tiny pack: slots, refusals, batching.
 
-use forward::{BackendChoice, Forward, ForwardOptions, HybridInputs, KvDtype, Logits};
+use decoder::{BackendChoice, Forward, ForwardOptions, HybridInputs, KvDtype, Logits};
 use packs::random::{write_random, RandomShape};
 use packs::{Pack, QuantKind};
 use std::sync::Arc;

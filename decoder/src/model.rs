@@ -183,7 +183,7 @@ impl Forward {
             return Err(ForwardError::Options("threads must be at least 1".into()));
         }
         let pool =
-            gemm::new_pool(options.threads).map_err(|e| ForwardError::Options(e.to_string()))?;
+            compute::new_pool(options.threads).map_err(|e| ForwardError::Options(e.to_string()))?;
         let mut backend: Box<dyn GemmBackend> = match backend {
             BackendChoice::Host => Box::new(HostGemm::new(pool.clone())),
             BackendChoice::Device(config) => Box::new(DeviceGemm::open(&config)?),

@@ -4,8 +4,8 @@
 mod common;
 
 use common::{emu_config, tiny_pack};
-use forward::device::PlantedLayout;
-use forward::{BackendChoice, Forward, ForwardOptions, Logits};
+use decoder::device::PlantedLayout;
+use decoder::{BackendChoice, Forward, ForwardOptions, Logits};
 use packs::QuantKind;
 
 const PROMPT: usize = 20; // > 16: the prefill tile; then single-row decode steps on the 16 tile

@@ -1,5 +1,7 @@
-//! Mixture of experts (Qwen3-VL-MoE, `qwen3_vl_moe`): the facts a pack records, the names of the
-//! router and the experts, and how the checkpoint's fused expert tensors map onto ordinary linears.
+//! Mixture of experts (Qwen3-VL-MoE, `qwen3_vl_moe`): the names of the router and the experts, and
+//! how the checkpoint's fused expert tensors map onto ordinary linears. The MoE facts a pack records
+//! are [`MoeSemantics`], which lives with the other semantics (`crate::semantics`) and is
+//! re-exported here.
 //!
 //! transformers 5.x keeps a layer's experts in two 3-D tensors, `mlp.experts.gate_up_proj`
 //! `[experts, 2 * moe_intermediate, hidden]` (each expert's gate rows, then its up rows) and
@@ -10,103 +12,8 @@
 //! A pack stores every expert's gate, up and down as ordinary linears `[N, K]`, so the dense layouts
 //! and kernels apply to them unchanged, and each expert's three linears sit together in the file.
 
-use serde::{Deserialize, Serialize};
-
 use crate::names;
-use crate::quant::{QuantKind, Q4_GROUP};
-use crate::semantics::SemanticsError;
-
-/// The MoE facts of a pack (`text_config` of a `qwen3_vl_moe` checkpoint).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MoeSemantics {
-    /// Experts per sparse layer (`num_experts`, spelled `num_local_experts` by 5.x).
-    pub num_experts: usize,
-    /// Experts each token is routed to (`num_experts_per_tok`).
-    pub top_k: usize,
-    /// Each expert's intermediate size (`moe_intermediate_size`).
-    pub moe_intermediate_size: usize,
-    /// The top-k routing weights are divided by their sum. transformers' Qwen3-VL-MoE always does
-    /// (it has no such option); the field says what the forward does.
-    pub norm_topk_prob: bool,
-    /// `decoder_sparse_step` as the config states it (layer l is sparse when (l + 1) % step == 0).
-    pub decoder_sparse_step: usize,
-    /// `mlp_only_layers` as the config states it (dense whatever the step says).
-    pub mlp_only_layers: Vec<usize>,
-    /// The layers with a router and experts, ascending (derived from the two fields above).
-    pub sparse_layers: Vec<usize>,
-}
-
-impl MoeSemantics {
-    /// transformers' rule (`Qwen3VLMoeTextDecoderLayer`): layer l is sparse unless it is listed in
-    /// `mlp_only_layers`, when `num_experts > 0` and `(l + 1) % decoder_sparse_step == 0`.
-    pub fn sparse_layers_of(
-        num_layers: usize,
-        num_experts: usize,
-        decoder_sparse_step: usize,
-        mlp_only_layers: &[usize],
-    ) -> Vec<usize> {
-        if num_experts == 0 || decoder_sparse_step == 0 {
-            return Vec::new();
-        }
-        (0..num_layers)
-            .filter(|l| !mlp_only_layers.contains(l) && (l + 1) % decoder_sparse_step == 0)
-            .collect()
-    }
-
-    pub fn is_sparse(&self, layer: usize) -> bool {
-        self.sparse_layers.binary_search(&layer).is_ok()
-    }
-
-    /// Refuses, by field, what the forward could not run or would run wrongly.
-    pub fn validate(&self, num_layers: usize, quant: QuantKind) -> Result<(), SemanticsError> {
-        let err = |what: String| Err(SemanticsError::Moe(what));
-        for (field, value) in [
-            ("num_experts", self.num_experts),
-            ("top_k (num_experts_per_tok)", self.top_k),
-            ("moe_intermediate_size", self.moe_intermediate_size),
-            ("decoder_sparse_step", self.decoder_sparse_step),
-        ] {
-            if value == 0 {
-                return err(format!("{field} must be > 0"));
-            }
-            if value > 1 << 20 {
-                return err(format!("{field} = {value} is too large"));
-            }
-        }
-        if self.top_k > self.num_experts {
-            return err(format!(
-                "top_k (num_experts_per_tok) {} is more than num_experts {}",
-                self.top_k, self.num_experts
-            ));
-        }
-        if let Some(&l) = self.mlp_only_layers.iter().find(|&&l| l >= num_layers) {
-            return err(format!(
-                "mlp_only_layers holds {l}, past the last layer {}",
-                num_layers - 1
-            ));
-        }
-        let derived = Self::sparse_layers_of(
-            num_layers,
-            self.num_experts,
-            self.decoder_sparse_step,
-            &self.mlp_only_layers,
-        );
-        if self.sparse_layers != derived {
-            return err(format!(
-                "sparse_layers {:?} disagree with decoder_sparse_step {} and mlp_only_layers {:?} ({derived:?})",
-                self.sparse_layers, self.decoder_sparse_step, self.mlp_only_layers
-            ));
-        }
-        if quant == QuantKind::Q4 && self.moe_intermediate_size % Q4_GROUP != 0 {
-            return err(format!(
-                "q4 needs moe_intermediate_size = {} to be a multiple of {Q4_GROUP} (the K of each expert's down projection)",
-                self.moe_intermediate_size
-            ));
-        }
-        Ok(())
-    }
-}
+pub use crate::semantics::MoeSemantics;
 
 /// One of an expert's three linears.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -16,6 +16,7 @@ pub mod pack;
 pub mod quant;
 pub mod random;
 pub mod semantics;
+mod shapes;
 pub mod writer;
 
 pub use build::{build_from_hf, BuildError, BuildOptions, BuildReport};

@@ -5,37 +5,10 @@ use std::path::{Path, PathBuf};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::encode;
+pub use crate::error::BuildError;
 use crate::layout::{self, WeightPlan};
 use crate::quant::QuantKind;
-use crate::semantics::SemanticsError;
-use crate::writer::{PackWriter, WriteError};
-
-#[derive(Debug, thiserror::Error)]
-pub enum BuildError {
-    #[error(transparent)]
-    Checkpoint(#[from] crate::hf::HfError),
-    #[error(transparent)]
-    Write(#[from] WriteError),
-    #[error("invalid semantics: {0}")]
-    Semantics(#[from] SemanticsError),
-    #[error("tensor {tensor}: row {row} holds a non-finite value ({value})")]
-    NonFinite {
-        tensor: String,
-        row: usize,
-        value: f32,
-    },
-    #[error("{path}: tensor {tensor}: row {row} holds a non-finite value ({value}); weights must be finite")]
-    NonFiniteWeight {
-        path: PathBuf,
-        tensor: String,
-        row: usize,
-        value: f32,
-    },
-    #[error("{path}: {what}")]
-    Asset { path: PathBuf, what: String },
-    #[error("unknown random shape {0:?} (expected one of: {names})", names = crate::random::RandomShape::NAMES.join(", "))]
-    UnknownShape(String),
-}
+use crate::writer::PackWriter;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BuildOptions {

@@ -4,7 +4,7 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use crate::build::BuildError;
+use crate::error::BuildError;
 use crate::layout::{Storage, WeightPlan};
 use crate::names;
 use crate::quant::{self, Q4_GROUP};

@@ -8,6 +8,7 @@ compile_error!("packs are little-endian byte images; big-endian targets are not 
 pub mod build;
 pub mod container;
 mod encode;
+mod error;
 pub mod hf;
 pub mod layout;
 pub mod moe;
@@ -19,9 +20,10 @@ pub mod semantics;
 mod shapes;
 pub mod writer;
 
-pub use build::{build_from_hf, BuildError, BuildOptions, BuildReport};
+pub use build::{build_from_hf, BuildOptions, BuildReport};
 pub use container::Dtype;
 pub use encode::first_non_finite;
+pub use error::BuildError;
 pub use pack::{
     Embedding, Linear, LinearData, LinearIndex, NormIndex, Pack, PackError, TensorInfo, TensorKind,
 };

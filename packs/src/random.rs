@@ -7,7 +7,8 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
-use crate::build::{self, BuildError, BuildReport};
+use crate::build::{self, BuildReport};
+use crate::error::BuildError;
 use crate::layout::{WeightPlan, WeightRole};
 use crate::names::EMBED;
 use crate::quant::QuantKind;

@@ -1,20 +1,20 @@
-//! 16-lane panels for many activation rows (prefill). For q4, the packed-panel kernel of `x86.rs`
-//! with panels of 16 weight rows: on AVX2 as two `ymm` halves ([`YmmPair`]), each broadcast of 4
-//! activation codes feeding a `vpmaddubsw` per half (8-row panels spent one broadcast per product);
-//! on AVX-512 VNNI one `vpdpbusd` on a `zmm` register per 4 codes of all 16 rows. For i8 on VNNI, the
-//! 4 x 2 register tiles of `x86.rs` taking 64 codes a step.
+//! 16-lane panels for many activation rows (prefill). For q4, the packed-panel kernel of
+//! `q4_packed.rs` with panels of 16 weight rows: on AVX2 as two `ymm` halves ([`YmmPair`]), each
+//! broadcast of 4 activation codes feeding a `vpmaddubsw` per half (8-row panels spent one broadcast
+//! per product); on AVX-512 VNNI one `vpdpbusd` on a `zmm` register per 4 codes of all 16 rows. For
+//! i8 on VNNI, the 4 x 2 register tiles of `i8_tiles.rs` taking 64 codes a step.
 //!
 //! Why 512 bits on VNNI: on the Zen 5 cores of Strix Point laptops, 128- and 256-bit integer vector
 //! operations issue at half the rate per clock of Zen 4's while 512-bit ones keep Zen 4's rate
 //! (David Huang's measurements), so a 512-bit `vpdpbusd` does twice the multiply-adds per cycle of
 //! a 256-bit one there. Not measured here: this machine has no AVX-512.
 //!
-//! The q4 tile is `x86.rs`'s one packed-panel tile over [`PanelLanes`] (AVX2 has a tuned 4-row
+//! The q4 tile is `q4_packed.rs`'s one packed-panel tile over [`PanelLanes`] (AVX2 has a tuned 4-row
 //! form with the same operations per output); the i8 tiles are written over [`Lanes16`]. In the
 //! tests the VNNI vectors are two `ymm` halves with `vpdpbusd` emulated in AVX2 ([`EmuZmm`]), so
 //! every line but the `zmm` intrinsics runs on AVX2 machines against the oracles.
 
-use super::{chunk, q4_packed_tile, PanelLanes, MAX_LANES, Q4_TILE_ROWS};
+use super::q4_packed::{chunk, q4_packed_tile, PanelLanes, MAX_LANES, Q4_TILE_ROWS};
 use crate::kernels::activations::SIMD_BYTES;
 use crate::kernels::q4_halves;
 use packs::quant::Q4_GROUP;
@@ -126,7 +126,7 @@ pub(crate) trait PairGroupDot: Sized {
 pub(crate) struct YmmPair<G>(std::marker::PhantomData<G>);
 
 /// `vpmaddubsw` per chunk for both halves from one broadcast of the chunk's 4 activation codes,
-/// summed in i16 (at most 8 x 3810 = 30480 < 32767, see `x86.rs`), then one `vpmaddwd` per half.
+/// summed in i16 (at most 8 x 3810 = 30480 < 32767, see `x86/mod.rs`), then one `vpmaddwd` per half.
 /// A panel of 16 weight rows makes each broadcast serve two products (8-row panels: one).
 pub(crate) struct Maddubs16;
 
@@ -377,8 +377,8 @@ impl Lanes16 for EmuZmm {
     #[inline(always)]
     unsafe fn dpbusd(acc: Self::I, u: Self::I, s: Self::I) -> Self::I {
         [
-            super::dpbusd_emulated(acc[0], u[0], s[0]),
-            super::dpbusd_emulated(acc[1], u[1], s[1]),
+            super::vnni::dpbusd_emulated(acc[0], u[0], s[0]),
+            super::vnni::dpbusd_emulated(acc[1], u[1], s[1]),
         ]
     }
     #[inline(always)]
@@ -411,10 +411,10 @@ unsafe fn vnni_group_dot<V: Lanes16>(wg: *const u8, even: *const i8, odd: *const
 /// Codes per step of the wide i8 tiles.
 const WIDE_BYTES: usize = 64;
 
-/// `x86::i8_tile` for the VNNI offset form on 64 codes a step: the exact i8 dots of R activation
-/// rows by C weight rows, element `[r][c]`. `offsets[r]` is row r's code sum over the 32-code SIMD
-/// part of K (`Activations`); the offset form here covers the 64-code steps only, so the codes of a
-/// last 32-code step come off it and join the scalar tail.
+/// [`i8_tile`](super::i8_tiles::i8_tile) for the VNNI offset form on 64 codes a step: the exact
+/// i8 dots of R activation rows by C weight rows, element `[r][c]`. `offsets[r]` is row r's code
+/// sum over the 32-code SIMD part of K (`Activations`); the offset form here covers the 64-code
+/// steps only, so the codes of a last 32-code step come off it and join the scalar tail.
 #[inline(always)]
 pub(super) unsafe fn i8_tile16<V: Lanes16, const R: usize, const C: usize>(
     a: [&[i8]; R],

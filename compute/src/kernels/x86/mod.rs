@@ -1,0 +1,343 @@
+//! AVX2 and AVX-512 VNNI kernels.
+//!
+//! Every kernel has one generic body (`#[inline(always)]`) parameterised by a [`Dot`] primitive — the
+//! AVX2 `vpmaddubsw` + `vpmaddwd` pair or VNNI `vpdpbusd` — and is instantiated inside a
+//! `#[target_feature]` entry point, so each instantiation is compiled for its instruction set. Tests
+//! also instantiate the VNNI bodies with an exact AVX2 emulation of `vpdpbusd` (`EmuVnniDot`, and
+//! for the 512-bit kernels of `wide.rs` two 256-bit halves), which runs every line of the VNNI path
+//! except the instructions themselves on an AVX2-only machine.
+//!
+//! The files: this one holds feature detection, the [`Dot`] trait with its AVX2 form, the entry
+//! points and the lane helpers the kernels share; `vnni.rs` the VNNI [`Dot`] (and its emulation);
+//! `i8_tiles.rs` the i8 register tiles and GEMV; `i8_pairs.rs` the AVX2 i8 kernel for many rows;
+//! `q4_rows.rs` the q4 kernel for few rows; `q4_packed.rs` the packed-panel q4 kernel for many
+//! rows; `wide.rs` the 16-lane panels; `float.rs` the f32/bf16 tiles and the bf16 conversion;
+//! `activations.rs` the activation rows' preparation (quantization, q4 group layout and sums, the
+//! bit copy).
+//!
+//! Exactness (the `packs::quant` arithmetic, see `kernels/mod.rs`):
+//! - AVX2 i8 against 4 or more rows multiplies codes widened to i16 (`vpmaddwd`, exact; see
+//!   `x86/i8_pairs.rs`). Against fewer rows it uses the sign trick `maddubs(|w|, sign(a, w))`:
+//!   `|w| <= 128` as an unsigned byte (even for a -128 weight byte) and `|a| <= 127` (activation
+//!   codes are clamped to ±127), so each i16 pair sum is at most 2 * 128 * 127 = 32512 < 32767:
+//!   `vpmaddubsw` never saturates.
+//! - VNNI i8 multiplies `w + 128` (unsigned) by `a` and subtracts `128 * Σa`; no step saturates.
+//! - q4 multiplies the nibble plus 8 (0..=15, unsigned) by `a` and subtracts `8 * Σa` per group. On AVX2
+//!   the i16 pair sums are at most 2 * 15 * 127 = 3810, and the packed kernel adds eight of them per
+//!   lane (30480 < 32767) before widening.
+//! - Group sums are exact i32; the per-output f32 chain (`sum + acc as f32 * scale`, multiply then add,
+//!   groups ascending) runs lane-wise on vectors whose lanes are outputs.
+
+// Index loops mirror the lane layouts (row r, weight row c, group g) across several arrays.
+#![allow(clippy::needless_range_loop)]
+
+use super::{Activations, Q4Codes, WeightBlock, PANEL};
+use half::bf16;
+use packs::quant::Q4_GROUP;
+use std::arch::x86_64::*;
+
+mod activations;
+mod float;
+pub(crate) mod i8_pairs;
+mod i8_tiles;
+mod q4_packed;
+mod q4_rows;
+mod vnni;
+mod wide;
+
+pub(super) use activations::{copy_u32_avx2, q4_groups_row_avx2, quantize_row_avx2};
+pub use float::bf16x8_to_ps;
+pub(crate) use float::f32_to_bf16_avx2;
+#[cfg(test)]
+pub(crate) use vnni::EmuVnniDot;
+pub(crate) use vnni::VnniDot;
+
+use float::f32_block;
+use i8_tiles::{i8_block, i8_tile};
+use q4_packed::q4_block_packed;
+use q4_rows::{q4_block_rows, split_q4_pair};
+
+pub(super) fn has_avx2() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+}
+
+pub(super) fn has_avx512_vnni() -> bool {
+    has_avx2()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+/// Rows at which q4 switches from the per-row kernel to the packed-panel kernel.
+const Q4_PACKED_MIN_ROWS: usize = 4;
+/// How far ahead (bytes of weight codes, in address order) the q4 and i8 GEMVs prefetch at least;
+/// they prefetch one whole panel of 8 rows ahead (`PANEL * K / 2` bytes for q4, `PANEL * K` for
+/// i8) when that is more. (Measured on q4 with row-major codes,
+/// when a panel's 8 rows were 8 streams the hardware prefetcher followed poorly: one thread went
+/// from ~10.5 to ~16-17 GB/s out of DRAM at K = 2048, and the down projection from ~8.2 to ~6.9 ms
+/// per token against a fixed 8 KB distance. The pack's panel layout now makes each whole panel one
+/// address-ordered stream, which the prefetch runs ahead of.)
+const GEMV_PREFETCH_MIN: usize = 8192;
+
+/// The integer dot primitive of an instruction set. Every method accumulates, per 32-bit lane, the
+/// products of that lane's 4 bytes.
+pub(crate) trait Dot {
+    /// Subtracted per i8 output as `I8_OFFSET * Σa` (the unsigned offset of the weights).
+    const I8_OFFSET: i32;
+    /// Weight rows of the i8 tiles for many activation rows: 2 (16 `ymm` registers), or 4 where
+    /// [`Dot::i8_tile_many`] runs on 32 `zmm` registers (16 accumulators; each 64-byte activation
+    /// load then feeds 4 `vpdpbusd`, halving the loads from L2 per product).
+    const I8_MANY_COLS: usize = 2;
+    /// Whether the f32 tiles of a row block take 2 activation rows at a time (16 accumulators:
+    /// `ymm0`-`ymm31` under AVX-512 VL), so each weight load serves both; else 1 (16 `ymm`).
+    const F32_PAIRS: bool = false;
+    /// Whether many activation rows take the i16 `vpmaddwd` kernel ([`i8_pairs`]) instead of the
+    /// register tiles of [`Dot::i8_tile_many`].
+    const I8_PAIRS: bool = false;
+    /// The unsigned operand made from i8 weight bytes.
+    unsafe fn i8_weight(w: __m256i) -> __m256i;
+    /// `acc + a · w` per lane, given the weights `w` and their unsigned form `wu`.
+    unsafe fn i8_dot(acc: __m256i, wu: __m256i, w: __m256i, a: __m256i) -> __m256i;
+    /// The dots (before the `8 * Σa` correction) of one pair of q4 groups against 8 weight rows:
+    /// `[first group, second group]`, lane c = weight row c. `w[c]` points at row c's 32 bytes of the
+    /// pair; `a_even` and `a_odd` are the pair's 64 activation codes (`Q4Groups` layout).
+    unsafe fn u4_rows8(w: [*const u8; PANEL], a_even: __m256i, a_odd: __m256i) -> [__m256i; 2];
+    /// [`i8_tile`] for [`I8_TILE_ROWS`](i8_tiles::I8_TILE_ROWS) or more activation rows, unless the
+    /// instruction set has a wider form.
+    #[inline(always)]
+    unsafe fn i8_tile_many<const R: usize, const C: usize>(
+        a: [&[i8]; R],
+        w: [&[i8]; C],
+        k: usize,
+        offsets: [i32; R],
+    ) -> [[i32; C]; R]
+    where
+        Self: Sized,
+    {
+        i8_tile::<Self, R, C>(a, w, k, offsets)
+    }
+    /// q4 against [`Q4_PACKED_MIN_ROWS`] or more activation rows, K at least one group: packed
+    /// panels ([`q4_block_packed`]) on the instruction set's widest
+    /// [`PanelLanes`](q4_packed::PanelLanes).
+    unsafe fn q4_block_many(
+        codes: Q4Codes<'_>,
+        scales: &[bf16],
+        k: usize,
+        acts: &Activations,
+        out: &mut [&mut [f32]],
+    );
+}
+
+/// AVX2: `vpmaddubsw` (u8 x i8 pairs to i16) then `vpmaddwd` by ones (i16 pairs to i32).
+pub(crate) struct Avx2Dot;
+
+impl Dot for Avx2Dot {
+    const I8_OFFSET: i32 = 0;
+    const I8_PAIRS: bool = true;
+    #[inline(always)]
+    unsafe fn i8_weight(w: __m256i) -> __m256i {
+        _mm256_abs_epi8(w)
+    }
+    #[inline(always)]
+    unsafe fn i8_dot(acc: __m256i, wu: __m256i, w: __m256i, a: __m256i) -> __m256i {
+        let pairs = _mm256_maddubs_epi16(wu, _mm256_sign_epi8(a, w));
+        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+    #[inline(always)]
+    unsafe fn u4_rows8(w: [*const u8; PANEL], a_even: __m256i, a_odd: __m256i) -> [__m256i; 2] {
+        // Per row, i16 lanes of at most 2 * 2 * 15 * 127 = 7620 (8 per group: the first group in the
+        // low 128 bits, the second in the high); two folds reach 4 * 7620 = 30480, then `vpmaddwd`
+        // widens the last pairs. Rows fold as (0, 2) and (1, 3) so the lanes come out in row order.
+        // (No closures here: they would not inherit the entry point's target features.)
+        let mut v = [_mm256_setzero_si256(); PANEL];
+        for c in 0..PANEL {
+            v[c] = u4_pair_i16(w[c], a_even, a_odd);
+        }
+        let ones = _mm256_set1_epi16(1);
+        let lo = fold_epi32_i16(fold_epi32_i16(v[0], v[2]), fold_epi32_i16(v[1], v[3]));
+        let hi = fold_epi32_i16(fold_epi32_i16(v[4], v[6]), fold_epi32_i16(v[5], v[7]));
+        let lo = _mm256_madd_epi16(lo, ones);
+        let hi = _mm256_madd_epi16(hi, ones);
+        [
+            _mm256_permute2x128_si256::<0x20>(lo, hi),
+            _mm256_permute2x128_si256::<0x31>(lo, hi),
+        ]
+    }
+    #[inline(always)]
+    unsafe fn q4_block_many(
+        codes: Q4Codes<'_>,
+        scales: &[bf16],
+        k: usize,
+        acts: &Activations,
+        out: &mut [&mut [f32]],
+    ) {
+        q4_block_packed::<wide::YmmPair<wide::Maddubs16>>(codes, scales, k, acts, out)
+    }
+}
+
+/// One row's products for a pair of q4 groups as i16 lanes (pair sums of `vpmaddubsw`, even and odd
+/// elements added): the first group's 8 lanes in the low 128 bits, the second's in the high.
+#[inline(always)]
+unsafe fn u4_pair_i16(p: *const u8, a_even: __m256i, a_odd: __m256i) -> __m256i {
+    let (lo, hi) = split_q4_pair(p);
+    _mm256_add_epi16(
+        _mm256_maddubs_epi16(lo, a_even),
+        _mm256_maddubs_epi16(hi, a_odd),
+    )
+}
+
+/// Per 128 bits: the 32-bit lanes `[x0 + x2, y0 + y2, x1 + x3, y1 + y3]` (added as i16 pairs).
+#[inline(always)]
+unsafe fn fold_epi32_i16(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_add_epi16(_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points: one per instruction set, each the generic body compiled with that set's features.
+
+/// # Safety
+/// The CPU must support AVX2 and FMA; `block`, `x` and `acts` must match `k` and `out`
+/// (checked by `Kernels::gemm_block`).
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn gemm_block_avx2(
+    block: &WeightBlock<'_>,
+    k: usize,
+    x: &[f32],
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    gemm_block_generic::<Avx2Dot>(block, k, x, acts, out)
+}
+
+/// # Safety
+/// As [`gemm_block_avx2`], and the CPU must support AVX-512 F, BW, VL and VNNI.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn gemm_block_vnni(
+    block: &WeightBlock<'_>,
+    k: usize,
+    x: &[f32],
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    gemm_block_generic::<VnniDot>(block, k, x, acts, out)
+}
+
+/// The VNNI bodies with `vpdpbusd` emulated, for tests on AVX2 machines.
+///
+/// # Safety
+/// As [`gemm_block_avx2`].
+#[cfg(test)]
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn gemm_block_emulated_vnni(
+    block: &WeightBlock<'_>,
+    k: usize,
+    x: &[f32],
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    gemm_block_generic::<EmuVnniDot>(block, k, x, acts, out)
+}
+
+#[inline(always)]
+unsafe fn gemm_block_generic<D: Dot>(
+    block: &WeightBlock<'_>,
+    k: usize,
+    x: &[f32],
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    match *block {
+        WeightBlock::F32(w) => f32_block::<D, f32>(w, k, x, out),
+        WeightBlock::Bf16(w) => f32_block::<D, bf16>(w, k, x, out),
+        WeightBlock::I8 { codes, scales } => i8_block::<D>(codes, scales, k, acts, out),
+        WeightBlock::Q4 { codes, scales } => {
+            if out.len() >= Q4_PACKED_MIN_ROWS && k >= Q4_GROUP {
+                D::q4_block_many(codes, scales, k, acts, out)
+            } else {
+                q4_block_rows::<D>(codes, scales, k, acts, out)
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared vector helpers.
+
+/// 8x8 transpose: lane c of output g is lane g of input c.
+///
+/// # Safety
+/// The CPU must support AVX2 (callers check `Isa::Avx2.is_available()`).
+#[inline(always)]
+pub unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    [
+        _mm256_permute2f128_ps::<0x20>(u0, u4),
+        _mm256_permute2f128_ps::<0x20>(u1, u5),
+        _mm256_permute2f128_ps::<0x20>(u2, u6),
+        _mm256_permute2f128_ps::<0x20>(u3, u7),
+        _mm256_permute2f128_ps::<0x31>(u0, u4),
+        _mm256_permute2f128_ps::<0x31>(u1, u5),
+        _mm256_permute2f128_ps::<0x31>(u2, u6),
+        _mm256_permute2f128_ps::<0x31>(u3, u7),
+    ]
+}
+
+/// Sum of the 8 lanes.
+#[inline(always)]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// `dst[..live].copy_from_slice(&src[..live])`, where `live` is `full` (a multiple of 4, constant
+/// at every caller) except in a last short tile. A whole tile moves in 128-bit loads and stores: as
+/// `copy_from_slice` LLVM merged both cases into one `memcpy` call of `live` floats, per tile row
+/// (1.9% of a 512-row q4 prefill's samples in `perf record`).
+#[inline(always)]
+unsafe fn copy_live(dst: &mut [f32], src: &[f32], full: usize, live: usize) {
+    if live == full {
+        assert!(full.is_multiple_of(4) && dst.len() >= full && src.len() >= full);
+        for c in (0..full).step_by(4) {
+            // SAFETY: c + 4 <= full <= both lengths (asserted above).
+            _mm_storeu_ps(dst.as_mut_ptr().add(c), _mm_loadu_ps(src.as_ptr().add(c)));
+        }
+    } else {
+        dst[..live].copy_from_slice(&src[..live]);
+    }
+}
+
+/// Weight row indices of a panel starting at `j0`: a short last panel repeats its last row.
+#[inline(always)]
+fn panel_rows<const C: usize>(j0: usize, nb: usize) -> [usize; C] {
+    std::array::from_fn(|c| (j0 + c).min(nb - 1))
+}
+
+/// `xs.map(f)` as a plain loop, so it inlines: `[T; N]::map`, and then `std::array::from_fn`, each
+/// stayed an out-of-line call (`try_map`, `try_from_fn`) once per panel of the GEMVs, 1.4-1.5% of a
+/// decode step's samples in `perf record`.
+#[inline(always)]
+fn map_n<T: Copy, U: Copy + Default, const N: usize>(xs: [T; N], f: impl Fn(T) -> U) -> [U; N] {
+    let mut out = [U::default(); N];
+    for (o, &x) in out.iter_mut().zip(&xs) {
+        *o = f(x);
+    }
+    out
+}

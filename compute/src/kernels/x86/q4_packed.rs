@@ -1,0 +1,224 @@
+//! q4, many rows: a panel of 8 weight rows is unpacked once into [group][chunk][row][4 bytes], then
+//! every activation row broadcasts 4 codes at a time against it; lanes are weight rows throughout.
+//! Panels of 16 rows (two halves of 8) are `wide.rs`'s.
+
+use super::{copy_live, map_n, panel_rows, transpose8};
+use crate::kernels::row_blocks::{row_blocks, INT_BLOCK_BYTES};
+use crate::kernels::{q4_halves, Activations, Q4Codes, PANEL};
+use half::bf16;
+use packs::quant::Q4_GROUP;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+/// Activation rows per packed q4 tile.
+pub(super) const Q4_TILE_ROWS: usize = 4;
+/// Most weight rows the packed q4 kernel unpacks at once (256 x K bytes; a host task's whole chunk).
+const Q4_PACKED_ROWS: usize = 256;
+
+thread_local! {
+    static Q4_PANEL: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// One q4 group (16 bytes) as 32 unsigned values `nibble ^ 8` (= code + 8): the 16 low nibbles
+/// (even elements), then the 16 high nibbles (odd elements) — the `Q4Groups` activation order.
+#[inline(always)]
+unsafe fn expand_q4(p: *const u8) -> __m256i {
+    let b = _mm_loadu_si128(p as *const __m128i);
+    let w = _mm256_xor_si256(
+        _mm256_broadcastsi128_si256(b),
+        _mm256_set1_epi8(0x88u8 as i8),
+    );
+    let w = _mm256_srlv_epi64(w, _mm256_set_epi64x(4, 4, 0, 0));
+    _mm256_and_si256(w, _mm256_set1_epi8(0x0F))
+}
+
+/// Activation chunk j (4 codes) of a packed-panel group, as an i32 to broadcast.
+#[inline(always)]
+pub(super) unsafe fn chunk(even: *const i8, odd: *const i8, j: usize) -> i32 {
+    let p = if j < 4 {
+        even.add(4 * j)
+    } else {
+        odd.add(4 * (j - 4))
+    };
+    (p as *const i32).read_unaligned()
+}
+
+/// Unpacks the 8 weight rows `js` into lanes `8 * half ..` of a packed panel `lanes` rows wide:
+/// `wp` holds per group and chunk j (4 codes) the `lanes` rows' 4 bytes side by side
+/// (`groups x 8 x 4 * lanes` bytes), `sp` per group the rows' scales (`groups x lanes`). The 8-lane
+/// kernels use one half; the 16-lane (`wide`) ones two.
+#[inline(always)]
+unsafe fn q4_pack_panel(
+    codes: Q4Codes<'_>,
+    scales: &[bf16],
+    k: usize,
+    js: [usize; PANEL],
+    (lanes, half): (usize, usize),
+    wp: &mut [u8],
+    sp: &mut [f32],
+) {
+    let groups = k / Q4_GROUP;
+    debug_assert!(wp.len() >= groups * 32 * lanes && sp.len() >= groups * lanes);
+    for g in 0..groups {
+        let mut e = [_mm256_setzero_ps(); PANEL];
+        for c in 0..PANEL {
+            let p = codes.group(js[c], g).as_ptr();
+            e[c] = _mm256_castsi256_ps(expand_q4(p));
+        }
+        // Chunk j (4 codes) of every row side by side.
+        for (j, t) in transpose8(e).into_iter().enumerate() {
+            let at = g * 32 * lanes + 4 * lanes * j + 32 * half;
+            _mm256_storeu_ps(wp.as_mut_ptr().add(at) as *mut f32, t);
+        }
+        for (c, &jr) in js.iter().enumerate() {
+            sp[g * lanes + PANEL * half + c] = scales[jr * groups + g].to_f32();
+        }
+    }
+}
+
+/// Most weight rows of a packed panel (the 512-bit kernels').
+pub(super) const MAX_LANES: usize = 2 * PANEL;
+
+/// A vector of weight-row lanes a packed q4 panel is read in: 8 (`ymm`) or 16 (`zmm`, or two `ymm`
+/// in the tests), packed by [`q4_pack_panel`] 8 rows at a time, and the operations of
+/// [`q4_packed_tile`].
+pub(crate) trait PanelLanes {
+    const LANES: usize;
+    /// i32 lanes.
+    type I: Copy;
+    /// f32 lanes.
+    type F: Copy;
+    unsafe fn zero_f() -> Self::F;
+    unsafe fn load_f(p: *const f32) -> Self::F;
+    unsafe fn set1_i(x: i32) -> Self::I;
+    unsafe fn set1_f(x: f32) -> Self::F;
+    unsafe fn sub_i(a: Self::I, b: Self::I) -> Self::I;
+    /// i32 to f32, rounded to nearest (as `as f32`).
+    unsafe fn cvt(a: Self::I) -> Self::F;
+    unsafe fn mul_f(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn add_f(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn store_f(p: *mut f32, v: Self::F);
+    /// One q4 group of a packed panel against one activation row: lane c is `Σ_j wg[j][c] · a_j`
+    /// over the 8 chunks, where chunk j < 4 reads `even[4j..]` and chunk j >= 4 `odd[4(j-4)..]`.
+    unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> Self::I;
+    /// [`q4_packed_tile`] for [`Q4_TILE_ROWS`] rows, unless the lanes have a tuned form (same
+    /// operations per output, so the same bits).
+    #[inline(always)]
+    unsafe fn tile4(
+        wp: &[u8],
+        sp: &[f32],
+        a: [&[i8]; Q4_TILE_ROWS],
+        corr: [&[i32]; Q4_TILE_ROWS],
+        a_scale: [f32; Q4_TILE_ROWS],
+        groups: usize,
+    ) -> [[f32; MAX_LANES]; Q4_TILE_ROWS]
+    where
+        Self: Sized,
+    {
+        q4_packed_tile::<Self, Q4_TILE_ROWS>(wp, sp, a, corr, a_scale, groups)
+    }
+}
+
+/// R activation rows against a packed panel of `V::LANES` weight rows, finished (`finish_q4`):
+/// `done[r][c]` for weight row c (c < `V::LANES`). Per output: exact integer group dots, then
+/// `sum + acc as f32 * scale` per group in ascending order (multiply, then add), in its own lane.
+#[inline(always)]
+pub(super) unsafe fn q4_packed_tile<V: PanelLanes, const R: usize>(
+    wp: &[u8],
+    sp: &[f32],
+    a: [&[i8]; R],
+    corr: [&[i32]; R],
+    a_scale: [f32; R],
+    groups: usize,
+) -> [[f32; MAX_LANES]; R] {
+    let mut sum = [V::zero_f(); R];
+    for g in 0..groups {
+        let scale = V::load_f(sp.as_ptr().add(g * V::LANES));
+        let wg = wp.as_ptr().add(g * 32 * V::LANES);
+        let (even, odd) = q4_halves(g, groups);
+        for r in 0..R {
+            let ar = a[r].as_ptr();
+            let acc = V::group_dot(wg, ar.add(even), ar.add(odd));
+            let acc = V::sub_i(acc, V::set1_i(corr[r][g]));
+            sum[r] = V::add_f(sum[r], V::mul_f(V::cvt(acc), scale));
+        }
+    }
+    let mut done = [[0f32; MAX_LANES]; R];
+    for r in 0..R {
+        V::store_f(
+            done[r].as_mut_ptr(),
+            V::mul_f(sum[r], V::set1_f(a_scale[r])),
+        );
+    }
+    done
+}
+
+/// q4 weight rows against every activation row of `acts` (K at least one group), a packed panel of
+/// `V::LANES` weight rows at a time: tiles of [`Q4_TILE_ROWS`] rows, then one row at a time.
+#[inline(always)]
+pub(super) unsafe fn q4_block_packed<V: PanelLanes>(
+    codes: Q4Codes<'_>,
+    scales: &[bf16],
+    k: usize,
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    let groups = k / Q4_GROUP;
+    let (rows, nb) = (out.len(), out[0].len());
+    let lanes = V::LANES;
+    let (pb, ps) = (groups * 32 * lanes, groups * lanes);
+    // The buffers leave the thread-local while the kernel runs: no SIMD code inside a closure
+    // (closures do not inherit the entry point's target features).
+    let (mut wp, mut sp) = Q4_PANEL.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    // Up to Q4_PACKED_ROWS weight rows are unpacked once into consecutive panels; then each block of
+    // activation rows passes over all of them.
+    for c0 in (0..nb).step_by(Q4_PACKED_ROWS) {
+        let panels = (nb - c0).min(Q4_PACKED_ROWS).div_ceil(lanes);
+        wp.resize(panels * pb, 0);
+        sp.resize(panels * ps, 0.0);
+        for p in 0..panels {
+            let j0 = c0 + p * lanes;
+            for half in 0..lanes / PANEL {
+                let js = panel_rows::<PANEL>(j0 + PANEL * half, nb);
+                let (wpp, spp) = (&mut wp[p * pb..(p + 1) * pb], &mut sp[p * ps..(p + 1) * ps]);
+                q4_pack_panel(codes, scales, k, js, (lanes, half), wpp, spp);
+            }
+        }
+        for rb in row_blocks(rows, k + 4 * groups, INT_BLOCK_BYTES, Q4_TILE_ROWS) {
+            for p in 0..panels {
+                let j0 = c0 + p * lanes;
+                let (wpp, spp) = (&wp[p * pb..(p + 1) * pb], &sp[p * ps..(p + 1) * ps]);
+                let live = (nb - j0).min(lanes);
+                let mut r = rb.start;
+                while r + Q4_TILE_ROWS <= rb.end {
+                    let rs: [usize; Q4_TILE_ROWS] = std::array::from_fn(|i| r + i);
+                    let done = V::tile4(
+                        wpp,
+                        spp,
+                        map_n(rs, |i| acts.codes(i)),
+                        map_n(rs, |i| acts.sums(i)),
+                        map_n(rs, |i| acts.scale(i)),
+                        groups,
+                    );
+                    for (i, d) in done.iter().enumerate() {
+                        copy_live(&mut out[r + i][j0..], d, lanes, live);
+                    }
+                    r += Q4_TILE_ROWS;
+                }
+                while r < rb.end {
+                    let [d] = q4_packed_tile::<V, 1>(
+                        wpp,
+                        spp,
+                        [acts.codes(r)],
+                        [acts.sums(r)],
+                        [acts.scale(r)],
+                        groups,
+                    );
+                    copy_live(&mut out[r][j0..], &d, lanes, live);
+                    r += 1;
+                }
+            }
+        }
+    }
+    Q4_PANEL.with(|cell| *cell.borrow_mut() = (wp, sp));
+}

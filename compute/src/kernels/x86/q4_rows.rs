@@ -1,0 +1,187 @@
+//! q4, few rows: each row against a panel of 8 weight rows, one pair of groups of all 8 rows at a
+//! time, reduced across the rows so that lanes are weight rows (no transpose, no product buffer).
+
+use super::{map_n, panel_rows, Dot, GEMV_PREFETCH_MIN};
+use crate::kernels::{q4_halves, Activations, Q4Codes, PANEL};
+use half::bf16;
+use packs::quant::{self, Q4_GROUP};
+use std::arch::x86_64::*;
+
+/// Two q4 groups' 32 bytes as unsigned `nibble ^ 8` values: (low nibbles = even elements of both
+/// groups, high nibbles = odd elements) — the `Q4Groups` pair order.
+#[inline(always)]
+pub(super) unsafe fn split_q4_pair(p: *const u8) -> (__m256i, __m256i) {
+    let w = _mm256_xor_si256(
+        _mm256_loadu_si256(p as *const __m256i),
+        _mm256_set1_epi8(0x88u8 as i8),
+    );
+    let mask = _mm256_set1_epi8(0x0F);
+    (
+        _mm256_and_si256(w, mask),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(w), mask),
+    )
+}
+
+/// The bf16 scales of 8 groups of 8 weight rows (`s[c]` points at row c's first) as f32, transposed:
+/// vector g holds group g, lane c = row c.
+#[inline(always)]
+unsafe fn scales8x8(s: [*const bf16; PANEL]) -> [__m256; 8] {
+    // Rows c and c + 4 share a register (low and high 128 bits).
+    let mut r = [_mm256_setzero_si256(); 4];
+    for c in 0..4 {
+        r[c] = _mm256_loadu2_m128i(s[c + 4] as *const __m128i, s[c] as *const __m128i);
+    }
+    let a_lo = _mm256_unpacklo_epi16(r[0], r[1]);
+    let a_hi = _mm256_unpackhi_epi16(r[0], r[1]);
+    let b_lo = _mm256_unpacklo_epi16(r[2], r[3]);
+    let b_hi = _mm256_unpackhi_epi16(r[2], r[3]);
+    // Groups (0, 1), (2, 3), (4, 5), (6, 7): four rows of each per 128 bits.
+    let q = [
+        _mm256_unpacklo_epi32(a_lo, b_lo),
+        _mm256_unpackhi_epi32(a_lo, b_lo),
+        _mm256_unpacklo_epi32(a_hi, b_hi),
+        _mm256_unpackhi_epi32(a_hi, b_hi),
+    ];
+    // bf16 to f32: the 16 bits become the high half of a 32-bit lane.
+    let z = _mm256_setzero_si256();
+    let mut out = [_mm256_setzero_ps(); 8];
+    for (i, &qi) in q.iter().enumerate() {
+        out[2 * i] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, qi));
+        out[2 * i + 1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, qi));
+    }
+    out
+}
+
+/// The scaled group sums (before `finish_q4`) of one activation row against 8 weight rows. Lanes
+/// are weight rows throughout: each pair of groups is reduced across the 8 rows, so every output's
+/// f32 chain runs in its own lane, groups ascending.
+#[inline(always)]
+unsafe fn q4_row_panel<D: Dot>(
+    a: &[i8],
+    corr: &[i32],
+    w: Q4PanelRows<'_>,
+    s: [&[bf16]; PANEL],
+    groups: usize,
+    pf: (usize, usize),
+) -> [f32; PANEL] {
+    debug_assert_eq!(Q4_GROUP, 32);
+    let mut sum = _mm256_setzero_ps();
+    let blocks = groups / 8;
+    let ap = a.as_ptr();
+    let cp = corr.as_ptr();
+    for b in 0..blocks {
+        let g0 = 8 * b;
+        let mut sp = [std::ptr::null::<bf16>(); PANEL];
+        for c in 0..PANEL {
+            sp[c] = s[c].as_ptr().add(g0);
+        }
+        let scale = scales8x8(sp);
+        for p in 0..4 {
+            let g = g0 + 2 * p;
+            let a_even = _mm256_loadu_si256(ap.add(g * Q4_GROUP) as *const __m256i);
+            let a_odd = _mm256_loadu_si256(ap.add(g * Q4_GROUP + 32) as *const __m256i);
+            let mut wp = [std::ptr::null::<u8>(); PANEL];
+            for c in 0..PANEL {
+                wp[c] = w.base.add(w.start[c] + (g / 2) * w.step[c]);
+            }
+            // A block of the panel is 1 KB of codes and 128 bytes of scales: fetch the same amount
+            // `pf` ahead in address order (a prefetch never faults, even past the weight).
+            for i in 0..4 {
+                _mm_prefetch::<_MM_HINT_T0>((pf.0 + b * 1024 + p * 256 + 64 * i) as *const i8);
+            }
+            if p < 2 {
+                _mm_prefetch::<_MM_HINT_T0>((pf.1 + b * 128 + p * 64) as *const i8);
+            }
+            let d = D::u4_rows8(wp, a_even, a_odd);
+            for i in 0..2 {
+                let dots = _mm256_sub_epi32(d[i], _mm256_set1_epi32(*cp.add(g + i)));
+                let prod = _mm256_mul_ps(_mm256_cvtepi32_ps(dots), scale[2 * p + i]);
+                sum = _mm256_add_ps(sum, prod);
+            }
+        }
+    }
+    let mut sums = [0f32; PANEL];
+    _mm256_storeu_ps(sums.as_mut_ptr(), sum);
+    // Groups past the last multiple of 8 (only for K not a multiple of 256), still in order.
+    for g in 8 * blocks..groups {
+        let (even, odd) = q4_halves(g, groups);
+        for c in 0..PANEL {
+            let wg = w.codes.group(w.rows[c], g);
+            let acc = q4_group_dot_scalar(&a[even..even + 16], &a[odd..odd + 16], wg);
+            sums[c] += acc as f32 * s[c][g].to_f32();
+        }
+    }
+    sums
+}
+
+/// The exact dot of one group from its even and odd activation halves.
+fn q4_group_dot_scalar(even: &[i8], odd: &[i8], w: &[u8]) -> i32 {
+    let mut acc = 0i32;
+    for ((&b, &e), &o) in w.iter().zip(even).zip(odd) {
+        acc += e as i32 * (((b << 4) as i8) >> 4) as i32 + o as i32 * ((b as i8) >> 4) as i32;
+    }
+    acc
+}
+
+/// 8 weight rows of a block, where their group pairs live: row c's pair p at
+/// `base + start[c] + p * step[c]` (`Q4Codes::pairs`).
+#[derive(Clone, Copy)]
+struct Q4PanelRows<'a> {
+    codes: Q4Codes<'a>,
+    rows: [usize; PANEL],
+    base: *const u8,
+    start: [usize; PANEL],
+    step: [usize; PANEL],
+}
+
+impl<'a> Q4PanelRows<'a> {
+    #[inline(always)]
+    fn new(codes: Q4Codes<'a>, rows: [usize; PANEL]) -> Q4PanelRows<'a> {
+        let pairs = map_n(rows, |j| codes.pairs(j));
+        Q4PanelRows {
+            codes,
+            rows,
+            base: codes.all().as_ptr(),
+            start: map_n(pairs, |p| p.0),
+            step: map_n(pairs, |p| p.1),
+        }
+    }
+}
+
+#[inline(always)]
+pub(super) unsafe fn q4_block_rows<D: Dot>(
+    codes: Q4Codes<'_>,
+    scales: &[bf16],
+    k: usize,
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    let groups = k / Q4_GROUP;
+    let nb = out[0].len();
+    if groups == 0 {
+        for (r, o) in out.iter_mut().enumerate() {
+            o.fill(quant::finish_q4(0.0, acts.scale(r)));
+        }
+        return;
+    }
+    for j0 in (0..nb).step_by(PANEL) {
+        let js = panel_rows::<PANEL>(j0, nb);
+        let w = Q4PanelRows::new(codes, js);
+        let s = map_n(js, |j| &scales[j * groups..(j + 1) * groups]);
+        // Addresses to prefetch from (codes, scales): this panel's start plus the distance (scales
+        // are 1/8 of the codes' bytes).
+        let dist = GEMV_PREFETCH_MIN.max(PANEL * k / 2);
+        let pf = (
+            codes.all().as_ptr() as usize + codes.row_start(j0) + dist,
+            scales.as_ptr() as usize + j0 * groups * 2 + dist / 8,
+        );
+        for (r, o) in out.iter_mut().enumerate() {
+            let sums = q4_row_panel::<D>(acts.codes(r), acts.sums(r), w, s, groups, pf);
+            for (c, &v) in sums.iter().enumerate() {
+                if j0 + c < nb {
+                    o[j0 + c] = quant::finish_q4(v, acts.scale(r));
+                }
+            }
+        }
+    }
+}

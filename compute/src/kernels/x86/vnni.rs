@@ -1,0 +1,133 @@
+//! AVX-512 VNNI's [`Dot`]: `vpdpbusd` on 256-bit vectors for the GEMVs and 512-bit (`wide.rs`) for
+//! many rows, over a [`Dpbusd`] flavour — the real instruction, or in the tests its exact AVX2
+//! emulation, so the tests run the very bodies the VNNI entry point compiles.
+
+use super::q4_packed::q4_block_packed;
+use super::q4_rows::split_q4_pair;
+use super::{wide, Dot};
+use crate::kernels::{Activations, Q4Codes, PANEL};
+use half::bf16;
+use std::arch::x86_64::*;
+
+/// AVX-512 VNNI: `vpdpbusd` (u8 x i8, 4 products per i32 lane, accumulated, no saturation), 256-bit
+/// for the GEMVs and 512-bit (`wide`) for many rows. One implementation for the real instructions
+/// ([`VnniDot`]) and, in the tests, their exact AVX2 emulation ([`EmuVnniDot`]), so the tests run the
+/// very bodies the VNNI entry point compiles.
+pub(crate) struct Vnni<P>(std::marker::PhantomData<P>);
+
+/// The real instructions.
+pub(crate) struct RealVnni;
+pub(crate) type VnniDot = Vnni<RealVnni>;
+
+/// `vpdpbusd` at 256 bits and the 16-lane vector of a VNNI flavour (a trait, not a closure:
+/// closures do not inherit target features).
+pub(crate) trait Dpbusd {
+    type Wide: wide::Lanes16;
+    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
+}
+
+impl Dpbusd for RealVnni {
+    type Wide = wide::Zmm;
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, u, s)
+    }
+}
+
+impl<P: Dpbusd> Dot for Vnni<P> {
+    const I8_OFFSET: i32 = 128;
+    const I8_MANY_COLS: usize = 4;
+    const F32_PAIRS: bool = true;
+    #[inline(always)]
+    unsafe fn i8_weight(w: __m256i) -> __m256i {
+        _mm256_xor_si256(w, _mm256_set1_epi8(i8::MIN))
+    }
+    #[inline(always)]
+    unsafe fn i8_dot(acc: __m256i, wu: __m256i, _w: __m256i, a: __m256i) -> __m256i {
+        P::dpbusd(acc, wu, a)
+    }
+    #[inline(always)]
+    unsafe fn u4_rows8(w: [*const u8; PANEL], a_even: __m256i, a_odd: __m256i) -> [__m256i; 2] {
+        vnni_rows8::<P>(w, a_even, a_odd)
+    }
+    #[inline(always)]
+    unsafe fn q4_block_many(
+        codes: Q4Codes<'_>,
+        scales: &[bf16],
+        k: usize,
+        acts: &Activations,
+        out: &mut [&mut [f32]],
+    ) {
+        q4_block_packed::<P::Wide>(codes, scales, k, acts, out)
+    }
+    #[inline(always)]
+    unsafe fn i8_tile_many<const R: usize, const C: usize>(
+        a: [&[i8]; R],
+        w: [&[i8]; C],
+        k: usize,
+        offsets: [i32; R],
+    ) -> [[i32; C]; R] {
+        wide::i8_tile16::<P::Wide, R, C>(a, w, k, offsets)
+    }
+}
+
+/// `u4_rows8` over a `vpdpbusd`: per row, i32 lanes (4 per group and 128 bits), then two folds
+/// (32-bit, then 64-bit lanes) leave row order.
+#[inline(always)]
+unsafe fn vnni_rows8<P: Dpbusd>(
+    w: [*const u8; PANEL],
+    a_even: __m256i,
+    a_odd: __m256i,
+) -> [__m256i; 2] {
+    let mut v = [_mm256_setzero_si256(); PANEL];
+    for c in 0..PANEL {
+        let (lo, hi) = split_q4_pair(w[c]);
+        v[c] = P::dpbusd(P::dpbusd(_mm256_setzero_si256(), lo, a_even), hi, a_odd);
+    }
+    let lo = fold_epi64_lanes(fold_epi32_i32(v[0], v[1]), fold_epi32_i32(v[2], v[3]));
+    let hi = fold_epi64_lanes(fold_epi32_i32(v[4], v[5]), fold_epi32_i32(v[6], v[7]));
+    [
+        _mm256_permute2x128_si256::<0x20>(lo, hi),
+        _mm256_permute2x128_si256::<0x31>(lo, hi),
+    ]
+}
+
+/// Per 128 bits, i32 lanes: `[x0 + x2, y0 + y2, x1 + x3, y1 + y3]`.
+#[inline(always)]
+unsafe fn fold_epi32_i32(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_add_epi32(_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y))
+}
+
+/// Per 128 bits, i32 lanes: `[x0 + x2, x1 + x3, y0 + y2, y1 + y3]`.
+#[inline(always)]
+unsafe fn fold_epi64_lanes(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_add_epi32(_mm256_unpacklo_epi64(x, y), _mm256_unpackhi_epi64(x, y))
+}
+
+/// `vpdpbusd` emulated exactly in AVX2 (bytes widened to i16, `vpmaddwd` on the even and the odd
+/// bytes): runs the VNNI bodies on machines without AVX-512.
+#[cfg(test)]
+pub(crate) struct EmulatedVnni;
+#[cfg(test)]
+pub(crate) type EmuVnniDot = Vnni<EmulatedVnni>;
+
+#[cfg(test)]
+impl Dpbusd for EmulatedVnni {
+    type Wide = wide::EmuZmm;
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        dpbusd_emulated(acc, u, s)
+    }
+}
+
+#[cfg(test)]
+#[inline(always)]
+pub(super) unsafe fn dpbusd_emulated(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    let u_even = _mm256_and_si256(u, _mm256_set1_epi16(0x00FF));
+    let u_odd = _mm256_srli_epi16(u, 8);
+    let s_even = _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8);
+    let s_odd = _mm256_srai_epi16(s, 8);
+    let even = _mm256_madd_epi16(u_even, s_even);
+    let odd = _mm256_madd_epi16(u_odd, s_odd);
+    _mm256_add_epi32(acc, _mm256_add_epi32(even, odd))
+}

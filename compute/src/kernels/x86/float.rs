@@ -12,10 +12,8 @@ const F_TILE: usize = 4;
 
 /// A weight element the f32 tiles read: f32 itself or bf16 widened (exactly).
 pub(super) trait Widen: Sized {
-    /// Whether the GEMV prefetches the next tile's rows. Measured (`bench gemm --rows 1`, 2
-    /// threads, alternated): bf16 13-19% less time per token with it; f32 read 90-92% of the
-    /// streaming rate with it in four pairs and 88-101% without: no gain shown, so f32 leaves its
-    /// stream to the hardware prefetcher as before.
+    /// Whether the GEMV prefetches the next tile's rows: bf16 does (measured faster with it); f32
+    /// showed no gain, so it leaves its stream to the hardware prefetcher.
     const GEMV_PREFETCH: bool;
     /// 8 elements as f32.
     unsafe fn load8(p: *const Self) -> __m256;

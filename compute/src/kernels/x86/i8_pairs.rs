@@ -3,10 +3,9 @@
 //! Why not `vpmaddubsw`: it multiplies an unsigned byte by a signed one, so i8 x i8 needs the sign
 //! trick (`maddubs(|w|, sign(a, w))`), a `vpsignb` per product vector besides the `vpmaddubsw` and
 //! the widening `vpmaddwd` — three vector operations (and an add) per 32 multiply-adds, where a
-//! `vpmaddwd` on i16 codes does 16 in one (and an add). Measured on a 2-core Zen 3 (one thread,
-//! loops of inline assembly on registers, 6 independent chains, two runs on a loaded machine):
-//! `vpsignb`+`vpmaddubsw`+`vpmaddwd`+`vpaddd` made 0.78-0.82x the multiply-adds per second of
-//! `vpmaddubsw`+`vpmaddwd`+`vpaddd`, `vpmaddwd`+`vpaddd` 1.1-1.3x.
+//! `vpmaddwd` on i16 codes does 16 in one (and an add). On Zen 3, against `vpmaddubsw` + `vpmaddwd`
+//! without the sign, the sign trick measured about 0.8x the multiply-adds per second and `vpmaddwd`
+//! on i16 codes 1.1-1.3x.
 //!
 //! Layout: the task's weight rows are widened once per call into panels of 8 rows, `[pair t][row
 //! c][2 x i16]` (pair t = codes 2t and 2t + 1; an odd or short K is padded with zero codes, which add
@@ -188,11 +187,9 @@ pub(super) unsafe fn i8_block_pairs(
 /// `ROWS` widened activation rows against `P` widened panels over `pairs` code pairs, added to
 /// the accumulators at `acc[i][c]` (row i, panel c). Marked not to inline: inside the block loop
 /// LLVM turned the stepped row pointers back into clamped row indices times the row length,
-/// recomputed every step (15 integer operations per 9 `vpmaddwd`). Since the release profile has
-/// one codegen unit the build inlines it anyway (seen in the LLVM IR and `objdump`, 2026-12-05) and
-/// the loop does recompute them, yet the i8 GEMMs took 1-5% less time than in the 16-unit build in
-/// 15 of 16 alternated timings (`bench gemm --rows 512 --kinds i8`, one and two threads); that
-/// the loop is bound by its multiplies on this Zen 3 is inferred from them, not measured apart.
+/// recomputed every step (15 integer operations per 9 `vpmaddwd`). The release profile's single
+/// codegen unit inlines it anyway, recomputation included, yet measured no slower than the build
+/// that kept it apart: the loop appears bound by its multiplies (inferred, not measured apart).
 ///
 /// # Safety
 /// The CPU must support AVX2; every pointer must have `pairs` code pairs (rows) or panel pairs

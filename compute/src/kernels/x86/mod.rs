@@ -73,11 +73,9 @@ pub(super) fn has_avx512_vnni() -> bool {
 const Q4_PACKED_MIN_ROWS: usize = 4;
 /// How far ahead (bytes of weight codes, in address order) the q4 and i8 GEMVs prefetch at least;
 /// they prefetch one whole panel of 8 rows ahead (`PANEL * K / 2` bytes for q4, `PANEL * K` for
-/// i8) when that is more. (Measured on q4 with row-major codes,
-/// when a panel's 8 rows were 8 streams the hardware prefetcher followed poorly: one thread went
-/// from ~10.5 to ~16-17 GB/s out of DRAM at K = 2048, and the down projection from ~8.2 to ~6.9 ms
-/// per token against a fixed 8 KB distance. The pack's panel layout now makes each whole panel one
-/// address-ordered stream, which the prefetch runs ahead of.)
+/// i8) when that is more: the pack's panel layout makes each panel one address-ordered stream for
+/// the prefetch to run ahead of. A panel ahead measured well faster than a fixed 8 KB (q4 GEMV, when
+/// its codes were still row-major).
 const GEMV_PREFETCH_MIN: usize = 8192;
 
 /// The integer dot primitive of an instruction set. Every method accumulates, per 32-bit lane, the
@@ -309,8 +307,8 @@ unsafe fn hsum_epi32(v: __m256i) -> i32 {
 
 /// `dst[..live].copy_from_slice(&src[..live])`, where `live` is `full` (a multiple of 4, constant
 /// at every caller) except in a last short tile. A whole tile moves in 128-bit loads and stores: as
-/// `copy_from_slice` LLVM merged both cases into one `memcpy` call of `live` floats, per tile row
-/// (1.9% of a 512-row q4 prefill's samples in `perf record`).
+/// `copy_from_slice` LLVM merged both cases into one `memcpy` call of `live` floats per tile row,
+/// a measurable share of a q4 prefill.
 #[inline(always)]
 unsafe fn copy_live(dst: &mut [f32], src: &[f32], full: usize, live: usize) {
     if live == full {
@@ -330,9 +328,9 @@ fn panel_rows<const C: usize>(j0: usize, nb: usize) -> [usize; C] {
     std::array::from_fn(|c| (j0 + c).min(nb - 1))
 }
 
-/// `xs.map(f)` as a plain loop, so it inlines: `[T; N]::map`, and then `std::array::from_fn`, each
-/// stayed an out-of-line call (`try_map`, `try_from_fn`) once per panel of the GEMVs, 1.4-1.5% of a
-/// decode step's samples in `perf record`.
+/// `xs.map(f)` as a plain loop, so it inlines: `[T; N]::map` and `std::array::from_fn` each stayed
+/// an out-of-line call (`try_map`, `try_from_fn`) once per panel of the GEMVs, a measurable share of
+/// a decode step.
 #[inline(always)]
 fn map_n<T: Copy, U: Copy + Default, const N: usize>(xs: [T; N], f: impl Fn(T) -> U) -> [U; N] {
     let mut out = [U::default(); N];

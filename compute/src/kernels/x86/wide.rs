@@ -7,7 +7,7 @@
 //! Why 512 bits on VNNI: on the Zen 5 cores of Strix Point laptops, 128- and 256-bit integer vector
 //! operations issue at half the rate per clock of Zen 4's while 512-bit ones keep Zen 4's rate
 //! (David Huang's measurements), so a 512-bit `vpdpbusd` does twice the multiply-adds per cycle of
-//! a 256-bit one there. Not measured here: this machine has no AVX-512.
+//! a 256-bit one there (not measured by this project: no Zen 5 at hand).
 //!
 //! The q4 tile is `q4_packed.rs`'s one packed-panel tile over [`PanelLanes`] (AVX2 has a tuned 4-row
 //! form with the same operations per output); the i8 tiles are written over [`Lanes16`]. In the
@@ -208,8 +208,7 @@ macro_rules! q4_chunk {
 /// its order (`vpmaddwd` by ones, minus the correction, to f32, times the scale, added to the sum;
 /// at the end times the row's scale): the same bits. The chunks are inline assembly because LLVM,
 /// free to regroup the i16 sums, hoisted a group's products ahead of their adds and spilled weight
-/// vectors to the stack every group (checked in the disassembly with intrinsics, with 2 and 4
-/// rows not inlined, 4 rows inlined and not).
+/// vectors to the stack every group (seen in the disassembly of every intrinsics form tried).
 ///
 /// # Safety
 /// The CPU must support AVX2; `wp`, `sp` are a packed 16-lane panel of `groups` groups, `a` and

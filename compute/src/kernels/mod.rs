@@ -12,6 +12,10 @@
 //! - f32/bf16: the dot order of [`scalar::dot_f32`] (16 lanes, multiply then add, lanes summed
 //!   ascending, then the tail), reproduced lane by lane, so every path gives the same bits.
 
+// Every unsafe operation inside an `unsafe fn` sits in an `unsafe` block with a `// SAFETY:` reason.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod activations;
 mod row_blocks;
 pub mod scalar;

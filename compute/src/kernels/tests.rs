@@ -723,6 +723,10 @@ fn the_adversarial_i8_inputs_would_saturate_an_unsigned_offset_on_avx2() {
     if !Isa::Avx2.is_available() {
         return;
     }
+    /// The first i16 of `maddubs(w + 128, a)` on vectors of `w` and `a`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     unsafe fn offset_pairs(w: i8, a: i8) -> i16 {
         use std::arch::x86_64::*;

@@ -61,8 +61,8 @@ fn padded(k: usize) -> usize {
 /// `k` codes, scales `scales`), written to `out[row][weight row]`.
 ///
 /// # Safety
-/// The CPU must support AVX2; `codes`, `scales`, `acts` and `out` must match `k` (checked by
-/// `Kernels::gemm_block`).
+/// The CPU must support AVX2. (Every access to the arguments is checked; the unchecked ones stay
+/// inside the scratch buffers sized here.)
 #[inline(always)]
 pub(super) unsafe fn i8_block_pairs(
     codes: &[i8],
@@ -82,20 +82,25 @@ pub(super) unsafe fn i8_block_pairs(
     s.weights.resize(panels * panel_len, 0);
     for p in 0..panels {
         let js = panel_rows::<PANEL>(p * PANEL, nb);
-        widen_panel(
-            codes,
-            k,
-            js,
-            &mut s.weights[p * panel_len..(p + 1) * panel_len],
-        );
+        // SAFETY: AVX2, which the caller guarantees; the panel's slice is `padded(k) * PANEL`.
+        unsafe {
+            widen_panel(
+                codes,
+                k,
+                js,
+                &mut s.weights[p * panel_len..(p + 1) * panel_len],
+            )
+        };
     }
     for rb in row_blocks(rows, 2 * kp, INT_BLOCK_BYTES, ROWS) {
         let n = rb.len();
         s.acts.resize(n * kp, 0);
         for (i, r) in rb.clone().enumerate() {
-            widen_row(acts.codes(r), &mut s.acts[i * kp..(i + 1) * kp]);
+            // SAFETY: AVX2, which the caller guarantees; the row's slice is `kp`, a multiple of 16.
+            unsafe { widen_row(acts.codes(r), &mut s.acts[i * kp..(i + 1) * kp]) };
         }
-        s.acc.resize(n * PANELS, _mm256_setzero_si256());
+        // SAFETY: AVX2, which the caller guarantees (a register-only intrinsic).
+        s.acc.resize(n * PANELS, unsafe { _mm256_setzero_si256() });
         for p0 in (0..panels).step_by(PANELS) {
             // A short last group of panels runs a narrower tile (repeating a panel instead cost
             // the most common tasks, 16 panels, an eighth of their work).
@@ -106,7 +111,8 @@ pub(super) unsafe fn i8_block_pairs(
                     test_hooks::is(test_hooks::Fault::ShortTileNarrowed) && live_panels < PANELS,
                 );
             let ps: [usize; PANELS] = std::array::from_fn(|c| (p0 + c).min(panels - 1));
-            s.acc.fill(_mm256_setzero_si256());
+            // SAFETY: as above.
+            s.acc.fill(unsafe { _mm256_setzero_si256() });
             for k0 in (0..kp).step_by(K_CHUNK) {
                 let pairs = (kp - k0).min(K_CHUNK) / 2;
                 #[cfg(test)]
@@ -114,8 +120,10 @@ pub(super) unsafe fn i8_block_pairs(
                     - usize::from(
                         test_hooks::is(test_hooks::Fault::LastPairDropped) && k0 + K_CHUNK >= kp,
                     );
-                let w: [*const i16; PANELS] =
-                    std::array::from_fn(|c| s.weights.as_ptr().add(ps[c] * panel_len + k0 * PANEL));
+                // SAFETY: `ps[c] < panels` and `k0 < kp`: inside `s.weights` (`panels * panel_len`).
+                let w: [*const i16; PANELS] = std::array::from_fn(|c| unsafe {
+                    s.weights.as_ptr().add(ps[c] * panel_len + k0 * PANEL)
+                });
                 // The next chunk's weights (the next K chunk of these panels, or the first of the
                 // next group), prefetched a share per row tile: without it the first row tile of
                 // every chunk waited on them from L3 (a task's widened panels outgrow L2).
@@ -136,29 +144,43 @@ pub(super) unsafe fn i8_block_pairs(
                         let t = r0 / ROWS;
                         let (from, to) = (t * lines / tiles, (t + 1) * lines / tiles);
                         for &np in &nps {
-                            let base =
-                                s.weights.as_ptr().add(np * panel_len + nk0 * PANEL) as *const i8;
-                            for line in from..to {
-                                _mm_prefetch::<_MM_HINT_T0>(base.add(64 * line));
+                            // SAFETY: `np < panels` and `nk0 < kp`: inside `s.weights`, and so are
+                            // the lines of the next chunk prefetched (a prefetch never faults).
+                            unsafe {
+                                let base = s.weights.as_ptr().add(np * panel_len + nk0 * PANEL)
+                                    as *const i8;
+                                for line in from..to {
+                                    _mm_prefetch::<_MM_HINT_T0>(base.add(64 * line));
+                                }
                             }
                         }
                     }
                     // A short last tile repeats its last row.
                     let rs: [usize; ROWS] = std::array::from_fn(|i| (r0 + i).min(n - 1));
+                    // SAFETY: `rs[i] < n` and `k0 < kp`: inside `s.acts` (`n * kp`).
                     let a: [*const i16; ROWS] =
-                        std::array::from_fn(|i| s.acts.as_ptr().add(rs[i] * kp + k0));
-                    let acc = rs.map(|r| s.acc.as_mut_ptr().add(r * PANELS));
-                    match live_panels {
-                        PANELS => tile::<PANELS>(a, w, pairs, acc),
-                        2 => tile::<2>(a, [w[0], w[1]], pairs, acc),
-                        1 => tile::<1>(a, [w[0]], pairs, acc),
-                        _ => {}
+                        std::array::from_fn(|i| unsafe { s.acts.as_ptr().add(rs[i] * kp + k0) });
+                    // SAFETY: `r < n`: inside `s.acc` (`n * PANELS`).
+                    let acc = rs.map(|r| unsafe { s.acc.as_mut_ptr().add(r * PANELS) });
+                    // SAFETY: AVX2, which the caller guarantees. From `k0`, each activation row
+                    // has `kp - k0 >= 2 * pairs` codes left in `s.acts` and each panel
+                    // `(kp - k0) * PANEL >= 2 * PANEL * pairs` in `s.weights`; each `acc[i]` starts
+                    // the `PANELS >= P` accumulators of row `rs[i]`, aligned (`s.acc` is a
+                    // `Vec<__m256i>`).
+                    unsafe {
+                        match live_panels {
+                            PANELS => tile::<PANELS>(a, w, pairs, acc),
+                            2 => tile::<2>(a, [w[0], w[1]], pairs, acc),
+                            1 => tile::<1>(a, [w[0]], pairs, acc),
+                            _ => {}
+                        }
                     }
                 }
             }
             for i in 0..n {
                 let r = rb.start + i;
-                let sa = _mm256_set1_ps(acts.scale(r));
+                // SAFETY: AVX2, which the caller guarantees (a register-only intrinsic).
+                let sa = unsafe { _mm256_set1_ps(acts.scale(r)) };
                 for c in 0..PANELS {
                     let p = p0 + c;
                     if p >= panels {
@@ -172,10 +194,16 @@ pub(super) unsafe fn i8_block_pairs(
                         );
                     let mut sw = [0f32; PANEL];
                     sw[..live].copy_from_slice(&scales[j0..j0 + live]);
-                    let v = _mm256_cvtepi32_ps(s.acc[i * PANELS + c]);
-                    let v = _mm256_mul_ps(_mm256_mul_ps(v, sa), _mm256_loadu_ps(sw.as_ptr()));
+                    // SAFETY: AVX2, which the caller guarantees; the load reads the 8 floats of
+                    // `sw`.
+                    let v = unsafe {
+                        let v = _mm256_cvtepi32_ps(s.acc[i * PANELS + c]);
+                        _mm256_mul_ps(_mm256_mul_ps(v, sa), _mm256_loadu_ps(sw.as_ptr()))
+                    };
                     let mut done = [0f32; PANEL];
-                    _mm256_storeu_ps(done.as_mut_ptr(), v);
+                    // SAFETY: AVX, which the caller guarantees; the store writes the 8 floats of
+                    // `done`.
+                    unsafe { _mm256_storeu_ps(done.as_mut_ptr(), v) };
                     out[r][j0..j0 + live].copy_from_slice(&done[..live]);
                 }
             }
@@ -192,8 +220,9 @@ pub(super) unsafe fn i8_block_pairs(
 /// that kept it apart: the loop appears bound by its multiplies (inferred, not measured apart).
 ///
 /// # Safety
-/// The CPU must support AVX2; every pointer must have `pairs` code pairs (rows) or panel pairs
-/// (weights) readable, and `acc[i]` `P` vectors.
+/// The CPU must support AVX2. Every `a[i]` must point to `2 * pairs` readable i16 codes (`pairs`
+/// code pairs of a row), every `w[c]` to `2 * PANEL * pairs` (`pairs` pairs of a panel), and every
+/// `acc[i]` to `P` readable and writable accumulators, aligned.
 #[target_feature(enable = "avx2")]
 #[inline(never)]
 unsafe fn tile<const P: usize>(
@@ -205,7 +234,8 @@ unsafe fn tile<const P: usize>(
     let mut sums = [[_mm256_setzero_si256(); P]; ROWS];
     for i in 0..ROWS {
         for c in 0..P {
-            sums[i][c] = *acc[i].add(c);
+            // SAFETY: accumulator c < P of `acc[i]`, valid and aligned by this function's contract.
+            sums[i][c] = unsafe { *acc[i].add(c) };
         }
     }
     // Pointers stepped in the loop (indexing from the row starts made LLVM recompute each row's
@@ -214,12 +244,19 @@ unsafe fn tile<const P: usize>(
     for _ in 0..pairs {
         let mut wv = [_mm256_setzero_si256(); P];
         for c in 0..P {
-            wv[c] = _mm256_loadu_si256(w[c] as *const __m256i);
-            w[c] = w[c].add(2 * PANEL);
+            // SAFETY: step t < pairs reads the i16 `2 * PANEL * t..2 * PANEL * (t + 1)` of panel c,
+            // inside by this function's contract.
+            unsafe {
+                wv[c] = _mm256_loadu_si256(w[c] as *const __m256i);
+                w[c] = w[c].add(2 * PANEL);
+            }
         }
         for i in 0..ROWS {
-            let b = _mm256_set1_epi32((a[i] as *const i32).read_unaligned());
-            a[i] = a[i].add(2);
+            // SAFETY: step t < pairs reads the i16 `2t` and `2t + 1` of row i, inside by this
+            // function's contract.
+            let b = unsafe { _mm256_set1_epi32((a[i] as *const i32).read_unaligned()) };
+            // SAFETY: at most one past the row's last pair read.
+            a[i] = unsafe { a[i].add(2) };
             for c in 0..P {
                 sums[i][c] = _mm256_add_epi32(sums[i][c], _mm256_madd_epi16(wv[c], b));
             }
@@ -227,46 +264,63 @@ unsafe fn tile<const P: usize>(
     }
     for i in 0..ROWS {
         for c in 0..P {
-            *acc[i].add(c) = sums[i][c];
+            // SAFETY: as for the reads of the accumulators above.
+            unsafe { *acc[i].add(c) = sums[i][c] };
         }
     }
 }
 
 /// 16 codes from `src[at..]` (zeros past its end) widened to i16.
+///
+/// # Safety
+/// The CPU must support AVX2. (The load is checked against `src.len()`.)
 #[inline(always)]
 unsafe fn widen16(src: &[i8], at: usize) -> __m256i {
     if at + WIDEN <= src.len() {
-        _mm256_cvtepi8_epi16(_mm_loadu_si128(src.as_ptr().add(at) as *const __m128i))
+        // SAFETY: AVX2, which the caller guarantees; the 16 codes from `at` are inside `src`.
+        unsafe { _mm256_cvtepi8_epi16(_mm_loadu_si128(src.as_ptr().add(at) as *const __m128i)) }
     } else {
         let mut tail = [0i8; WIDEN];
         let live = src.len().saturating_sub(at);
         tail[..live].copy_from_slice(&src[at..at + live]);
-        _mm256_cvtepi8_epi16(_mm_loadu_si128(tail.as_ptr() as *const __m128i))
+        // SAFETY: AVX2, which the caller guarantees; the load reads the 16 codes of `tail`.
+        unsafe { _mm256_cvtepi8_epi16(_mm_loadu_si128(tail.as_ptr() as *const __m128i)) }
     }
 }
 
 /// One activation row's codes as i16 (`dst` is the padded length).
+///
+/// # Safety
+/// The CPU must support AVX2; `dst.len()` must be a multiple of 16 (the stores are unchecked).
 #[inline(always)]
 unsafe fn widen_row(src: &[i8], dst: &mut [i16]) {
     for at in (0..dst.len()).step_by(WIDEN) {
-        _mm256_storeu_si256(dst.as_mut_ptr().add(at) as *mut __m256i, widen16(src, at));
+        // SAFETY: AVX2, which the caller guarantees; the store writes `dst[at..at + 16]`, inside as
+        // `dst.len()` is a multiple of 16.
+        unsafe { _mm256_storeu_si256(dst.as_mut_ptr().add(at) as *mut __m256i, widen16(src, at)) };
     }
 }
 
 /// The weight rows `js` (8, of `k` codes each) as one widened panel: `dst[(t * 8 + c) * 2 ..][..2]`
 /// is row c's codes 2t and 2t + 1.
+///
+/// # Safety
+/// The CPU must support AVX2; `dst.len()` must be at least `padded(k) * PANEL` (the stores are
+/// unchecked; the rows of `codes` are sliced with checks).
 #[inline(always)]
 unsafe fn widen_panel(codes: &[i8], k: usize, js: [usize; PANEL], dst: &mut [i16]) {
     debug_assert_eq!(dst.len(), padded(k) * PANEL);
     for at in (0..padded(k)).step_by(WIDEN) {
         // Row c's 8 pairs from `at` as the 8 i32 lanes of vector c; transposed, vector t holds pair
         // `at / 2 + t` of the 8 rows.
-        let rows: [__m256; PANEL] = std::array::from_fn(|c| {
+        // SAFETY: AVX2, which the caller guarantees (all `widen16` needs).
+        let rows: [__m256; PANEL] = std::array::from_fn(|c| unsafe {
             _mm256_castsi256_ps(widen16(&codes[js[c] * k..(js[c] + 1) * k], at))
         });
         #[cfg(test)]
         let rows = if test_hooks::is(test_hooks::Fault::PairHalvesSwapped) {
-            rows.map(|v| {
+            // SAFETY: AVX2, which the caller guarantees (register-only intrinsics).
+            rows.map(|v| unsafe {
                 _mm256_castsi256_ps(_mm256_shufflehi_epi16::<0xB1>(
                     _mm256_shufflelo_epi16::<0xB1>(_mm256_castps_si256(v)),
                 ))
@@ -274,9 +328,14 @@ unsafe fn widen_panel(codes: &[i8], k: usize, js: [usize; PANEL], dst: &mut [i16
         } else {
             rows
         };
-        for (t, v) in transpose8(rows).into_iter().enumerate() {
-            let p = dst.as_mut_ptr().add((at / 2 + t) * 2 * PANEL);
-            _mm256_storeu_si256(p as *mut __m256i, _mm256_castps_si256(v));
+        // SAFETY: AVX2, which the caller guarantees; the store for t < 8 writes the 16 i16 from
+        // `(at / 2 + t) * 16`, ending at most at `(at + 16) * 8 <= padded(k) * PANEL <= dst.len()`
+        // by this function's contract.
+        unsafe {
+            for (t, v) in transpose8(rows).into_iter().enumerate() {
+                let p = dst.as_mut_ptr().add((at / 2 + t) * 2 * PANEL);
+                _mm256_storeu_si256(p as *mut __m256i, _mm256_castps_si256(v));
+            }
         }
     }
 }

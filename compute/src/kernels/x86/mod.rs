@@ -80,6 +80,11 @@ const GEMV_PREFETCH_MIN: usize = 8192;
 
 /// The integer dot primitive of an instruction set. Every method accumulates, per 32-bit lane, the
 /// products of that lane's 4 bytes.
+///
+/// Every method needs the CPU to support the implementing type's instructions (*`Self`'s
+/// features*: AVX2 for [`Avx2Dot`] and the emulated VNNI, AVX2 and AVX-512 F/BW/VL/VNNI for
+/// [`VnniDot`]); the kernels call them only inside a `#[target_feature]` entry point that enables
+/// those. Pointer and length requirements are given per method.
 pub(crate) trait Dot {
     /// Subtracted per i8 output as `I8_OFFSET * Σa` (the unsigned offset of the weights).
     const I8_OFFSET: i32;
@@ -94,15 +99,28 @@ pub(crate) trait Dot {
     /// register tiles of [`Dot::i8_tile_many`].
     const I8_PAIRS: bool = false;
     /// The unsigned operand made from i8 weight bytes.
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features.
     unsafe fn i8_weight(w: __m256i) -> __m256i;
     /// `acc + a · w` per lane, given the weights `w` and their unsigned form `wu`.
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features.
     unsafe fn i8_dot(acc: __m256i, wu: __m256i, w: __m256i, a: __m256i) -> __m256i;
     /// The dots (before the `8 * Σa` correction) of one pair of q4 groups against 8 weight rows:
     /// `[first group, second group]`, lane c = weight row c. `w[c]` points at row c's 32 bytes of the
     /// pair; `a_even` and `a_odd` are the pair's 64 activation codes (`Q4Groups` layout).
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features; every `w[c]` must point to 32 readable bytes.
     unsafe fn u4_rows8(w: [*const u8; PANEL], a_even: __m256i, a_odd: __m256i) -> [__m256i; 2];
     /// [`i8_tile`] for [`I8_TILE_ROWS`](i8_tiles::I8_TILE_ROWS) or more activation rows, unless the
     /// instruction set has a wider form.
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features; every row of `a` and `w` must hold at least `k`
+    /// codes.
     #[inline(always)]
     unsafe fn i8_tile_many<const R: usize, const C: usize>(
         a: [&[i8]; R],
@@ -113,11 +131,16 @@ pub(crate) trait Dot {
     where
         Self: Sized,
     {
-        i8_tile::<Self, R, C>(a, w, k, offsets)
+        // SAFETY: `i8_tile`'s contract is this one.
+        unsafe { i8_tile::<Self, R, C>(a, w, k, offsets) }
     }
     /// q4 against [`Q4_PACKED_MIN_ROWS`] or more activation rows, K at least one group: packed
     /// panels ([`q4_block_packed`]) on the instruction set's widest
     /// [`PanelLanes`](q4_packed::PanelLanes).
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features; the rows `0..out.len()` of `acts` must hold at least
+    /// `k` codes.
     unsafe fn q4_block_many(
         codes: Q4Codes<'_>,
         scales: &[bf16],
@@ -133,35 +156,51 @@ pub(crate) struct Avx2Dot;
 impl Dot for Avx2Dot {
     const I8_OFFSET: i32 = 0;
     const I8_PAIRS: bool = true;
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn i8_weight(w: __m256i) -> __m256i {
-        _mm256_abs_epi8(w)
+        // SAFETY: a register-only AVX2 intrinsic; the caller guarantees AVX2.
+        unsafe { _mm256_abs_epi8(w) }
     }
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn i8_dot(acc: __m256i, wu: __m256i, w: __m256i, a: __m256i) -> __m256i {
-        let pairs = _mm256_maddubs_epi16(wu, _mm256_sign_epi8(a, w));
-        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
+        unsafe {
+            let pairs = _mm256_maddubs_epi16(wu, _mm256_sign_epi8(a, w));
+            _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        }
     }
+    /// # Safety
+    /// The CPU must support AVX2; every `w[c]` must point to 32 readable bytes.
     #[inline(always)]
     unsafe fn u4_rows8(w: [*const u8; PANEL], a_even: __m256i, a_odd: __m256i) -> [__m256i; 2] {
         // Per row, i16 lanes of at most 2 * 2 * 15 * 127 = 7620 (8 per group: the first group in the
         // low 128 bits, the second in the high); two folds reach 4 * 7620 = 30480, then `vpmaddwd`
         // widens the last pairs. Rows fold as (0, 2) and (1, 3) so the lanes come out in row order.
         // (No closures here: they would not inherit the entry point's target features.)
-        let mut v = [_mm256_setzero_si256(); PANEL];
-        for c in 0..PANEL {
-            v[c] = u4_pair_i16(w[c], a_even, a_odd);
+        // SAFETY: AVX2, which the caller guarantees; `u4_pair_i16` reads the 32 bytes at each
+        // `w[c]`, readable by this function's contract.
+        unsafe {
+            let mut v = [_mm256_setzero_si256(); PANEL];
+            for c in 0..PANEL {
+                v[c] = u4_pair_i16(w[c], a_even, a_odd);
+            }
+            let ones = _mm256_set1_epi16(1);
+            let lo = fold_epi32_i16(fold_epi32_i16(v[0], v[2]), fold_epi32_i16(v[1], v[3]));
+            let hi = fold_epi32_i16(fold_epi32_i16(v[4], v[6]), fold_epi32_i16(v[5], v[7]));
+            let lo = _mm256_madd_epi16(lo, ones);
+            let hi = _mm256_madd_epi16(hi, ones);
+            [
+                _mm256_permute2x128_si256::<0x20>(lo, hi),
+                _mm256_permute2x128_si256::<0x31>(lo, hi),
+            ]
         }
-        let ones = _mm256_set1_epi16(1);
-        let lo = fold_epi32_i16(fold_epi32_i16(v[0], v[2]), fold_epi32_i16(v[1], v[3]));
-        let hi = fold_epi32_i16(fold_epi32_i16(v[4], v[6]), fold_epi32_i16(v[5], v[7]));
-        let lo = _mm256_madd_epi16(lo, ones);
-        let hi = _mm256_madd_epi16(hi, ones);
-        [
-            _mm256_permute2x128_si256::<0x20>(lo, hi),
-            _mm256_permute2x128_si256::<0x31>(lo, hi),
-        ]
     }
+    /// # Safety
+    /// The CPU must support AVX2; the rows `0..out.len()` of `acts` must hold at least `k` codes.
     #[inline(always)]
     unsafe fn q4_block_many(
         codes: Q4Codes<'_>,
@@ -170,33 +209,46 @@ impl Dot for Avx2Dot {
         acts: &Activations,
         out: &mut [&mut [f32]],
     ) {
-        q4_block_packed::<wide::YmmPair<wide::Maddubs16>>(codes, scales, k, acts, out)
+        // SAFETY: `YmmPair`'s features are AVX2; the rows of `acts` as this function requires.
+        unsafe { q4_block_packed::<wide::YmmPair<wide::Maddubs16>>(codes, scales, k, acts, out) }
     }
 }
 
 /// One row's products for a pair of q4 groups as i16 lanes (pair sums of `vpmaddubsw`, even and odd
 /// elements added): the first group's 8 lanes in the low 128 bits, the second's in the high.
+///
+/// # Safety
+/// The CPU must support AVX2; `p` must point to 32 readable bytes.
 #[inline(always)]
 unsafe fn u4_pair_i16(p: *const u8, a_even: __m256i, a_odd: __m256i) -> __m256i {
-    let (lo, hi) = split_q4_pair(p);
-    _mm256_add_epi16(
-        _mm256_maddubs_epi16(lo, a_even),
-        _mm256_maddubs_epi16(hi, a_odd),
-    )
+    // SAFETY: AVX2 and the 32 bytes at `p`, as this function requires of its caller.
+    unsafe {
+        let (lo, hi) = split_q4_pair(p);
+        _mm256_add_epi16(
+            _mm256_maddubs_epi16(lo, a_even),
+            _mm256_maddubs_epi16(hi, a_odd),
+        )
+    }
 }
 
 /// Per 128 bits: the 32-bit lanes `[x0 + x2, y0 + y2, x1 + x3, y1 + y3]` (added as i16 pairs).
+///
+/// # Safety
+/// The CPU must support AVX2.
 #[inline(always)]
 unsafe fn fold_epi32_i16(x: __m256i, y: __m256i) -> __m256i {
-    _mm256_add_epi16(_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y))
+    // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
+    unsafe { _mm256_add_epi16(_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y)) }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Entry points: one per instruction set, each the generic body compiled with that set's features.
 
 /// # Safety
-/// The CPU must support AVX2 and FMA; `block`, `x` and `acts` must match `k` and `out`
-/// (checked by `Kernels::gemm_block`).
+/// The CPU must support AVX2 and FMA. `block` must be `WeightBlock::new(_, k, _, nb)` with `nb` the
+/// length of `out[0]` (the q4 GEMV reads those rows' codes unchecked); for i8 the rows
+/// `0..out.len()` of `acts` must hold at least `k` codes, for q4 be prepared in the `Q4Groups`
+/// layout for K = `k` (codes and group sums). `Kernels::gemm_block` makes and checks all of this.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn gemm_block_avx2(
     block: &WeightBlock<'_>,
@@ -205,7 +257,8 @@ pub(super) unsafe fn gemm_block_avx2(
     acts: &Activations,
     out: &mut [&mut [f32]],
 ) {
-    gemm_block_generic::<Avx2Dot>(block, k, x, acts, out)
+    // SAFETY: `Avx2Dot`'s features are enabled here; the shapes as this function requires.
+    unsafe { gemm_block_generic::<Avx2Dot>(block, k, x, acts, out) }
 }
 
 /// # Safety
@@ -218,7 +271,8 @@ pub(super) unsafe fn gemm_block_vnni(
     acts: &Activations,
     out: &mut [&mut [f32]],
 ) {
-    gemm_block_generic::<VnniDot>(block, k, x, acts, out)
+    // SAFETY: `VnniDot`'s features are enabled here; the shapes as this function requires.
+    unsafe { gemm_block_generic::<VnniDot>(block, k, x, acts, out) }
 }
 
 /// The VNNI bodies with `vpdpbusd` emulated, for tests on AVX2 machines.
@@ -234,9 +288,13 @@ pub(super) unsafe fn gemm_block_emulated_vnni(
     acts: &Activations,
     out: &mut [&mut [f32]],
 ) {
-    gemm_block_generic::<EmuVnniDot>(block, k, x, acts, out)
+    // SAFETY: `EmuVnniDot`'s features (AVX2) are enabled here; the shapes as this function
+    // requires.
+    unsafe { gemm_block_generic::<EmuVnniDot>(block, k, x, acts, out) }
 }
 
+/// # Safety
+/// The CPU must support `D`'s features; the shapes as [`gemm_block_avx2`] requires.
 #[inline(always)]
 unsafe fn gemm_block_generic<D: Dot>(
     block: &WeightBlock<'_>,
@@ -245,15 +303,21 @@ unsafe fn gemm_block_generic<D: Dot>(
     acts: &Activations,
     out: &mut [&mut [f32]],
 ) {
-    match *block {
-        WeightBlock::F32(w) => f32_block::<D, f32>(w, k, x, out),
-        WeightBlock::Bf16(w) => f32_block::<D, bf16>(w, k, x, out),
-        WeightBlock::I8 { codes, scales } => i8_block::<D>(codes, scales, k, acts, out),
-        WeightBlock::Q4 { codes, scales } => {
-            if out.len() >= Q4_PACKED_MIN_ROWS && k >= Q4_GROUP {
-                D::q4_block_many(codes, scales, k, acts, out)
-            } else {
-                q4_block_rows::<D>(codes, scales, k, acts, out)
+    // SAFETY: `D`'s features, which the caller guarantees, include AVX2; the f32 tiles read only
+    // slices checked against `k`; the i8 and q4 kernels get `acts` rows of at least `k` codes (for
+    // q4 with their group sums), and the q4 ones a block for this `k` with `out[0].len()` rows, as
+    // this function requires.
+    unsafe {
+        match *block {
+            WeightBlock::F32(w) => f32_block::<D, f32>(w, k, x, out),
+            WeightBlock::Bf16(w) => f32_block::<D, bf16>(w, k, x, out),
+            WeightBlock::I8 { codes, scales } => i8_block::<D>(codes, scales, k, acts, out),
+            WeightBlock::Q4 { codes, scales } => {
+                if out.len() >= Q4_PACKED_MIN_ROWS && k >= Q4_GROUP {
+                    D::q4_block_many(codes, scales, k, acts, out)
+                } else {
+                    q4_block_rows::<D>(codes, scales, k, acts, out)
+                }
             }
         }
     }
@@ -268,41 +332,50 @@ unsafe fn gemm_block_generic<D: Dot>(
 /// The CPU must support AVX2 (callers check `Isa::Avx2.is_available()`).
 #[inline(always)]
 pub unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
-    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-    [
-        _mm256_permute2f128_ps::<0x20>(u0, u4),
-        _mm256_permute2f128_ps::<0x20>(u1, u5),
-        _mm256_permute2f128_ps::<0x20>(u2, u6),
-        _mm256_permute2f128_ps::<0x20>(u3, u7),
-        _mm256_permute2f128_ps::<0x31>(u0, u4),
-        _mm256_permute2f128_ps::<0x31>(u1, u5),
-        _mm256_permute2f128_ps::<0x31>(u2, u6),
-        _mm256_permute2f128_ps::<0x31>(u3, u7),
-    ]
+    // SAFETY: register-only AVX intrinsics; the caller guarantees AVX2.
+    unsafe {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ]
+    }
 }
 
 /// Sum of the 8 lanes.
+///
+/// # Safety
+/// The CPU must support AVX2.
 #[inline(always)]
 unsafe fn hsum_epi32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-    _mm_cvtsi128_si32(s)
+    // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
+    unsafe {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        _mm_cvtsi128_si32(s)
+    }
 }
 
 /// `dst[..live].copy_from_slice(&src[..live])`, where `live` is `full` (a multiple of 4, constant
@@ -310,12 +383,12 @@ unsafe fn hsum_epi32(v: __m256i) -> i32 {
 /// `copy_from_slice` LLVM merged both cases into one `memcpy` call of `live` floats per tile row,
 /// a measurable share of a q4 prefill.
 #[inline(always)]
-unsafe fn copy_live(dst: &mut [f32], src: &[f32], full: usize, live: usize) {
+fn copy_live(dst: &mut [f32], src: &[f32], full: usize, live: usize) {
     if live == full {
         assert!(full.is_multiple_of(4) && dst.len() >= full && src.len() >= full);
         for c in (0..full).step_by(4) {
-            // SAFETY: c + 4 <= full <= both lengths (asserted above).
-            _mm_storeu_ps(dst.as_mut_ptr().add(c), _mm_loadu_ps(src.as_ptr().add(c)));
+            // SAFETY: SSE is part of x86_64; c + 4 <= full <= both lengths (asserted above).
+            unsafe { _mm_storeu_ps(dst.as_mut_ptr().add(c), _mm_loadu_ps(src.as_ptr().add(c))) };
         }
     } else {
         dst[..live].copy_from_slice(&src[..live]);

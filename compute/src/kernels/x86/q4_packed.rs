@@ -21,32 +21,50 @@ thread_local! {
 
 /// One q4 group (16 bytes) as 32 unsigned values `nibble ^ 8` (= code + 8): the 16 low nibbles
 /// (even elements), then the 16 high nibbles (odd elements) — the `Q4Groups` activation order.
+///
+/// # Safety
+/// The CPU must support AVX2; `p` must point to 16 readable bytes.
 #[inline(always)]
 unsafe fn expand_q4(p: *const u8) -> __m256i {
-    let b = _mm_loadu_si128(p as *const __m128i);
-    let w = _mm256_xor_si256(
-        _mm256_broadcastsi128_si256(b),
-        _mm256_set1_epi8(0x88u8 as i8),
-    );
-    let w = _mm256_srlv_epi64(w, _mm256_set_epi64x(4, 4, 0, 0));
-    _mm256_and_si256(w, _mm256_set1_epi8(0x0F))
+    // SAFETY: AVX2, which the caller guarantees; the load reads the 16 bytes at `p`, readable by
+    // this function's contract.
+    unsafe {
+        let b = _mm_loadu_si128(p as *const __m128i);
+        let w = _mm256_xor_si256(
+            _mm256_broadcastsi128_si256(b),
+            _mm256_set1_epi8(0x88u8 as i8),
+        );
+        let w = _mm256_srlv_epi64(w, _mm256_set_epi64x(4, 4, 0, 0));
+        _mm256_and_si256(w, _mm256_set1_epi8(0x0F))
+    }
 }
 
 /// Activation chunk j (4 codes) of a packed-panel group, as an i32 to broadcast.
+///
+/// # Safety
+/// `j` must be below 8, and `even` and `odd` must each point to 16 readable codes.
 #[inline(always)]
 pub(super) unsafe fn chunk(even: *const i8, odd: *const i8, j: usize) -> i32 {
-    let p = if j < 4 {
-        even.add(4 * j)
-    } else {
-        odd.add(4 * (j - 4))
-    };
-    (p as *const i32).read_unaligned()
+    // SAFETY: chunk j < 4 reads codes `4j..4j + 4` of `even`, chunk j >= 4 codes
+    // `4(j - 4)..4(j - 4) + 4` of `odd`: inside their 16 for j < 8, by this function's contract.
+    unsafe {
+        let p = if j < 4 {
+            even.add(4 * j)
+        } else {
+            odd.add(4 * (j - 4))
+        };
+        (p as *const i32).read_unaligned()
+    }
 }
 
 /// Unpacks the 8 weight rows `js` into lanes `8 * half ..` of a packed panel `lanes` rows wide:
 /// `wp` holds per group and chunk j (4 codes) the `lanes` rows' 4 bytes side by side
 /// (`groups x 8 x 4 * lanes` bytes), `sp` per group the rows' scales (`groups x lanes`). The 8-lane
 /// kernels use one half; the 16-lane (`wide`) ones two.
+///
+/// # Safety
+/// The CPU must support AVX2; `8 * (half + 1) <= lanes` and `wp.len() >= k / 32 * 32 * lanes`
+/// (its stores are unchecked; every other access is checked).
 #[inline(always)]
 unsafe fn q4_pack_panel(
     codes: Q4Codes<'_>,
@@ -60,15 +78,20 @@ unsafe fn q4_pack_panel(
     let groups = k / Q4_GROUP;
     debug_assert!(wp.len() >= groups * 32 * lanes && sp.len() >= groups * lanes);
     for g in 0..groups {
-        let mut e = [_mm256_setzero_ps(); PANEL];
-        for c in 0..PANEL {
-            let p = codes.group(js[c], g).as_ptr();
-            e[c] = _mm256_castsi256_ps(expand_q4(p));
-        }
-        // Chunk j (4 codes) of every row side by side.
-        for (j, t) in transpose8(e).into_iter().enumerate() {
-            let at = g * 32 * lanes + 4 * lanes * j + 32 * half;
-            _mm256_storeu_ps(wp.as_mut_ptr().add(at) as *mut f32, t);
+        // SAFETY: AVX2, which the caller guarantees; each `expand_q4` reads one group's 16 bytes
+        // (a checked slice); each store writes 32 bytes at `at`, and `at + 32 <= (g + 1) * 32 *
+        // lanes <= wp.len()` as `32 * (half + 1) <= 4 * lanes`, both by this function's contract.
+        unsafe {
+            let mut e = [_mm256_setzero_ps(); PANEL];
+            for c in 0..PANEL {
+                let p = codes.group(js[c], g).as_ptr();
+                e[c] = _mm256_castsi256_ps(expand_q4(p));
+            }
+            // Chunk j (4 codes) of every row side by side.
+            for (j, t) in transpose8(e).into_iter().enumerate() {
+                let at = g * 32 * lanes + 4 * lanes * j + 32 * half;
+                _mm256_storeu_ps(wp.as_mut_ptr().add(at) as *mut f32, t);
+            }
         }
         for (c, &jr) in js.iter().enumerate() {
             sp[g * lanes + PANEL * half + c] = scales[jr * groups + g].to_f32();
@@ -82,27 +105,57 @@ pub(super) const MAX_LANES: usize = 2 * PANEL;
 /// A vector of weight-row lanes a packed q4 panel is read in: 8 (`ymm`) or 16 (`zmm`, or two `ymm`
 /// in the tests), packed by [`q4_pack_panel`] 8 rows at a time, and the operations of
 /// [`q4_packed_tile`].
+///
+/// Every method needs the CPU to support the implementing type's instructions (*`Self`'s
+/// features*: AVX2 for the `ymm` pairs, AVX-512 F and VNNI for `zmm`).
 pub(crate) trait PanelLanes {
+    /// Weight rows per vector: a multiple of 8, at most [`MAX_LANES`] (the tiles' output rows).
     const LANES: usize;
     /// i32 lanes.
     type I: Copy;
     /// f32 lanes.
     type F: Copy;
+    /// # Safety
+    /// The CPU must support `Self`'s features.
     unsafe fn zero_f() -> Self::F;
+    /// # Safety
+    /// The CPU must support `Self`'s features; `p` must point to `LANES` readable floats.
     unsafe fn load_f(p: *const f32) -> Self::F;
+    /// # Safety
+    /// The CPU must support `Self`'s features.
     unsafe fn set1_i(x: i32) -> Self::I;
+    /// # Safety
+    /// The CPU must support `Self`'s features.
     unsafe fn set1_f(x: f32) -> Self::F;
+    /// # Safety
+    /// The CPU must support `Self`'s features.
     unsafe fn sub_i(a: Self::I, b: Self::I) -> Self::I;
     /// i32 to f32, rounded to nearest (as `as f32`).
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features.
     unsafe fn cvt(a: Self::I) -> Self::F;
+    /// # Safety
+    /// The CPU must support `Self`'s features.
     unsafe fn mul_f(a: Self::F, b: Self::F) -> Self::F;
+    /// # Safety
+    /// The CPU must support `Self`'s features.
     unsafe fn add_f(a: Self::F, b: Self::F) -> Self::F;
+    /// # Safety
+    /// The CPU must support `Self`'s features; `p` must point to `LANES` writable floats.
     unsafe fn store_f(p: *mut f32, v: Self::F);
     /// One q4 group of a packed panel against one activation row: lane c is `Σ_j wg[j][c] · a_j`
     /// over the 8 chunks, where chunk j < 4 reads `even[4j..]` and chunk j >= 4 `odd[4(j-4)..]`.
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features; `wg` must point to the group's `32 * LANES` readable
+    /// bytes, `even` and `odd` to 16 readable codes each.
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> Self::I;
     /// [`q4_packed_tile`] for [`Q4_TILE_ROWS`] rows, unless the lanes have a tuned form (same
     /// operations per output, so the same bits).
+    ///
+    /// # Safety
+    /// As [`q4_packed_tile`].
     #[inline(always)]
     unsafe fn tile4(
         wp: &[u8],
@@ -115,13 +168,18 @@ pub(crate) trait PanelLanes {
     where
         Self: Sized,
     {
-        q4_packed_tile::<Self, Q4_TILE_ROWS>(wp, sp, a, corr, a_scale, groups)
+        // SAFETY: `q4_packed_tile`'s contract is this one.
+        unsafe { q4_packed_tile::<Self, Q4_TILE_ROWS>(wp, sp, a, corr, a_scale, groups) }
     }
 }
 
 /// R activation rows against a packed panel of `V::LANES` weight rows, finished (`finish_q4`):
 /// `done[r][c]` for weight row c (c < `V::LANES`). Per output: exact integer group dots, then
 /// `sum + acc as f32 * scale` per group in ascending order (multiply, then add), in its own lane.
+///
+/// # Safety
+/// The CPU must support `V`'s features. Read unchecked: `groups * 32 * V::LANES` bytes of `wp`,
+/// `groups * V::LANES` floats of `sp` and `32 * groups` codes of every `a[r]` (`Q4Groups` layout).
 #[inline(always)]
 pub(super) unsafe fn q4_packed_tile<V: PanelLanes, const R: usize>(
     wp: &[u8],
@@ -131,30 +189,41 @@ pub(super) unsafe fn q4_packed_tile<V: PanelLanes, const R: usize>(
     a_scale: [f32; R],
     groups: usize,
 ) -> [[f32; MAX_LANES]; R] {
-    let mut sum = [V::zero_f(); R];
-    for g in 0..groups {
-        let scale = V::load_f(sp.as_ptr().add(g * V::LANES));
-        let wg = wp.as_ptr().add(g * 32 * V::LANES);
-        let (even, odd) = q4_halves(g, groups);
-        for r in 0..R {
-            let ar = a[r].as_ptr();
-            let acc = V::group_dot(wg, ar.add(even), ar.add(odd));
-            let acc = V::sub_i(acc, V::set1_i(corr[r][g]));
-            sum[r] = V::add_f(sum[r], V::mul_f(V::cvt(acc), scale));
+    // SAFETY: `V`'s features, which the caller guarantees. For g < `groups`: the scales read are
+    // floats `g * LANES..(g + 1) * LANES` of `sp`, the group's weights bytes `g * 32 * LANES..(g +
+    // 1) * 32 * LANES` of `wp`, and `q4_halves` puts both 16-code halves of group g below
+    // `32 * groups` in every row, all inside by this function's contract; each store writes
+    // `LANES <= MAX_LANES` floats of a `done` row.
+    unsafe {
+        let mut sum = [V::zero_f(); R];
+        for g in 0..groups {
+            let scale = V::load_f(sp.as_ptr().add(g * V::LANES));
+            let wg = wp.as_ptr().add(g * 32 * V::LANES);
+            let (even, odd) = q4_halves(g, groups);
+            for r in 0..R {
+                let ar = a[r].as_ptr();
+                let acc = V::group_dot(wg, ar.add(even), ar.add(odd));
+                let acc = V::sub_i(acc, V::set1_i(corr[r][g]));
+                sum[r] = V::add_f(sum[r], V::mul_f(V::cvt(acc), scale));
+            }
         }
+        let mut done = [[0f32; MAX_LANES]; R];
+        for r in 0..R {
+            V::store_f(
+                done[r].as_mut_ptr(),
+                V::mul_f(sum[r], V::set1_f(a_scale[r])),
+            );
+        }
+        done
     }
-    let mut done = [[0f32; MAX_LANES]; R];
-    for r in 0..R {
-        V::store_f(
-            done[r].as_mut_ptr(),
-            V::mul_f(sum[r], V::set1_f(a_scale[r])),
-        );
-    }
-    done
 }
 
 /// q4 weight rows against every activation row of `acts` (K at least one group), a packed panel of
 /// `V::LANES` weight rows at a time: tiles of [`Q4_TILE_ROWS`] rows, then one row at a time.
+///
+/// # Safety
+/// The CPU must support `V`'s features; the rows `0..out.len()` of `acts` must hold at least `k`
+/// codes (the tiles read them unchecked).
 #[inline(always)]
 pub(super) unsafe fn q4_block_packed<V: PanelLanes>(
     codes: Q4Codes<'_>,
@@ -181,7 +250,9 @@ pub(super) unsafe fn q4_block_packed<V: PanelLanes>(
             for half in 0..lanes / PANEL {
                 let js = panel_rows::<PANEL>(j0 + PANEL * half, nb);
                 let (wpp, spp) = (&mut wp[p * pb..(p + 1) * pb], &mut sp[p * ps..(p + 1) * ps]);
-                q4_pack_panel(codes, scales, k, js, (lanes, half), wpp, spp);
+                // SAFETY: `V`'s features include AVX2; `half < lanes / 8` and `wpp` is
+                // `groups * 32 * lanes` bytes.
+                unsafe { q4_pack_panel(codes, scales, k, js, (lanes, half), wpp, spp) };
             }
         }
         for rb in row_blocks(rows, k + 4 * groups, INT_BLOCK_BYTES, Q4_TILE_ROWS) {
@@ -192,28 +263,36 @@ pub(super) unsafe fn q4_block_packed<V: PanelLanes>(
                 let mut r = rb.start;
                 while r + Q4_TILE_ROWS <= rb.end {
                     let rs: [usize; Q4_TILE_ROWS] = std::array::from_fn(|i| r + i);
-                    let done = V::tile4(
-                        wpp,
-                        spp,
-                        map_n(rs, |i| acts.codes(i)),
-                        map_n(rs, |i| acts.sums(i)),
-                        map_n(rs, |i| acts.scale(i)),
-                        groups,
-                    );
+                    // SAFETY: `V`'s features, which the caller guarantees; `wpp` and `spp` are one
+                    // packed panel of `groups` groups; the activation rows (below `rows`) hold at
+                    // least `k >= 32 * groups` codes by this function's contract.
+                    let done = unsafe {
+                        V::tile4(
+                            wpp,
+                            spp,
+                            map_n(rs, |i| acts.codes(i)),
+                            map_n(rs, |i| acts.sums(i)),
+                            map_n(rs, |i| acts.scale(i)),
+                            groups,
+                        )
+                    };
                     for (i, d) in done.iter().enumerate() {
                         copy_live(&mut out[r + i][j0..], d, lanes, live);
                     }
                     r += Q4_TILE_ROWS;
                 }
                 while r < rb.end {
-                    let [d] = q4_packed_tile::<V, 1>(
-                        wpp,
-                        spp,
-                        [acts.codes(r)],
-                        [acts.sums(r)],
-                        [acts.scale(r)],
-                        groups,
-                    );
+                    // SAFETY: as for the tiles above.
+                    let [d] = unsafe {
+                        q4_packed_tile::<V, 1>(
+                            wpp,
+                            spp,
+                            [acts.codes(r)],
+                            [acts.sums(r)],
+                            [acts.scale(r)],
+                            groups,
+                        )
+                    };
                     copy_live(&mut out[r][j0..], &d, lanes, live);
                     r += 1;
                 }

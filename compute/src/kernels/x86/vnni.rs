@@ -11,8 +11,8 @@ use std::arch::x86_64::*;
 
 /// AVX-512 VNNI: `vpdpbusd` (u8 x i8, 4 products per i32 lane, accumulated, no saturation), 256-bit
 /// for the GEMVs and 512-bit (`wide`) for many rows. One implementation for the real instructions
-/// ([`VnniDot`]) and, in the tests, their exact AVX2 emulation ([`EmuVnniDot`]), so the tests run the
-/// very bodies the VNNI entry point compiles.
+/// ([`VnniDot`]) and, in the tests, their exact AVX2 emulation (`EmuVnniDot`), so the tests run the
+/// very bodies the VNNI entry point compiles. Its features ([`Dot`]) are AVX2 and `P`'s.
 pub(crate) struct Vnni<P>(std::marker::PhantomData<P>);
 
 /// The real instructions.
@@ -21,16 +21,26 @@ pub(crate) type VnniDot = Vnni<RealVnni>;
 
 /// `vpdpbusd` at 256 bits and the 16-lane vector of a VNNI flavour (a trait, not a closure:
 /// closures do not inherit target features).
+///
+/// *`Self`'s features*, which its methods and those of `Self::Wide` need: AVX-512 F, VL and VNNI
+/// for [`RealVnni`]; AVX2 for the emulation.
 pub(crate) trait Dpbusd {
     type Wide: wide::Lanes16;
+    /// `acc` plus, per 32-bit lane, the 4 products of `u`'s unsigned and `s`'s signed bytes.
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features.
     unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
 }
 
 impl Dpbusd for RealVnni {
     type Wide = wide::Zmm;
+    /// # Safety
+    /// The CPU must support AVX-512 VNNI and VL.
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(acc, u, s)
+        // SAFETY: a register-only AVX-512 VNNI + VL intrinsic; the caller guarantees both.
+        unsafe { _mm256_dpbusd_epi32(acc, u, s) }
     }
 }
 
@@ -38,18 +48,30 @@ impl<P: Dpbusd> Dot for Vnni<P> {
     const I8_OFFSET: i32 = 128;
     const I8_MANY_COLS: usize = 4;
     const F32_PAIRS: bool = true;
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn i8_weight(w: __m256i) -> __m256i {
-        _mm256_xor_si256(w, _mm256_set1_epi8(i8::MIN))
+        // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
+        unsafe { _mm256_xor_si256(w, _mm256_set1_epi8(i8::MIN)) }
     }
+    /// # Safety
+    /// The CPU must support `P`'s features.
     #[inline(always)]
     unsafe fn i8_dot(acc: __m256i, wu: __m256i, _w: __m256i, a: __m256i) -> __m256i {
-        P::dpbusd(acc, wu, a)
+        // SAFETY: the caller guarantees `P`'s features.
+        unsafe { P::dpbusd(acc, wu, a) }
     }
+    /// # Safety
+    /// The CPU must support AVX2 and `P`'s features; every `w[c]` must point to 32 readable bytes.
     #[inline(always)]
     unsafe fn u4_rows8(w: [*const u8; PANEL], a_even: __m256i, a_odd: __m256i) -> [__m256i; 2] {
-        vnni_rows8::<P>(w, a_even, a_odd)
+        // SAFETY: `vnni_rows8`'s contract is this one.
+        unsafe { vnni_rows8::<P>(w, a_even, a_odd) }
     }
+    /// # Safety
+    /// The CPU must support AVX2 and `P`'s features; the rows `0..out.len()` of `acts` must hold at
+    /// least `k` codes.
     #[inline(always)]
     unsafe fn q4_block_many(
         codes: Q4Codes<'_>,
@@ -58,8 +80,11 @@ impl<P: Dpbusd> Dot for Vnni<P> {
         acts: &Activations,
         out: &mut [&mut [f32]],
     ) {
-        q4_block_packed::<P::Wide>(codes, scales, k, acts, out)
+        // SAFETY: `P`'s features cover `P::Wide`'s; the rows of `acts` as this function requires.
+        unsafe { q4_block_packed::<P::Wide>(codes, scales, k, acts, out) }
     }
+    /// # Safety
+    /// The CPU must support `P`'s features; every row of `a` and `w` must hold at least `k` codes.
     #[inline(always)]
     unsafe fn i8_tile_many<const R: usize, const C: usize>(
         a: [&[i8]; R],
@@ -67,41 +92,57 @@ impl<P: Dpbusd> Dot for Vnni<P> {
         k: usize,
         offsets: [i32; R],
     ) -> [[i32; C]; R] {
-        wide::i8_tile16::<P::Wide, R, C>(a, w, k, offsets)
+        // SAFETY: `P`'s features cover `P::Wide`'s; the rows as this function requires.
+        unsafe { wide::i8_tile16::<P::Wide, R, C>(a, w, k, offsets) }
     }
 }
 
 /// `u4_rows8` over a `vpdpbusd`: per row, i32 lanes (4 per group and 128 bits), then two folds
 /// (32-bit, then 64-bit lanes) leave row order.
+///
+/// # Safety
+/// The CPU must support AVX2 and `P`'s features; every `w[c]` must point to 32 readable bytes.
 #[inline(always)]
 unsafe fn vnni_rows8<P: Dpbusd>(
     w: [*const u8; PANEL],
     a_even: __m256i,
     a_odd: __m256i,
 ) -> [__m256i; 2] {
-    let mut v = [_mm256_setzero_si256(); PANEL];
-    for c in 0..PANEL {
-        let (lo, hi) = split_q4_pair(w[c]);
-        v[c] = P::dpbusd(P::dpbusd(_mm256_setzero_si256(), lo, a_even), hi, a_odd);
+    // SAFETY: AVX2 and `P`'s features, which the caller guarantees; `split_q4_pair` reads the 32
+    // bytes at each `w[c]`, readable by this function's contract.
+    unsafe {
+        let mut v = [_mm256_setzero_si256(); PANEL];
+        for c in 0..PANEL {
+            let (lo, hi) = split_q4_pair(w[c]);
+            v[c] = P::dpbusd(P::dpbusd(_mm256_setzero_si256(), lo, a_even), hi, a_odd);
+        }
+        let lo = fold_epi64_lanes(fold_epi32_i32(v[0], v[1]), fold_epi32_i32(v[2], v[3]));
+        let hi = fold_epi64_lanes(fold_epi32_i32(v[4], v[5]), fold_epi32_i32(v[6], v[7]));
+        [
+            _mm256_permute2x128_si256::<0x20>(lo, hi),
+            _mm256_permute2x128_si256::<0x31>(lo, hi),
+        ]
     }
-    let lo = fold_epi64_lanes(fold_epi32_i32(v[0], v[1]), fold_epi32_i32(v[2], v[3]));
-    let hi = fold_epi64_lanes(fold_epi32_i32(v[4], v[5]), fold_epi32_i32(v[6], v[7]));
-    [
-        _mm256_permute2x128_si256::<0x20>(lo, hi),
-        _mm256_permute2x128_si256::<0x31>(lo, hi),
-    ]
 }
 
 /// Per 128 bits, i32 lanes: `[x0 + x2, y0 + y2, x1 + x3, y1 + y3]`.
+///
+/// # Safety
+/// The CPU must support AVX2.
 #[inline(always)]
 unsafe fn fold_epi32_i32(x: __m256i, y: __m256i) -> __m256i {
-    _mm256_add_epi32(_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y))
+    // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
+    unsafe { _mm256_add_epi32(_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y)) }
 }
 
 /// Per 128 bits, i32 lanes: `[x0 + x2, x1 + x3, y0 + y2, y1 + y3]`.
+///
+/// # Safety
+/// The CPU must support AVX2.
 #[inline(always)]
 unsafe fn fold_epi64_lanes(x: __m256i, y: __m256i) -> __m256i {
-    _mm256_add_epi32(_mm256_unpacklo_epi64(x, y), _mm256_unpackhi_epi64(x, y))
+    // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
+    unsafe { _mm256_add_epi32(_mm256_unpacklo_epi64(x, y), _mm256_unpackhi_epi64(x, y)) }
 }
 
 /// `vpdpbusd` emulated exactly in AVX2 (bytes widened to i16, `vpmaddwd` on the even and the odd
@@ -114,20 +155,30 @@ pub(crate) type EmuVnniDot = Vnni<EmulatedVnni>;
 #[cfg(test)]
 impl Dpbusd for EmulatedVnni {
     type Wide = wide::EmuZmm;
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        dpbusd_emulated(acc, u, s)
+        // SAFETY: the caller guarantees AVX2, all `dpbusd_emulated` needs.
+        unsafe { dpbusd_emulated(acc, u, s) }
     }
 }
 
+/// `_mm256_dpbusd_epi32(acc, u, s)` in AVX2, exactly.
+///
+/// # Safety
+/// The CPU must support AVX2.
 #[cfg(test)]
 #[inline(always)]
 pub(super) unsafe fn dpbusd_emulated(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-    let u_even = _mm256_and_si256(u, _mm256_set1_epi16(0x00FF));
-    let u_odd = _mm256_srli_epi16(u, 8);
-    let s_even = _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8);
-    let s_odd = _mm256_srai_epi16(s, 8);
-    let even = _mm256_madd_epi16(u_even, s_even);
-    let odd = _mm256_madd_epi16(u_odd, s_odd);
-    _mm256_add_epi32(acc, _mm256_add_epi32(even, odd))
+    // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
+    unsafe {
+        let u_even = _mm256_and_si256(u, _mm256_set1_epi16(0x00FF));
+        let u_odd = _mm256_srli_epi16(u, 8);
+        let s_even = _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8);
+        let s_odd = _mm256_srai_epi16(s, 8);
+        let even = _mm256_madd_epi16(u_even, s_even);
+        let odd = _mm256_madd_epi16(u_odd, s_odd);
+        _mm256_add_epi32(acc, _mm256_add_epi32(even, odd))
+    }
 }

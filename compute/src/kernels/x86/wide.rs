@@ -11,7 +11,7 @@
 //!
 //! The q4 tile is `q4_packed.rs`'s one packed-panel tile over [`PanelLanes`] (AVX2 has a tuned 4-row
 //! form with the same operations per output); the i8 tiles are written over [`Lanes16`]. In the
-//! tests the VNNI vectors are two `ymm` halves with `vpdpbusd` emulated in AVX2 ([`EmuZmm`]), so
+//! tests the VNNI vectors are two `ymm` halves with `vpdpbusd` emulated in AVX2 (`EmuZmm`), so
 //! every line but the `zmm` intrinsics runs on AVX2 machines against the oracles.
 
 use super::q4_packed::{chunk, q4_packed_tile, PanelLanes, MAX_LANES, Q4_TILE_ROWS};
@@ -25,15 +25,32 @@ use std::arch::x86_64::*;
 const WIDE: usize = MAX_LANES;
 
 /// A 16-lane vector: the packed q4 panel's operations ([`PanelLanes`]) and those of the i8 tiles.
+/// Its methods need the CPU to support *`Self`'s features* ([`PanelLanes`]): AVX-512 F and VNNI for
+/// [`Zmm`], AVX2 for the two-`ymm` emulation.
 pub(crate) trait Lanes16: PanelLanes {
+    /// # Safety
+    /// The CPU must support `Self`'s features.
     unsafe fn zero_i() -> Self::I;
     /// 64 bytes.
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features; `p` must point to 64 readable bytes.
     unsafe fn load_i(p: *const u8) -> Self::I;
     /// `vpdpbusd`: per lane, `acc` plus the 4 products of `u`'s unsigned and `s`'s signed bytes.
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features.
     unsafe fn dpbusd(acc: Self::I, u: Self::I, s: Self::I) -> Self::I;
+    /// # Safety
+    /// The CPU must support `Self`'s features.
     unsafe fn add_i(a: Self::I, b: Self::I) -> Self::I;
+    /// # Safety
+    /// The CPU must support `Self`'s features.
     unsafe fn xor_i(a: Self::I, b: Self::I) -> Self::I;
     /// The sum of the 16 lanes.
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features.
     unsafe fn hsum_i(a: Self::I) -> i32;
 }
 
@@ -44,109 +61,172 @@ impl PanelLanes for Zmm {
     const LANES: usize = MAX_LANES;
     type I = __m512i;
     type F = __m512;
+    /// # Safety
+    /// The CPU must support AVX-512 F.
     #[inline(always)]
     unsafe fn zero_f() -> __m512 {
-        _mm512_setzero_ps()
+        // SAFETY: a register-only AVX-512 F intrinsic; the caller guarantees AVX-512 F.
+        unsafe { _mm512_setzero_ps() }
     }
+    /// # Safety
+    /// The CPU must support AVX-512 F; `p` must point to 16 readable floats.
     #[inline(always)]
     unsafe fn load_f(p: *const f32) -> __m512 {
-        _mm512_loadu_ps(p)
+        // SAFETY: AVX-512 F and the 16 floats at `p`, as this function requires of its caller.
+        unsafe { _mm512_loadu_ps(p) }
     }
+    /// # Safety
+    /// The CPU must support AVX-512 F.
     #[inline(always)]
     unsafe fn set1_i(x: i32) -> __m512i {
-        _mm512_set1_epi32(x)
+        // SAFETY: a register-only AVX-512 F intrinsic; the caller guarantees AVX-512 F.
+        unsafe { _mm512_set1_epi32(x) }
     }
+    /// # Safety
+    /// The CPU must support AVX-512 F.
     #[inline(always)]
     unsafe fn set1_f(x: f32) -> __m512 {
-        _mm512_set1_ps(x)
+        // SAFETY: a register-only AVX-512 F intrinsic; the caller guarantees AVX-512 F.
+        unsafe { _mm512_set1_ps(x) }
     }
+    /// # Safety
+    /// The CPU must support AVX-512 F.
     #[inline(always)]
     unsafe fn sub_i(a: __m512i, b: __m512i) -> __m512i {
-        _mm512_sub_epi32(a, b)
+        // SAFETY: a register-only AVX-512 F intrinsic; the caller guarantees AVX-512 F.
+        unsafe { _mm512_sub_epi32(a, b) }
     }
+    /// # Safety
+    /// The CPU must support AVX-512 F.
     #[inline(always)]
     unsafe fn cvt(a: __m512i) -> __m512 {
-        _mm512_cvtepi32_ps(a)
+        // SAFETY: a register-only AVX-512 F intrinsic; the caller guarantees AVX-512 F.
+        unsafe { _mm512_cvtepi32_ps(a) }
     }
+    /// # Safety
+    /// The CPU must support AVX-512 F.
     #[inline(always)]
     unsafe fn mul_f(a: __m512, b: __m512) -> __m512 {
-        _mm512_mul_ps(a, b)
+        // SAFETY: a register-only AVX-512 F intrinsic; the caller guarantees AVX-512 F.
+        unsafe { _mm512_mul_ps(a, b) }
     }
+    /// # Safety
+    /// The CPU must support AVX-512 F.
     #[inline(always)]
     unsafe fn add_f(a: __m512, b: __m512) -> __m512 {
-        _mm512_add_ps(a, b)
+        // SAFETY: a register-only AVX-512 F intrinsic; the caller guarantees AVX-512 F.
+        unsafe { _mm512_add_ps(a, b) }
     }
+    /// # Safety
+    /// The CPU must support AVX-512 F; `p` must point to 16 writable floats.
     #[inline(always)]
     unsafe fn store_f(p: *mut f32, v: __m512) {
-        _mm512_storeu_ps(p, v)
+        // SAFETY: AVX-512 F and the 16 floats at `p`, as this function requires of its caller.
+        unsafe { _mm512_storeu_ps(p, v) }
     }
+    /// # Safety
+    /// The CPU must support AVX-512 F and VNNI; `wg` must point to 512 readable bytes, `even` and
+    /// `odd` to 16 readable codes each.
     #[inline(always)]
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> Self::I {
-        vnni_group_dot::<Self>(wg, even, odd)
+        // SAFETY: `vnni_group_dot`'s contract is this one.
+        unsafe { vnni_group_dot::<Self>(wg, even, odd) }
     }
 }
 
 impl Lanes16 for Zmm {
+    /// # Safety
+    /// The CPU must support AVX-512 F.
     #[inline(always)]
     unsafe fn zero_i() -> __m512i {
-        _mm512_setzero_si512()
+        // SAFETY: a register-only AVX-512 F intrinsic; the caller guarantees AVX-512 F.
+        unsafe { _mm512_setzero_si512() }
     }
+    /// # Safety
+    /// The CPU must support AVX-512 F; `p` must point to 64 readable bytes.
     #[inline(always)]
     unsafe fn load_i(p: *const u8) -> __m512i {
-        _mm512_loadu_si512(p as *const _)
+        // SAFETY: AVX-512 F and the 64 bytes at `p`, as this function requires of its caller.
+        unsafe { _mm512_loadu_si512(p as *const _) }
     }
+    /// # Safety
+    /// The CPU must support AVX-512 VNNI.
     #[inline(always)]
     unsafe fn dpbusd(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
-        _mm512_dpbusd_epi32(acc, u, s)
+        // SAFETY: a register-only AVX-512 VNNI intrinsic; the caller guarantees AVX-512 VNNI.
+        unsafe { _mm512_dpbusd_epi32(acc, u, s) }
     }
+    /// # Safety
+    /// The CPU must support AVX-512 F.
     #[inline(always)]
     unsafe fn add_i(a: __m512i, b: __m512i) -> __m512i {
-        _mm512_add_epi32(a, b)
+        // SAFETY: a register-only AVX-512 F intrinsic; the caller guarantees AVX-512 F.
+        unsafe { _mm512_add_epi32(a, b) }
     }
+    /// # Safety
+    /// The CPU must support AVX-512 F.
     #[inline(always)]
     unsafe fn xor_i(a: __m512i, b: __m512i) -> __m512i {
-        _mm512_xor_si512(a, b)
+        // SAFETY: a register-only AVX-512 F intrinsic; the caller guarantees AVX-512 F.
+        unsafe { _mm512_xor_si512(a, b) }
     }
+    /// # Safety
+    /// The CPU must support AVX-512 F.
     #[inline(always)]
     unsafe fn hsum_i(a: __m512i) -> i32 {
-        _mm512_reduce_add_epi32(a)
+        // SAFETY: register-only AVX-512 F intrinsics; the caller guarantees AVX-512 F.
+        unsafe { _mm512_reduce_add_epi32(a) }
     }
 }
 
-/// How a [`YmmPair`] takes the dot of one q4 group of a packed panel.
+/// How a [`YmmPair`] takes the dot of one q4 group of a packed panel. Its methods need the CPU to
+/// support AVX2.
 pub(crate) trait PairGroupDot: Sized {
     /// Whether the 4-row tile is [`maddubs16_tile4`] (else the generic `q4_packed_tile`).
     const ASM_TILE4: bool = false;
+    /// [`PanelLanes::group_dot`] on the two halves.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `wg` must point to 512 readable bytes, `even` and `odd` to 16
+    /// readable codes each.
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> [__m256i; 2];
 }
 
 /// Two `ymm` halves (lanes 0..8, 8..16) as one 16-lane panel vector, with the group dot of `G`:
 /// [`Maddubs16`] (the AVX2 q4 kernel for many rows), or in the tests `vpdpbusd` emulated exactly
-/// ([`EmuZmm`]: the wide VNNI body on AVX2).
+/// (`EmuZmm`: the wide VNNI body on AVX2). Its features are AVX2.
 pub(crate) struct YmmPair<G>(std::marker::PhantomData<G>);
 
 /// `vpmaddubsw` per chunk for both halves from one broadcast of the chunk's 4 activation codes,
-/// summed in i16 (at most 8 x 3810 = 30480 < 32767, see `x86/mod.rs`), then one `vpmaddwd` per half.
-/// A panel of 16 weight rows makes each broadcast serve two products (8-row panels: one).
+/// summed in i16 (at most 8 x 3810 = 30480 < 32767, see `x86/mod.rs`), then one `vpmaddwd` per
+/// half. A panel of 16 weight rows makes each broadcast serve two products (8-row panels: one).
 pub(crate) struct Maddubs16;
 
 impl PairGroupDot for Maddubs16 {
     const ASM_TILE4: bool = true;
+    /// # Safety
+    /// The CPU must support AVX2; `wg` must point to 512 readable bytes, `even` and `odd` to 16
+    /// readable codes each.
     #[inline(always)]
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> [__m256i; 2] {
-        let mut acc16 = [_mm256_setzero_si256(); 2];
-        for j in 0..8 {
-            let aj = _mm256_set1_epi32(chunk(even, odd, j));
-            for h in 0..2 {
-                let w = _mm256_loadu_si256(wg.add(4 * WIDE * j + 32 * h) as *const __m256i);
-                acc16[h] = _mm256_add_epi16(acc16[h], _mm256_maddubs_epi16(w, aj));
+        // SAFETY: AVX2, which the caller guarantees; chunk j < 8 reads the weight bytes
+        // `4 * WIDE * j..4 * WIDE * (j + 1)` of the group's `32 * WIDE = 512` and 4 of the 16 codes
+        // of `even` or `odd`, all readable by this function's contract.
+        unsafe {
+            let mut acc16 = [_mm256_setzero_si256(); 2];
+            for j in 0..8 {
+                let aj = _mm256_set1_epi32(chunk(even, odd, j));
+                for h in 0..2 {
+                    let w = _mm256_loadu_si256(wg.add(4 * WIDE * j + 32 * h) as *const __m256i);
+                    acc16[h] = _mm256_add_epi16(acc16[h], _mm256_maddubs_epi16(w, aj));
+                }
             }
+            let ones = _mm256_set1_epi16(1);
+            [
+                _mm256_madd_epi16(acc16[0], ones),
+                _mm256_madd_epi16(acc16[1], ones),
+            ]
         }
-        let ones = _mm256_set1_epi16(1);
-        [
-            _mm256_madd_epi16(acc16[0], ones),
-            _mm256_madd_epi16(acc16[1], ones),
-        ]
     }
 }
 
@@ -210,9 +290,11 @@ macro_rules! q4_chunk {
 /// free to regroup the i16 sums, hoisted a group's products ahead of their adds and spilled weight
 /// vectors to the stack every group (seen in the disassembly of every intrinsics form tried).
 ///
+/// `wp` and `sp` are a packed 16-lane panel of `groups` groups, `a` and `corr` rows in the
+/// `Q4Groups` layout with their group corrections.
+///
 /// # Safety
-/// The CPU must support AVX2; `wp`, `sp` are a packed 16-lane panel of `groups` groups, `a` and
-/// `corr` rows in the `Q4Groups` layout with their group corrections.
+/// The CPU must support AVX2. (The lengths the unchecked reads rely on are asserted.)
 #[target_feature(enable = "avx2")]
 #[inline(never)]
 unsafe fn maddubs16_tile4(
@@ -232,35 +314,42 @@ unsafe fn maddubs16_tile4(
             // Both halves of the group's codes lie inside the row (`q4_halves`).
             assert!(odd + Q4_GROUP / 2 <= a[r].len() && even + Q4_GROUP / 2 <= a[r].len());
         }
-        let e = a.map(|r| r.as_ptr().add(even));
-        let o = a.map(|r| r.as_ptr().add(odd));
+        // SAFETY: `even` and `odd` are inside every row (asserted above).
+        let e = a.map(|r| unsafe { r.as_ptr().add(even) });
+        // SAFETY: as above.
+        let o = a.map(|r| unsafe { r.as_ptr().add(odd) });
         let mut acc = [[_mm256_setzero_si256(); 2]; Q4_TILE_ROWS];
         // SAFETY: AVX2 (the entry point's feature); the weights read are the group's 32 * 16 bytes
         // (asserted above via `wp.len()`), the codes the 16 even and 16 odd ones of each row
         // (asserted above); no stack, no flags kept.
-        asm!(
-            q4_chunk!("0", "{e0}", "{e1}", "{e2}", "{e3}", "0"),
-            q4_chunk!("64", "{e0}", "{e1}", "{e2}", "{e3}", "4"),
-            q4_chunk!("128", "{e0}", "{e1}", "{e2}", "{e3}", "8"),
-            q4_chunk!("192", "{e0}", "{e1}", "{e2}", "{e3}", "12"),
-            q4_chunk!("256", "{o0}", "{o1}", "{o2}", "{o3}", "0"),
-            q4_chunk!("320", "{o0}", "{o1}", "{o2}", "{o3}", "4"),
-            q4_chunk!("384", "{o0}", "{o1}", "{o2}", "{o3}", "8"),
-            q4_chunk!("448", "{o0}", "{o1}", "{o2}", "{o3}", "12"),
-            wg = in(reg) wp.as_ptr().add(g * 32 * WIDE),
-            e0 = in(reg) e[0], e1 = in(reg) e[1], e2 = in(reg) e[2], e3 = in(reg) e[3],
-            o0 = in(reg) o[0], o1 = in(reg) o[1], o2 = in(reg) o[2], o3 = in(reg) o[3],
-            a00 = inout(ymm_reg) acc[0][0], a01 = inout(ymm_reg) acc[0][1],
-            a10 = inout(ymm_reg) acc[1][0], a11 = inout(ymm_reg) acc[1][1],
-            a20 = inout(ymm_reg) acc[2][0], a21 = inout(ymm_reg) acc[2][1],
-            a30 = inout(ymm_reg) acc[3][0], a31 = inout(ymm_reg) acc[3][1],
-            w0 = out(ymm_reg) _, w1 = out(ymm_reg) _, b = out(ymm_reg) _, t = out(ymm_reg) _,
-            options(nostack, readonly, preserves_flags),
-        );
-        let scale = [
-            _mm256_loadu_ps(sp.as_ptr().add(g * WIDE)),
-            _mm256_loadu_ps(sp.as_ptr().add(g * WIDE + 8)),
-        ];
+        unsafe {
+            asm!(
+                q4_chunk!("0", "{e0}", "{e1}", "{e2}", "{e3}", "0"),
+                q4_chunk!("64", "{e0}", "{e1}", "{e2}", "{e3}", "4"),
+                q4_chunk!("128", "{e0}", "{e1}", "{e2}", "{e3}", "8"),
+                q4_chunk!("192", "{e0}", "{e1}", "{e2}", "{e3}", "12"),
+                q4_chunk!("256", "{o0}", "{o1}", "{o2}", "{o3}", "0"),
+                q4_chunk!("320", "{o0}", "{o1}", "{o2}", "{o3}", "4"),
+                q4_chunk!("384", "{o0}", "{o1}", "{o2}", "{o3}", "8"),
+                q4_chunk!("448", "{o0}", "{o1}", "{o2}", "{o3}", "12"),
+                wg = in(reg) wp.as_ptr().add(g * 32 * WIDE),
+                e0 = in(reg) e[0], e1 = in(reg) e[1], e2 = in(reg) e[2], e3 = in(reg) e[3],
+                o0 = in(reg) o[0], o1 = in(reg) o[1], o2 = in(reg) o[2], o3 = in(reg) o[3],
+                a00 = inout(ymm_reg) acc[0][0], a01 = inout(ymm_reg) acc[0][1],
+                a10 = inout(ymm_reg) acc[1][0], a11 = inout(ymm_reg) acc[1][1],
+                a20 = inout(ymm_reg) acc[2][0], a21 = inout(ymm_reg) acc[2][1],
+                a30 = inout(ymm_reg) acc[3][0], a31 = inout(ymm_reg) acc[3][1],
+                w0 = out(ymm_reg) _, w1 = out(ymm_reg) _, b = out(ymm_reg) _, t = out(ymm_reg) _,
+                options(nostack, readonly, preserves_flags),
+            )
+        };
+        // SAFETY: the floats `g * 16..(g + 1) * 16` of `sp`, inside (asserted above).
+        let scale = unsafe {
+            [
+                _mm256_loadu_ps(sp.as_ptr().add(g * WIDE)),
+                _mm256_loadu_ps(sp.as_ptr().add(g * WIDE + 8)),
+            ]
+        };
         for r in 0..Q4_TILE_ROWS {
             let c = _mm256_set1_epi32(corr[r][g]);
             for h in 0..2 {
@@ -274,10 +363,13 @@ unsafe fn maddubs16_tile4(
     for r in 0..Q4_TILE_ROWS {
         let sa = _mm256_set1_ps(a_scale[r]);
         for h in 0..2 {
-            _mm256_storeu_ps(
-                done[r].as_mut_ptr().add(8 * h),
-                _mm256_mul_ps(sum[r][h], sa),
-            );
+            // SAFETY: the floats `8 * h..8 * h + 8` of the row's 16.
+            unsafe {
+                _mm256_storeu_ps(
+                    done[r].as_mut_ptr().add(8 * h),
+                    _mm256_mul_ps(sum[r][h], sa),
+                )
+            };
         }
     }
     done
@@ -289,9 +381,13 @@ pub(crate) struct EmuDpbusd;
 
 #[cfg(test)]
 impl PairGroupDot for EmuDpbusd {
+    /// # Safety
+    /// The CPU must support AVX2; `wg` must point to 512 readable bytes, `even` and `odd` to 16
+    /// readable codes each.
     #[inline(always)]
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> [__m256i; 2] {
-        vnni_group_dot::<EmuZmm>(wg, even, odd)
+        // SAFETY: `vnni_group_dot`'s contract, for `EmuZmm` (AVX2), is this one.
+        unsafe { vnni_group_dot::<EmuZmm>(wg, even, odd) }
     }
 }
 
@@ -302,47 +398,82 @@ impl<G: PairGroupDot> PanelLanes for YmmPair<G> {
     const LANES: usize = MAX_LANES;
     type I = [__m256i; 2];
     type F = [__m256; 2];
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn zero_f() -> Self::F {
-        [_mm256_setzero_ps(); 2]
+        // SAFETY: a register-only AVX intrinsic; the caller guarantees AVX2.
+        unsafe { [_mm256_setzero_ps(); 2] }
     }
+    /// # Safety
+    /// The CPU must support AVX2; `p` must point to 16 readable floats.
     #[inline(always)]
     unsafe fn load_f(p: *const f32) -> Self::F {
-        [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))]
+        // SAFETY: AVX2 and the 16 floats at `p`, as this function requires of its caller.
+        unsafe { [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))] }
     }
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn set1_i(x: i32) -> Self::I {
-        [_mm256_set1_epi32(x); 2]
+        // SAFETY: a register-only AVX intrinsic; the caller guarantees AVX2.
+        unsafe { [_mm256_set1_epi32(x); 2] }
     }
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn set1_f(x: f32) -> Self::F {
-        [_mm256_set1_ps(x); 2]
+        // SAFETY: a register-only AVX intrinsic; the caller guarantees AVX2.
+        unsafe { [_mm256_set1_ps(x); 2] }
     }
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn sub_i(a: Self::I, b: Self::I) -> Self::I {
-        [_mm256_sub_epi32(a[0], b[0]), _mm256_sub_epi32(a[1], b[1])]
+        // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
+        unsafe { [_mm256_sub_epi32(a[0], b[0]), _mm256_sub_epi32(a[1], b[1])] }
     }
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn cvt(a: Self::I) -> Self::F {
-        [_mm256_cvtepi32_ps(a[0]), _mm256_cvtepi32_ps(a[1])]
+        // SAFETY: register-only AVX intrinsics; the caller guarantees AVX2.
+        unsafe { [_mm256_cvtepi32_ps(a[0]), _mm256_cvtepi32_ps(a[1])] }
     }
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn mul_f(a: Self::F, b: Self::F) -> Self::F {
-        [_mm256_mul_ps(a[0], b[0]), _mm256_mul_ps(a[1], b[1])]
+        // SAFETY: register-only AVX intrinsics; the caller guarantees AVX2.
+        unsafe { [_mm256_mul_ps(a[0], b[0]), _mm256_mul_ps(a[1], b[1])] }
     }
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn add_f(a: Self::F, b: Self::F) -> Self::F {
-        [_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1])]
+        // SAFETY: register-only AVX intrinsics; the caller guarantees AVX2.
+        unsafe { [_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1])] }
     }
+    /// # Safety
+    /// The CPU must support AVX2; `p` must point to 16 writable floats.
     #[inline(always)]
     unsafe fn store_f(p: *mut f32, v: Self::F) {
-        _mm256_storeu_ps(p, v[0]);
-        _mm256_storeu_ps(p.add(8), v[1]);
+        // SAFETY: AVX2 and the 16 floats at `p`, as this function requires of its caller.
+        unsafe {
+            _mm256_storeu_ps(p, v[0]);
+            _mm256_storeu_ps(p.add(8), v[1]);
+        }
     }
+    /// # Safety
+    /// The CPU must support AVX2; `wg` must point to 512 readable bytes, `even` and `odd` to 16
+    /// readable codes each.
     #[inline(always)]
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> Self::I {
-        G::group_dot(wg, even, odd)
+        // SAFETY: `G::group_dot`'s contract is this one.
+        unsafe { G::group_dot(wg, even, odd) }
     }
+    /// # Safety
+    /// As [`q4_packed_tile`]: AVX2, and the lengths it reads unchecked.
     #[inline(always)]
     unsafe fn tile4(
         wp: &[u8],
@@ -352,59 +483,94 @@ impl<G: PairGroupDot> PanelLanes for YmmPair<G> {
         a_scale: [f32; Q4_TILE_ROWS],
         groups: usize,
     ) -> [[f32; MAX_LANES]; Q4_TILE_ROWS] {
-        if G::ASM_TILE4 {
-            maddubs16_tile4(wp, sp, a, corr, a_scale, groups)
-        } else {
-            q4_packed_tile::<Self, Q4_TILE_ROWS>(wp, sp, a, corr, a_scale, groups)
+        // SAFETY: AVX2, which the caller guarantees (all `maddubs16_tile4` needs); for the generic
+        // tile, its contract is this one.
+        unsafe {
+            if G::ASM_TILE4 {
+                maddubs16_tile4(wp, sp, a, corr, a_scale, groups)
+            } else {
+                q4_packed_tile::<Self, Q4_TILE_ROWS>(wp, sp, a, corr, a_scale, groups)
+            }
         }
     }
 }
 
 #[cfg(test)]
 impl Lanes16 for EmuZmm {
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn zero_i() -> Self::I {
-        [_mm256_setzero_si256(); 2]
+        // SAFETY: a register-only AVX intrinsic; the caller guarantees AVX2.
+        unsafe { [_mm256_setzero_si256(); 2] }
     }
+    /// # Safety
+    /// The CPU must support AVX2; `p` must point to 64 readable bytes.
     #[inline(always)]
     unsafe fn load_i(p: *const u8) -> Self::I {
-        [
-            _mm256_loadu_si256(p as *const __m256i),
-            _mm256_loadu_si256(p.add(32) as *const __m256i),
-        ]
+        // SAFETY: AVX2 and the 64 bytes at `p`, as this function requires of its caller.
+        unsafe {
+            [
+                _mm256_loadu_si256(p as *const __m256i),
+                _mm256_loadu_si256(p.add(32) as *const __m256i),
+            ]
+        }
     }
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn dpbusd(acc: Self::I, u: Self::I, s: Self::I) -> Self::I {
-        [
-            super::vnni::dpbusd_emulated(acc[0], u[0], s[0]),
-            super::vnni::dpbusd_emulated(acc[1], u[1], s[1]),
-        ]
+        // SAFETY: the caller guarantees AVX2, all `dpbusd_emulated` needs.
+        unsafe {
+            [
+                super::vnni::dpbusd_emulated(acc[0], u[0], s[0]),
+                super::vnni::dpbusd_emulated(acc[1], u[1], s[1]),
+            ]
+        }
     }
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn add_i(a: Self::I, b: Self::I) -> Self::I {
-        [_mm256_add_epi32(a[0], b[0]), _mm256_add_epi32(a[1], b[1])]
+        // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
+        unsafe { [_mm256_add_epi32(a[0], b[0]), _mm256_add_epi32(a[1], b[1])] }
     }
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn xor_i(a: Self::I, b: Self::I) -> Self::I {
-        [_mm256_xor_si256(a[0], b[0]), _mm256_xor_si256(a[1], b[1])]
+        // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
+        unsafe { [_mm256_xor_si256(a[0], b[0]), _mm256_xor_si256(a[1], b[1])] }
     }
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn hsum_i(a: Self::I) -> i32 {
-        super::hsum_epi32(a[0]) + super::hsum_epi32(a[1])
+        // SAFETY: the caller guarantees AVX2, all `hsum_epi32` needs.
+        unsafe { super::hsum_epi32(a[0]) + super::hsum_epi32(a[1]) }
     }
 }
 
 /// [`PanelLanes::group_dot`] on a 16-lane VNNI vector: the even and odd chunks in two
 /// accumulators so that consecutive `vpdpbusd` do not wait on each other (integer sums: the split
 /// changes no value).
+///
+/// # Safety
+/// The CPU must support `V`'s features; `wg` must point to 512 readable bytes, `even` and `odd` to
+/// 16 readable codes each.
 #[inline(always)]
 unsafe fn vnni_group_dot<V: Lanes16>(wg: *const u8, even: *const i8, odd: *const i8) -> V::I {
-    let mut acc = [V::zero_i(); 2];
-    for j in 0..8 {
-        let w = V::load_i(wg.add(4 * WIDE * j));
-        acc[j % 2] = V::dpbusd(acc[j % 2], w, V::set1_i(chunk(even, odd, j)));
+    // SAFETY: `V`'s features, which the caller guarantees; chunk j < 8 reads the weight bytes
+    // `4 * WIDE * j..4 * WIDE * (j + 1)` of the group's `32 * WIDE = 512` and 4 of the 16 codes of
+    // `even` or `odd`, all readable by this function's contract.
+    unsafe {
+        let mut acc = [V::zero_i(); 2];
+        for j in 0..8 {
+            let w = V::load_i(wg.add(4 * WIDE * j));
+            acc[j % 2] = V::dpbusd(acc[j % 2], w, V::set1_i(chunk(even, odd, j)));
+        }
+        V::add_i(acc[0], acc[1])
     }
-    V::add_i(acc[0], acc[1])
 }
 
 /// Codes per step of the wide i8 tiles.
@@ -414,6 +580,10 @@ const WIDE_BYTES: usize = 64;
 /// i8 dots of R activation rows by C weight rows, element `[r][c]`. `offsets[r]` is row r's code
 /// sum over the 32-code SIMD part of K (`Activations`); the offset form here covers the 64-code
 /// steps only, so the codes of a last 32-code step come off it and join the scalar tail.
+///
+/// # Safety
+/// The CPU must support `V`'s features; every row of `a` and `w` must hold at least `k` codes (the
+/// 64-code steps read the first `k - k % 64` unchecked).
 #[inline(always)]
 pub(super) unsafe fn i8_tile16<V: Lanes16, const R: usize, const C: usize>(
     a: [&[i8]; R],
@@ -422,19 +592,24 @@ pub(super) unsafe fn i8_tile16<V: Lanes16, const R: usize, const C: usize>(
     offsets: [i32; R],
 ) -> [[i32; C]; R] {
     let steps = k / WIDE_BYTES;
-    // `w ^ 0x80` is `w + 128` as an unsigned byte.
-    let flip = V::set1_i(0x8080_8080u32 as i32);
-    let mut acc = [[V::zero_i(); C]; R];
-    for s in 0..steps {
-        let off = s * WIDE_BYTES;
-        for c in 0..C {
-            let wu = V::xor_i(V::load_i(w[c].as_ptr().add(off) as *const u8), flip);
-            for r in 0..R {
-                let av = V::load_i(a[r].as_ptr().add(off) as *const u8);
-                acc[r][c] = V::dpbusd(acc[r][c], wu, av);
+    // SAFETY: `V`'s features, which the caller guarantees; each load reads codes `off..off + 64`
+    // with `off + 64 <= k`, inside every row by this function's contract.
+    let acc = unsafe {
+        // `w ^ 0x80` is `w + 128` as an unsigned byte.
+        let flip = V::set1_i(0x8080_8080u32 as i32);
+        let mut acc = [[V::zero_i(); C]; R];
+        for s in 0..steps {
+            let off = s * WIDE_BYTES;
+            for c in 0..C {
+                let wu = V::xor_i(V::load_i(w[c].as_ptr().add(off) as *const u8), flip);
+                for r in 0..R {
+                    let av = V::load_i(a[r].as_ptr().add(off) as *const u8);
+                    acc[r][c] = V::dpbusd(acc[r][c], wu, av);
+                }
             }
         }
-    }
+        acc
+    };
     let wide_end = steps * WIDE_BYTES;
     let simd_end = k - k % SIMD_BYTES;
     let mut sums = [[0i32; C]; R];
@@ -442,7 +617,8 @@ pub(super) unsafe fn i8_tile16<V: Lanes16, const R: usize, const C: usize>(
         let past: i32 = a[r][wide_end..simd_end].iter().map(|&x| x as i32).sum();
         let covered = offsets[r] - past;
         for c in 0..C {
-            let mut v = V::hsum_i(acc[r][c]) - 128 * covered;
+            // SAFETY: `V`'s features, which the caller guarantees.
+            let mut v = unsafe { V::hsum_i(acc[r][c]) } - 128 * covered;
             for j in wide_end..k {
                 v += a[r][j] as i32 * w[c][j] as i32;
             }

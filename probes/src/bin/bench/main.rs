@@ -1,0 +1,193 @@
+//! bench: host decoder speed against the memory-bandwidth roofline, on a random-weight pack of a named
+//! shape (made once and cached), with a streaming-read bandwidth probe in the same run.
+//!
+//! `bench --shape qwen3-vl-2b --threads 2 --json` prints one object: `read_gb_s`, and per kind under
+//! `kinds.<kind>`: `decode_tok_s`, `decode_tok_s_ctx512`, `prefill_tok_s` (keyed by rows),
+//! `roofline_pct`, `peak_rss_mb`, and the figures behind them. `bench gemm` times each GEMM of the
+//! shape alone (GEMV and 128-row GEMM) on every instruction set the CPU runs. `bench decode --ctx
+//! 0,2048,4096 --kv bf16,f32` times decode steps with the cache filled to each context, against ctx 0
+//! and against what the bytes a step reads predict.
+//!
+//! One module per benchmark (`decoder` and its mixture-of-experts variant `moe`, `decode`, `gemm`,
+//! `attention`, `kv_accuracy`, `vision`); `forward` runs the decoder for them (prompts, timed
+//! prefills and decode steps), `measure` probes the host (read bandwidth, multiply-add peaks, load,
+//! memory), `random_pack` makes and caches the packs, `report` rounds and prints.
+
+mod attention;
+mod decode;
+mod decoder;
+mod forward;
+mod gemm;
+mod kv_accuracy;
+mod measure;
+mod moe;
+mod random_pack;
+mod report;
+mod vision;
+
+use clap::{Parser, Subcommand};
+use packs::random::RandomShape;
+use packs::QuantKind;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Host decoder and GEMM speed against the bandwidth roofline",
+    after_help = "The decoder runs on the fastest host kernels that pass their self-check; \
+                  XDNA_VL_KERNELS=avx512vnni|avx2|scalar picks one (same results, to compare speed). \
+                  `bench gemm --isa` times each instruction set's GEMMs alone."
+)]
+struct Args {
+    #[command(subcommand)]
+    mode: Option<Mode>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(clap::Args, Clone)]
+struct Common {
+    /// A named random shape (tiny, qwen3-vl-2b, qwen3-vl-30b-a3b-reduced).
+    #[arg(long, default_value = "qwen3-vl-2b", global = true)]
+    shape: String,
+    /// Threads of the forward's pool (and of the bandwidth probe).
+    #[arg(long, default_value_t = 2, global = true)]
+    threads: usize,
+    /// Quant kinds to measure, comma separated (f32, bf16, i8, q4) [default: q4,i8; for vision
+    /// f32,bf16,i8,q4].
+    #[arg(long, value_delimiter = ',', global = true)]
+    kinds: Option<Vec<String>>,
+    /// Where the random packs are made once and kept.
+    #[arg(long, default_value = "target/bench", global = true)]
+    pack_dir: PathBuf,
+    /// Seed of the random weights.
+    #[arg(long, default_value_t = 1, global = true)]
+    seed: u64,
+    /// Print one JSON object instead of the table.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand, Clone)]
+enum Mode {
+    /// Decode at chosen contexts: per kind and KV cache type, one prefill fills the cache to the
+    /// largest context, then each context (largest first, the cache truncated to it) times
+    /// `--steps` decode steps; ms/token, tok/s, and the ratio of each context's time per token to
+    /// ctx 0's beside what the bytes a step reads predict.
+    Decode {
+        /// Filled cache slots to decode at, comma separated (ctx 0, the baseline, is always run).
+        #[arg(long, default_value = "0,2048,4096", value_delimiter = ',')]
+        ctx: Vec<String>,
+        /// KV cache types, comma separated (f32, bf16).
+        #[arg(long, default_value = "bf16,f32", value_delimiter = ',')]
+        kv: Vec<String>,
+        /// Timed decode steps per context (the median counts).
+        #[arg(long, default_value_t = 16)]
+        steps: usize,
+    },
+    /// Each GEMM of the shape alone: GEMV (1 row) and GEMMs (`--rows`), GB/s and GMAC/s, per
+    /// instruction set.
+    Gemm {
+        /// Rows of the batched cases, comma separated (the head, which a prefill runs for one
+        /// row, is timed at 128 rows at most).
+        #[arg(long, default_value = "128", value_delimiter = ',')]
+        rows: Vec<usize>,
+        /// Instruction sets to time, comma separated (default: every one this CPU runs).
+        #[arg(long, value_delimiter = ',')]
+        isa: Vec<String>,
+    },
+    /// The bf16 KV cache's accuracy cost: every transformers fixture replayed (prompt, teacher-forced
+    /// steps, text control) with the f32 and the bf16 cache, each against the reference.
+    KvAccuracy {
+        /// The fixtures directory (cases with checkpoint/, inputs.safetensors, reference*.safetensors).
+        #[arg(long, default_value = "tests/fixtures")]
+        fixtures: PathBuf,
+    },
+    /// Attention alone over a filled cache, every layer, f32 and bf16 caches, as the decoder runs
+    /// it: one decode row (the pool's threads over the KV heads), or with `--rows N` a prefill of N
+    /// rows after the context (row i attends context + i + 1 slots), reported as GMAC/s
+    /// = 2 · Σ_rows slots · query heads · head_dim · layers / time (q·k and p·v each count one
+    /// multiply-add per element) and as % of the f32 FMA and mul+add peaks measured in the run.
+    Attention {
+        /// Filled cache slots the row attends to (a prefill's rows come after them).
+        #[arg(long, default_value_t = 512)]
+        context: usize,
+        /// Query rows: 1 is a decode step; more is a prefill of that many rows.
+        #[arg(long, default_value_t = 1)]
+        rows: usize,
+    },
+    /// The vision tower per image size and kind: preprocessing, tower, its GEMMs' GMAC/s against
+    /// the host's peak (measured in the same run), attention, and the time to the first token
+    /// (tower + decoder prefill of the image rows and a short prompt). A shape without a tower
+    /// runs its tower variant (tiny -> tiny-vl).
+    Vision {
+        /// Image sizes, comma separated, each WIDTHxHEIGHT.
+        #[arg(
+            long,
+            default_value = "448x448,1280x720,1920x1080",
+            value_delimiter = ','
+        )]
+        images: Vec<String>,
+        /// Text rows of the prompt around the image.
+        #[arg(long, default_value_t = 16)]
+        prompt: usize,
+        /// Timed runs per image and kind (the fastest counts).
+        #[arg(long, default_value_t = 1)]
+        reps: usize,
+    },
+}
+
+fn refuse(msg: impl std::fmt::Display) -> ! {
+    eprintln!("error: {msg}");
+    std::process::exit(2)
+}
+
+fn main() {
+    let args = Args::parse();
+    let c = &args.common;
+    if c.threads == 0 {
+        refuse("--threads must be at least 1");
+    }
+    let Some(shape) = RandomShape::named(&c.shape) else {
+        refuse(format!(
+            "unknown shape {:?} (expected one of {})",
+            c.shape,
+            RandomShape::NAMES.join(", ")
+        ))
+    };
+    let default_kinds = match args.mode {
+        Some(Mode::Vision { .. }) => "f32,bf16,i8,q4",
+        _ => "q4,i8",
+    };
+    let kinds: Vec<QuantKind> = c
+        .kinds
+        .clone()
+        .unwrap_or_else(|| default_kinds.split(',').map(String::from).collect())
+        .iter()
+        .map(|k| {
+            k.parse()
+                .unwrap_or_else(|e| refuse(format!("--kinds: {e}")))
+        })
+        .collect();
+    if kinds.is_empty() {
+        refuse("--kinds names no kind");
+    }
+    if let Err(e) = std::fs::create_dir_all(&c.pack_dir) {
+        refuse(format!("cannot create {}: {e}", c.pack_dir.display()));
+    }
+    let report = match &args.mode {
+        None => decoder::run(c, &shape, &kinds),
+        Some(Mode::Attention { context, rows }) => attention::run(c, &shape, *context, *rows),
+        Some(Mode::KvAccuracy { fixtures }) => kv_accuracy::run(c, fixtures),
+        Some(Mode::Vision {
+            images,
+            prompt,
+            reps,
+        }) => vision::run(c, &shape, &kinds, images, *prompt, *reps),
+        Some(Mode::Decode { ctx, kv, steps }) => decode::run(c, &shape, &kinds, ctx, kv, *steps),
+        Some(Mode::Gemm { rows, isa }) => gemm::run(c, &shape, &kinds, rows, isa),
+    };
+    if c.json {
+        println!("{}", serde_json::to_string_pretty(&report).expect("json"));
+    }
+}

@@ -1,0 +1,45 @@
+//! The random-weight packs the benchmarks run on: made once per shape, kind and seed, kept in
+//! `--pack-dir`.
+
+use crate::{refuse, Common};
+use packs::random::{write_random, RandomShape};
+use packs::{Pack, QuantKind, TensorKind};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Opens the cached random pack of `kind`, making it first if absent.
+pub fn pack_for(c: &Common, shape: &RandomShape, kind: QuantKind) -> Arc<Pack> {
+    let path = c
+        .pack_dir
+        .join(format!("{}-{}-seed{}.pack", shape.name, kind, c.seed));
+    if !path.exists() {
+        eprintln!("making {} (once; kept for later runs)", path.display());
+        let t = Instant::now();
+        if let Err(e) = write_random(shape, kind, c.seed, &path) {
+            refuse(format!("cannot write {}: {e}", path.display()));
+        }
+        eprintln!("  made in {:.1} s", t.elapsed().as_secs_f64());
+    }
+    match Pack::open(&path) {
+        Ok(p) => Arc::new(p),
+        Err(e) => refuse(format!("{e} (delete {} to remake it)", path.display())),
+    }
+}
+
+/// The vision tower's tensors (`packs::names::visual`): a decode step reads none of them.
+const VISION_PREFIX: &str = "model.visual.";
+
+/// Bytes a decode step reads from the pack: every decoder linear weight (values or codes, and
+/// scales) and norm. The embedding contributes one row, which is negligible.
+pub fn pack_bytes_per_token(pack: &Pack) -> u64 {
+    pack.tensors()
+        .iter()
+        .filter(|t| {
+            matches!(
+                t.kind,
+                TensorKind::Linear | TensorKind::Scales | TensorKind::Norm
+            ) && !t.name.starts_with(VISION_PREFIX)
+        })
+        .map(|t| t.len)
+        .sum()
+}

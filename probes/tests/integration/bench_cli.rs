@@ -1,5 +1,6 @@
 //! `bench` run as a process on the tiny random shape: the JSON object the host-GEMM issue names
-//! (every key, per kind), the split of a decode step, and a refused bad argument.
+//! (every key, per kind), the split of a decode step, the bf16 KV cache beside the f32 one, and a
+//! refused bad argument.
 
 use serde_json::Value;
 
@@ -104,6 +105,14 @@ fn json_has_every_figure_per_kind_and_splits_the_step() {
             kv,
             2.0 * kv_bf16,
             "{kind}: the bf16 cache holds half the bytes"
+        );
+        // The bf16 cache decodes the f32 cache's prompt and tokens: its rounding alone tells them
+        // apart (on the tiny shape the logits move by a few hundredths).
+        let same_argmax = number(&v, &format!("kinds.{kind}.kv_bf16_same_argmax"));
+        let max_diff = number(&v, &format!("kinds.{kind}.kv_bf16_max_abs_logit_diff"));
+        assert!(
+            same_argmax >= 0.9 && max_diff < 0.25,
+            "{kind}: bf16 vs f32 cache: same argmax {same_argmax}, max |dlogit| {max_diff}"
         );
     }
     // Control: a kind the bench does not know is refused by name, with no JSON.

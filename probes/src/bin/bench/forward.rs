@@ -158,6 +158,9 @@ pub struct Decode {
     /// The better of the two bandwidth passes just before each step (GB/s).
     pub read: Vec<f64>,
     pub logits: Vec<Vec<f32>>,
+    /// The token each step fed, and the cache slot (= rotary position) of the first step.
+    pub tokens: Vec<u32>,
+    pub first_slot: usize,
 }
 
 impl Decode {
@@ -189,6 +192,15 @@ impl Decode {
 /// `steps` decode steps, each feeding the argmax of the one before (the first feeds a fixed
 /// token).
 pub fn decode_steps(f: &mut Forward, steps: usize, probe: &ReadProbe) -> Decode {
+    decode(f, steps, None, probe)
+}
+
+/// Decode steps feeding `tokens`, one a step, whatever the logits pick.
+pub fn decode_tokens(f: &mut Forward, tokens: &[u32], probe: &ReadProbe) -> Decode {
+    decode(f, tokens.len(), Some(tokens), probe)
+}
+
+fn decode(f: &mut Forward, steps: usize, feed: Option<&[u32]>, probe: &ReadProbe) -> Decode {
     let vocab = f.semantics().vocab_size;
     let mut d = Decode {
         times: Vec::new(),
@@ -197,9 +209,15 @@ pub fn decode_steps(f: &mut Forward, steps: usize, probe: &ReadProbe) -> Decode 
         attention_s: Vec::new(),
         read: Vec::new(),
         logits: Vec::new(),
+        tokens: Vec::new(),
+        first_slot: f.next_slot(),
     };
     let mut token = FIRST_TOKEN;
-    for _ in 0..steps {
+    for step in 0..steps {
+        if let Some(feed) = feed {
+            token = feed[step];
+        }
+        d.tokens.push(token);
         d.read.push(probe.beside());
         f.backend_mut().take_stats();
         f.take_attention_time();

@@ -18,7 +18,12 @@ pub struct ReadProbe {
 
 impl ReadProbe {
     pub fn new(threads: usize) -> ReadProbe {
-        let words = (256usize << 20) / 8;
+        ReadProbe::of_bytes(256 << 20, threads)
+    }
+
+    /// A probe over `bytes` (tests use a small one: they time nothing).
+    pub fn of_bytes(bytes: usize, threads: usize) -> ReadProbe {
+        let words = bytes / 8;
         ReadProbe {
             buf: (0..words as u64).collect(),
             threads,

@@ -22,9 +22,8 @@ pub const DECODE_STEPS: usize = 12;
 pub const LONG_CONTEXT: usize = 512;
 const PREFILL_ROWS: [usize; 4] = [16, 128, 512, 2048];
 /// Prefills timed per row count; the fastest counts, as the best of 7 passes counts for the peak
-/// it is set against. One prefill a row count (512 and 2048 rows until 2026-12-06) let the shared
-/// host's other work into the share: two runs of one binary gave the i8 GEMMs at 512 rows 80.9%
-/// and 70.9% of their own run's peak.
+/// it is set against: a single timed prefill lets the shared host's other work into the share
+/// (one binary's i8 GEMMs at 512 rows: 71% and 81% of the peak in two runs).
 const PREFILL_REPS: usize = 2;
 
 /// A forward on the host whose cache holds `rows` prompt rows and the decode steps after them.

@@ -30,9 +30,9 @@ impl ReadProbe {
         }
     }
 
-    /// The read bandwidth to set beside the step that follows: the better of two passes. Single
-    /// 9 ms passes here dip by up to 40% at random (in either pass), which would inflate that
-    /// step's share of the roofline.
+    /// The read bandwidth to set beside the step that follows: the better of two passes, as a
+    /// single pass dips at random (by up to 40% here) and would inflate that step's share of the
+    /// roofline.
     pub fn beside(&self) -> f64 {
         self.pass().max(self.pass())
     }

@@ -71,7 +71,7 @@ pub trait GemmBackend: Send {
     }
 
     /// With `--gemm ab`: how host and device compared so far.
-    fn ab_report(&self) -> Option<crate::device::AbReport> {
+    fn ab_report(&self) -> Option<AbReport> {
         None
     }
 
@@ -79,4 +79,17 @@ pub trait GemmBackend: Send {
     fn take_stats(&mut self) -> GemmStats {
         GemmStats::default()
     }
+}
+
+/// What `--gemm ab` found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AbReport {
+    pub gemms: u64,
+    /// GEMMs with at least one differing value.
+    pub differing_gemms: u64,
+    /// Values that differ at all (bitwise).
+    pub differing_values: u64,
+    pub max_abs_diff: f32,
+    /// The first weight that differed.
+    pub first_differing: Option<String>,
 }

@@ -8,7 +8,6 @@
 //! the missing geometry.
 
 use crate::backend::{BackendError, GemmBackend, GemmStats, WeightRef};
-use crate::host::HostGemm;
 use npu_sys::plan::{design_n, kind_of, m_tile_for, n_chunks, M_TILES};
 use npu_sys::{DesignKind, Designs, GemmDesign, NpuSession};
 use packs::quant;
@@ -21,8 +20,8 @@ use std::time::Instant;
 pub struct DeviceConfig {
     /// The runtime library (None: `XDNA_VL_RUNTIME`, then the installed XRT shim).
     pub runtime: Option<PathBuf>,
-    /// The designs directory (with its manifest; see `npu-designs`).
-    pub designs: PathBuf,
+    /// The designs directory (with its manifest; see `npu-designs`); `--gemm device|ab` needs one.
+    pub designs: Option<PathBuf>,
     /// Who holds the device (shown to other processes waiting for the device-hold ticket).
     pub program: String,
     /// How long one launch may run (None: npu-sys' default).
@@ -86,7 +85,13 @@ fn device_err(msg: impl std::fmt::Display) -> BackendError {
 impl DeviceGemm {
     /// Opens the runtime (taking the device-hold ticket on real hardware) and the designs manifest.
     pub fn open(config: &DeviceConfig) -> Result<DeviceGemm, BackendError> {
-        let designs = Designs::load(&config.designs).map_err(device_err)?;
+        let dir = config.designs.as_deref().ok_or_else(|| {
+            device_err(
+                "--gemm device|ab needs --designs DIR (a designs directory with its manifest; \
+                 `npu-designs emu PACK -o DIR` writes one for the software NPU)",
+            )
+        })?;
+        let designs = Designs::load(dir).map_err(device_err)?;
         let program = if config.program.is_empty() {
             "xdna-vl"
         } else {
@@ -322,88 +327,5 @@ impl GemmBackend for DeviceGemm {
 
     fn take_stats(&mut self) -> GemmStats {
         std::mem::take(&mut self.stats)
-    }
-}
-
-/// Host and device side by side: every GEMM runs on both, the host's result is used, and the
-/// differences are counted.
-pub struct AbGemm {
-    host: HostGemm,
-    device: DeviceGemm,
-    scratch: Vec<f32>,
-    report: AbReport,
-}
-
-/// What `--gemm ab` found.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct AbReport {
-    pub gemms: u64,
-    /// GEMMs with at least one differing value.
-    pub differing_gemms: u64,
-    /// Values that differ at all (bitwise).
-    pub differing_values: u64,
-    pub max_abs_diff: f32,
-    /// The first weight that differed.
-    pub first_differing: Option<String>,
-}
-
-impl AbGemm {
-    pub fn new(host: HostGemm, device: DeviceGemm) -> AbGemm {
-        AbGemm {
-            host,
-            device,
-            scratch: Vec::new(),
-            report: AbReport::default(),
-        }
-    }
-}
-
-impl GemmBackend for AbGemm {
-    fn name(&self) -> &'static str {
-        "ab"
-    }
-
-    fn prepare(&mut self, weights: &[WeightRef<'_>]) -> Result<(), BackendError> {
-        self.host.prepare(weights)?;
-        self.device.prepare(weights)
-    }
-
-    fn gemm(
-        &mut self,
-        w: &WeightRef<'_>,
-        x: &[f32],
-        rows: usize,
-        y: &mut [f32],
-    ) -> Result<(), BackendError> {
-        self.host.gemm(w, x, rows, y)?;
-        self.scratch.resize(y.len(), 0.0);
-        self.device.gemm(w, x, rows, &mut self.scratch)?;
-        let mut differing = 0u64;
-        for (a, b) in y.iter().zip(&self.scratch) {
-            if a.to_bits() != b.to_bits() {
-                differing += 1;
-                self.report.max_abs_diff = self.report.max_abs_diff.max((a - b).abs());
-            }
-        }
-        self.report.gemms += 1;
-        if differing > 0 {
-            self.report.differing_gemms += 1;
-            self.report.differing_values += differing;
-            self.report
-                .first_differing
-                .get_or_insert_with(|| w.linear.name.to_string());
-        }
-        Ok(())
-    }
-
-    fn take_stats(&mut self) -> GemmStats {
-        let h = self.host.take_stats();
-        let mut d = self.device.take_stats();
-        d.host += h.host;
-        d
-    }
-
-    fn ab_report(&self) -> Option<AbReport> {
-        Some(self.report.clone())
     }
 }

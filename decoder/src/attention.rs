@@ -56,7 +56,7 @@ pub fn attend_heads<T: KvElem>(
 ///
 /// Per query head and row the arithmetic is fixed, whatever the split, the rows and the build:
 /// - score of slot s: `dot(q, k_s) * (1 / sqrt(d))`, the dot as [`dot`] orders it;
-/// - softmax: the max, `exp(score - max)` ([`crate::mathf`]), their sum, each times `1 / sum`;
+/// - softmax: the max, `exp(score - max)` ([`compute::ops::mathf`]), their sum, each times `1 / sum`;
 /// - output element j: `0 + p_0 v_0[j] + p_1 v_1[j] + ...` in slot order (multiply, then add).
 ///
 /// The AVX2 path computes 8 slots' dots at once and keeps blocks of outputs in registers, with the
@@ -76,13 +76,16 @@ pub fn attend_causal<T: KvElem>(
     let group_span = (shape.group() * shape.head_dim).max(1);
     assert!(
         first_slots >= 1
+            && kv.head_dim == shape.head_dim
             && q.len() == out.len()
             && q.len().is_multiple_of(rows)
             && (q.len() / rows).is_multiple_of(group_span),
         "attend_causal: {rows} rows, first row reads {first_slots} slots, q {} and out {} values \
-         (rows of whole KV-head groups of {group_span})",
+         (rows of whole KV-head groups of {group_span}), cache head dim {} for shape head dim {}",
         q.len(),
-        out.len()
+        out.len(),
+        kv.head_dim,
+        shape.head_dim
     );
     let block = Block {
         g0,
@@ -97,8 +100,9 @@ pub fn attend_causal<T: KvElem>(
         }
         let scores = &mut scores[..need];
         #[cfg(target_arch = "x86_64")]
-        if crate::kernels::Isa::Avx2.is_available() {
-            // SAFETY: the CPU reported AVX2 and FMA.
+        if compute::kernels::Isa::Avx2.is_available() {
+            // SAFETY: the CPU reported AVX2 and FMA; `kv.head_dim == shape.head_dim` and the
+            // q/out lengths were asserted above, and `KvHeads::k_head`/`v_head` bound the slots.
             unsafe { attend_avx2(shape, block, q, kv, out, scores) };
             return;
         }
@@ -209,7 +213,9 @@ pub fn attend_rows_parallel<T: KvElem>(
 /// [`attend`] with explicit 8-lane AVX2 loops for f32 and bf16 caches.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA.
+/// The CPU must support AVX2 and FMA, and `kv.head_dim` must equal `shape.head_dim`: the loops step
+/// K and V rows by `shape.head_dim` inside the slices `k_head`/`v_head` check with `kv.head_dim`
+/// ([`simd::attend`]). (The lengths of `q`, `out` and `scores` are asserted.)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_avx2<T: KvElem>(
@@ -237,10 +243,10 @@ mod simd;
 mod exact_tests;
 
 /// Softmax of one head's scores in place, in f32: each score becomes `exp(score - max) * (1 / sum)`,
-/// with [`crate::mathf`]'s exp and its order of the sum.
+/// with [`compute::ops::mathf`]'s exp and its order of the sum.
 pub(crate) fn softmax(scores: &mut [f32]) {
-    let max = crate::mathf::max(scores);
-    let inv = 1.0 / crate::mathf::exp_shifted_sum(scores, max);
+    let max = compute::ops::mathf::max(scores);
+    let inv = 1.0 / compute::ops::mathf::exp_shifted_sum(scores, max);
     for p in scores.iter_mut() {
         *p *= inv;
     }
@@ -295,7 +301,7 @@ fn dot<T: KvElem>(q: &[f32], k: &[T]) -> f32 {
             acc[i] += a[i] * b[i].to_f32();
         }
     }
-    let mut sum = crate::mathf::sum_lanes(&acc);
+    let mut sum = compute::ops::mathf::sum_lanes(&acc);
     for (a, b) in qc.remainder().iter().zip(kc.remainder()) {
         sum += a * b.to_f32();
     }
@@ -328,7 +334,7 @@ mod tests {
                 *score = v;
                 max = max.max(v);
             }
-            let inv = 1.0 / crate::mathf::exp_shifted_sum(&mut scores, max);
+            let inv = 1.0 / compute::ops::mathf::exp_shifted_sum(&mut scores, max);
             oh.fill(0.0);
             for (s, &p) in scores.iter().enumerate() {
                 let w = p * inv;
@@ -361,6 +367,41 @@ mod tests {
             store.write(0, s, &widen(&k_rows[row.clone()]), &widen(&v_rows[row]));
         }
         store
+    }
+
+    /// A cache whose head dim is not the shape's is refused before any SIMD load (the AVX2 path
+    /// steps rows by the shape's head dim; a smaller cache head would be read past its end).
+    #[test]
+    #[should_panic(expected = "cache head dim 8 for shape head dim 16")]
+    fn a_cache_of_another_head_dim_is_refused() {
+        let cache_shape = AttnShape {
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 8,
+        };
+        let store = store_of::<f32>(cache_shape, 4, &[0.5; 8], &[0.5; 8]);
+        let shape = AttnShape {
+            head_dim: 16,
+            ..cache_shape
+        };
+        let q = vec![0.1f32; 2 * 16];
+        let mut out = vec![0.0f32; 2 * 16];
+        attend_causal(shape, 0, 1, 1, &q, store.layer(0), &mut out);
+    }
+
+    #[test]
+    fn a_cache_of_the_shapes_head_dim_is_attended() {
+        // Control: the same call with matching head dims runs.
+        let shape = AttnShape {
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 8,
+        };
+        let store = store_of::<f32>(shape, 4, &[0.5; 8], &[0.5; 8]);
+        let q = vec![0.1f32; 2 * 8];
+        let mut out = vec![0.0f32; 2 * 8];
+        attend_causal(shape, 0, 1, 1, &q, store.layer(0), &mut out);
+        assert!(out.iter().all(|&x| x == 0.5), "{out:?}");
     }
 
     fn check<T: KvElem>(convert: fn(f32) -> T, head_dim: usize, heads: usize) {

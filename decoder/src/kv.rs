@@ -57,9 +57,9 @@ impl KvElem for bf16 {
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
     }
-    /// 8 at a time on AVX2 ([`crate::kernels::f32_to_bf16`]), the same bits as `from_f32`.
+    /// 8 at a time on AVX2 ([`compute::kernels::f32_to_bf16`]), the same bits as `from_f32`.
     fn from_f32_slice(dst: &mut [Self], src: &[f32]) {
-        crate::kernels::f32_to_bf16(dst, src)
+        compute::kernels::f32_to_bf16(dst, src)
     }
 }
 

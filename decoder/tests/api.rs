@@ -1,6 +1,6 @@
 //! The forward's API contract on a random tiny pack: slots, refusals, batching.
 
-use decoder::{BackendChoice, Forward, ForwardOptions, HybridInputs, KvDtype, Logits};
+use decoder::{Decoder, DecoderOptions, HybridInputs, KvDtype, Logits};
 use packs::random::{write_random, RandomShape};
 use packs::{Pack, QuantKind};
 use std::sync::Arc;
@@ -20,13 +20,12 @@ fn tiny_pack(quant: QuantKind, mrope: bool) -> (tempfile::TempDir, Arc<Pack>) {
     (dir, Arc::new(Pack::open(&path).unwrap()))
 }
 
-fn fwd(pack: &Arc<Pack>, capacity: usize) -> Forward {
-    let options = ForwardOptions {
+fn fwd(pack: &Arc<Pack>, capacity: usize) -> Decoder {
+    let options = DecoderOptions {
         capacity,
-        threads: 2,
-        ..ForwardOptions::default()
+        ..DecoderOptions::default()
     };
-    Forward::new(pack, BackendChoice::Host, options).unwrap()
+    Decoder::new(pack, &compute::Runtime::host(2).unwrap(), options).unwrap()
 }
 
 const TOKENS: [u32; 6] = [3, 17, 99, 4, 200, 45];
@@ -104,7 +103,7 @@ fn token_outside_the_vocabulary_is_refused() {
     assert_eq!(f.next_slot(), 0);
 }
 
-fn embeds(f: &Forward, tokens: &[u32]) -> Vec<f32> {
+fn embeds(f: &Decoder, tokens: &[u32]) -> Vec<f32> {
     let h = f.semantics().hidden_size;
     let mut out = vec![0.0; tokens.len() * h];
     for (row, &t) in out.chunks_exact_mut(h).zip(tokens) {
@@ -128,7 +127,7 @@ fn hybrid_inputs_are_refused_by_name() {
         deepstack: vec![0.1; sets * 2 * h],
         deepstack_sets: sets,
     };
-    let refuse = |f: &mut Forward, hy: &HybridInputs, needle: &str| {
+    let refuse = |f: &mut Decoder, hy: &HybridInputs, needle: &str| {
         let msg = f
             .step_batch_embeds(&e, hy, 0, Logits::LastRow)
             .unwrap_err()
@@ -191,14 +190,13 @@ fn hybrid_inputs_are_refused_by_name() {
 fn bf16_kv_cache_halves_memory_at_a_small_cost() {
     let (_d, pack) = tiny_pack(QuantKind::F32, true);
     let mut a = fwd(&pack, 32);
-    let mut b = Forward::new(
+    let mut b = Decoder::new(
         &pack,
-        BackendChoice::Host,
-        ForwardOptions {
+        &compute::Runtime::host(2).unwrap(),
+        DecoderOptions {
             capacity: 32,
-            threads: 2,
             kv_dtype: KvDtype::Bf16,
-            ..ForwardOptions::default()
+            ..DecoderOptions::default()
         },
     )
     .unwrap();
@@ -243,12 +241,12 @@ fn attention_time_is_counted_per_step_beside_the_gemm_time() {
     let (_d, pack) = tiny_pack(QuantKind::Q4, true);
     let mut f = fwd(&pack, 32);
     assert_eq!(f.take_attention_time(), std::time::Duration::ZERO);
-    f.backend_mut().take_stats();
+    f.runtime().take_stats();
     let t = std::time::Instant::now();
     f.step_batch(&TOKENS, 0, 0, Logits::LastRow).unwrap();
     let wall = t.elapsed();
     let attention = f.take_attention_time();
-    let gemm = f.backend_mut().take_stats().host;
+    let gemm = f.runtime().take_stats().host;
     assert!(attention > std::time::Duration::ZERO, "no attention time");
     assert!(
         attention + gemm <= wall,

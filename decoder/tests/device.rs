@@ -4,17 +4,16 @@
 mod common;
 
 use common::{emu_config, tiny_pack};
-use decoder::device::PlantedLayout;
-use decoder::{BackendChoice, Forward, ForwardOptions, Logits};
+use compute::{GemmChoice, PlantedLayout};
+use decoder::{Decoder, DecoderOptions, Logits};
 use packs::QuantKind;
 
 const PROMPT: usize = 20; // > 16: the prefill tile; then single-row decode steps on the 16 tile
 
-fn options() -> ForwardOptions {
-    ForwardOptions {
+fn options() -> DecoderOptions {
+    DecoderOptions {
         capacity: 160,
-        threads: 2,
-        ..ForwardOptions::default()
+        ..DecoderOptions::default()
     }
 }
 
@@ -23,7 +22,7 @@ fn tokens(n: usize) -> Vec<u32> {
 }
 
 /// Prefill and 3 decode steps; all logits.
-fn run(f: &mut Forward, prompt: usize) -> Vec<f32> {
+fn run(f: &mut Decoder, prompt: usize) -> Vec<f32> {
     let t = tokens(prompt);
     let mut out = f.step_batch(&t, 0, 0, Logits::AllRows).unwrap().to_vec();
     for i in 0..3 {
@@ -41,9 +40,13 @@ fn device_logits_are_byte_identical_to_the_host_for_i8_and_q4() {
         let dir = tempfile::tempdir().unwrap();
         let pack = tiny_pack(dir.path(), kind);
         let config = emu_config(&pack, &dir.path().join("designs"));
-        let mut host = Forward::new(&pack, BackendChoice::Host, options()).unwrap();
-        let mut device =
-            Forward::new(&pack, BackendChoice::Device(config.clone()), options()).unwrap();
+        let mut host = Decoder::new(&pack, &common::host(), options()).unwrap();
+        let mut device = Decoder::new(
+            &pack,
+            &common::runtime(GemmChoice::Device, &config),
+            options(),
+        )
+        .unwrap();
         // 20 rows fit the 128 tile; 140 rows loop over two 128-row tiles.
         for prompt in [PROMPT, 140] {
             host.reset();
@@ -60,12 +63,13 @@ fn device_logits_are_byte_identical_to_the_host_for_i8_and_q4() {
                 "{kind}, {prompt} rows: {differing} logits differ"
             );
         }
-        let stats = device.backend_mut().take_stats();
+        let stats = device.runtime().take_stats();
         assert!(stats.launches > 0);
 
-        let mut ab = Forward::new(&pack, BackendChoice::Ab(config), options()).unwrap();
+        let mut ab =
+            Decoder::new(&pack, &common::runtime(GemmChoice::Ab, &config), options()).unwrap();
         run(&mut ab, PROMPT);
-        let report = ab.backend().ab_report().unwrap();
+        let report = ab.runtime().ab_report().unwrap();
         assert!(report.gemms > 0);
         assert_eq!(report.differing_values, 0, "{kind}: {report:?}");
     }
@@ -82,9 +86,10 @@ fn planted_layout_errors_break_the_comparison() {
         let pack = tiny_pack(dir.path(), kind);
         let mut config = emu_config(&pack, &dir.path().join("designs"));
         config.plant = plant;
-        let mut ab = Forward::new(&pack, BackendChoice::Ab(config), options()).unwrap();
+        let mut ab =
+            Decoder::new(&pack, &common::runtime(GemmChoice::Ab, &config), options()).unwrap();
         run(&mut ab, PROMPT);
-        let report = ab.backend().ab_report().unwrap();
+        let report = ab.runtime().ab_report().unwrap();
         println!("{kind} {plant:?}: {report:?}");
         assert_eq!(
             report.differing_gemms, report.gemms,
@@ -100,20 +105,28 @@ fn unquantized_packs_and_missing_designs_are_refused_by_name() {
     let q4 = tiny_pack(dir.path(), QuantKind::Q4);
     let config = emu_config(&q4, &dir.path().join("designs"));
     let f32_pack = tiny_pack(dir.path(), QuantKind::F32);
-    let e = Forward::new(&f32_pack, BackendChoice::Device(config.clone()), options())
-        .err()
-        .unwrap()
-        .to_string();
+    let e = Decoder::new(
+        &f32_pack,
+        &common::runtime(GemmChoice::Device, &config),
+        options(),
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(
         e.contains("q_proj") && e.contains("i8 and q4 packs only"),
         "{e}"
     );
     // q4 designs for an i8 pack: the missing geometry is named.
     let i8_pack = tiny_pack(dir.path(), QuantKind::I8);
-    let e = Forward::new(&i8_pack, BackendChoice::Device(config), options())
-        .err()
-        .unwrap()
-        .to_string();
+    let e = Decoder::new(
+        &i8_pack,
+        &common::runtime(GemmChoice::Device, &config),
+        options(),
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(e.contains("i8"), "{e}");
     println!("{e}");
 }

@@ -5,7 +5,8 @@
 mod common;
 
 use common::{emu_config, tiny_pack};
-use decoder::{BackendChoice, Forward, ForwardOptions, Logits};
+use compute::GemmChoice;
+use decoder::{Decoder, DecoderOptions, Logits};
 use packs::QuantKind;
 use std::time::Duration;
 
@@ -15,12 +16,11 @@ fn a_failed_aborted_or_hung_run_refuses_the_step_and_the_forward_recovers() {
     let pack = tiny_pack(dir.path(), QuantKind::Q4);
     let mut config = emu_config(&pack, &dir.path().join("designs"));
     config.run_timeout = Some(Duration::from_millis(300));
-    let options = ForwardOptions {
+    let options = DecoderOptions {
         capacity: 32,
-        threads: 2,
-        ..ForwardOptions::default()
+        ..DecoderOptions::default()
     };
-    let mut host = Forward::new(&pack, BackendChoice::Host, options.clone()).unwrap();
+    let mut host = Decoder::new(&pack, &common::host(), options.clone()).unwrap();
     let prompt = [3u32, 9, 27, 81];
     host.step_batch(&prompt, 0, 0, Logits::LastRow).unwrap();
     let expected = host.step(5, 4, 4).unwrap().to_vec();
@@ -32,9 +32,9 @@ fn a_failed_aborted_or_hung_run_refuses_the_step_and_the_forward_recovers() {
         ("NPU_EMU_TIMEOUT_RUN", "TIMEOUT"),
     ] {
         std::env::set_var(var, "16");
-        let mut device = Forward::new(
+        let mut device = Decoder::new(
             &pack,
-            BackendChoice::Device(config.clone()),
+            &common::runtime(GemmChoice::Device, &config),
             options.clone(),
         )
         .unwrap();

@@ -36,7 +36,9 @@ pub enum EngineError {
     #[error("image {0}")]
     Preprocess(#[from] vision::preprocess::PreprocessError),
     #[error(transparent)]
-    Forward(#[from] decoder::ForwardError),
+    Decoder(#[from] decoder::DecoderError),
+    #[error(transparent)]
+    Runtime(#[from] compute::RuntimeError),
     #[error(transparent)]
     Pack(#[from] packs::PackError),
     #[error(transparent)]

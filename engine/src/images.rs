@@ -1,10 +1,10 @@
 //! Pictures into the prompt: decoding and preprocessing (the `vision` crate) and the encoder that
-//! turns pixel rows into image rows and DeepStack sets (the vision tower, on the forward's backend).
+//! turns pixel rows into image rows and DeepStack sets (the vision tower, on the session's runtime).
 
 use std::path::Path;
 use std::sync::Arc;
 
-use decoder::GemmBackend;
+use compute::Runtime;
 use packs::semantics::ImagePreprocess;
 use packs::Pack;
 use vision::preprocess::{PixelPatches, PreprocessOptions};
@@ -17,14 +17,7 @@ use crate::message::Image;
 pub trait ImageEncoder: Send {
     /// The spatial merge (2x2 patches per image token in Qwen3-VL).
     fn merge_size(&self) -> usize;
-    /// Makes the encoder's weights resident on `backend` under ids `first_id..`.
-    fn prepare(&mut self, backend: &mut dyn GemmBackend, first_id: usize) -> Result<()>;
-    fn encode(
-        &mut self,
-        backend: &mut dyn GemmBackend,
-        pool: &rayon::ThreadPool,
-        images: &[&PixelPatches],
-    ) -> Result<VisionOutput>;
+    fn encode(&mut self, images: &[&PixelPatches]) -> Result<VisionOutput>;
 }
 
 /// The pack's vision tower.
@@ -34,7 +27,8 @@ pub struct TowerEncoder {
 }
 
 impl TowerEncoder {
-    pub fn new(pack: &Arc<Pack>) -> Result<TowerEncoder> {
+    /// The pack's tower, its linears registered on `runtime`.
+    pub fn new(pack: &Arc<Pack>, runtime: &Runtime) -> Result<TowerEncoder> {
         let merge = pack
             .semantics()
             .vision
@@ -44,7 +38,7 @@ impl TowerEncoder {
                 path: pack.path().display().to_string(),
             })?;
         Ok(TowerEncoder {
-            tower: Tower::new(pack)?,
+            tower: Tower::new(pack, runtime)?,
             merge,
         })
     }
@@ -54,16 +48,8 @@ impl ImageEncoder for TowerEncoder {
     fn merge_size(&self) -> usize {
         self.merge
     }
-    fn prepare(&mut self, backend: &mut dyn GemmBackend, first_id: usize) -> Result<()> {
-        Ok(self.tower.prepare(backend, first_id)?)
-    }
-    fn encode(
-        &mut self,
-        backend: &mut dyn GemmBackend,
-        pool: &rayon::ThreadPool,
-        images: &[&PixelPatches],
-    ) -> Result<VisionOutput> {
-        Ok(self.tower.encode(backend, pool, images)?)
+    fn encode(&mut self, images: &[&PixelPatches]) -> Result<VisionOutput> {
+        Ok(self.tower.encode(images)?)
     }
 }
 

@@ -9,7 +9,6 @@
 //! - [`stream`]: UTF-8-safe incremental text and stop strings.
 
 pub mod assets;
-pub mod backend;
 pub mod error;
 pub mod format;
 pub mod generation_config;
@@ -24,7 +23,6 @@ pub mod template;
 pub mod tokenizer;
 
 pub use assets::ChatAssets;
-pub use backend::{BackendSpec, GemmMode};
 pub use error::{EngineError, Result};
 pub use format::ChatFormat;
 pub use generation_config::GenerationConfig;
@@ -32,7 +30,7 @@ pub use images::{ImageEncoder, TowerEncoder};
 pub use message::{Content, Image, Message, Role};
 pub use prompt::{Prompt, PromptAblation, PromptBuilder, PromptImage};
 pub use sampling::{Sampler, SamplingParams};
-pub use session::{decode_step, Event, FinishReason, Generation, Session, SessionOptions, Timings};
+pub use session::{Event, FinishReason, Generation, Session, SessionOptions, Timings};
 pub use stream::{StopFilter, TextStream};
 pub use template::ChatTemplate;
 pub use tokenizer::{SpecialIds, Tokenizer};

@@ -5,6 +5,7 @@
 
 use crate::error::{EngineError, Result};
 use crate::generation_config::GenerationConfig;
+use compute::ops::sampling::argmax;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
@@ -180,9 +181,6 @@ impl Sampler {
         Ok(draw(candidates, u))
     }
 }
-
-/// Greedy: the decoder's own rule (the first index of the largest logit, as torch.argmax).
-pub use decoder::sampling::argmax;
 
 /// transformers' `RepetitionPenaltyLogitsProcessor`: for every id seen, a positive logit is divided
 /// by the penalty, a negative one multiplied.

@@ -7,12 +7,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use decoder::{Forward, ForwardOptions, HybridInputs, KvDtype, Logits};
+use compute::{Runtime, RuntimeOptions};
+use decoder::{decode_step, Decoder, DecoderOptions, HybridInputs, KvDtype, Logits};
 use packs::Pack;
 use vision::preprocess::PreprocessOptions;
 
 use crate::assets::ChatAssets;
-use crate::backend::BackendSpec;
 use crate::error::{EngineError, Result};
 use crate::format::ChatFormat;
 use crate::images::{ImageEncoder, TowerEncoder};
@@ -25,11 +25,9 @@ use crate::stream::{StopFilter, TextStream};
 pub struct SessionOptions {
     /// KV cache slots: the longest prompt + answer.
     pub context: usize,
-    pub threads: usize,
-    pub backend: BackendSpec,
+    /// Threads and where the matrix products run (the device ticket's holder named there).
+    pub runtime: RuntimeOptions,
     pub kv_dtype: KvDtype,
-    /// Names the holder of the device ticket.
-    pub program: String,
     /// Deliberate mistakes, for controls.
     pub ablation: PromptAblation,
 }
@@ -38,10 +36,8 @@ impl Default for SessionOptions {
     fn default() -> Self {
         SessionOptions {
             context: 4096,
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            backend: BackendSpec::default(),
+            runtime: RuntimeOptions::default(),
             kv_dtype: KvDtype::F32,
-            program: "xdna-vl".into(),
             ablation: PromptAblation::default(),
         }
     }
@@ -140,23 +136,8 @@ struct RowKey {
     image: Option<(u64, usize)>,
 }
 
-/// One decode step by the rule every caller shares: `token` at the forward's next free cache slot,
-/// rotated by `*next_rotary_pos`, which then moves on by one (after an image the rotary position
-/// runs behind the slot, so the two are separate numbers). The session's decode loop and the
-/// probes' teacher-forced replays both step through here.
-pub fn decode_step<'f>(
-    forward: &'f mut Forward,
-    token: u32,
-    next_rotary_pos: &mut i64,
-) -> std::result::Result<&'f [f32], decoder::ForwardError> {
-    let slot = forward.next_slot();
-    let logits = forward.step(token, *next_rotary_pos, slot)?;
-    *next_rotary_pos += 1;
-    Ok(logits)
-}
-
 pub struct Session {
-    forward: Forward,
+    forward: Decoder,
     format: ChatFormat,
     encoder: Option<Box<dyn ImageEncoder>>,
     /// Why there is no encoder (shown when a prompt has an image).
@@ -196,15 +177,14 @@ impl Session {
                 )));
             }
         }
-        let choice = options.backend.choice(&options.program)?;
-        let forward = Forward::new(
+        let runtime = Runtime::new(&options.runtime)?;
+        let forward = Decoder::new(
             pack,
-            choice,
-            ForwardOptions {
+            &runtime,
+            DecoderOptions {
                 capacity: options.context,
-                threads: options.threads,
                 kv_dtype: options.kv_dtype,
-                ..ForwardOptions::default()
+                ..DecoderOptions::default()
             },
         )?;
         let mut session = Session {
@@ -219,8 +199,8 @@ impl Session {
             history: Vec::new(),
             logits: Vec::new(),
         };
-        match TowerEncoder::new(pack) {
-            Ok(tower) => session.set_image_encoder(Box::new(tower))?,
+        match TowerEncoder::new(pack, &runtime) {
+            Ok(tower) => session.set_image_encoder(Box::new(tower)),
             Err(e) => session.no_encoder = e.to_string(),
         }
         Ok(session)
@@ -240,18 +220,21 @@ impl Session {
         Session::new(&pack, &assets, options)
     }
 
-    /// Replaces the image encoder (its weights made resident after the decoder's).
-    pub fn set_image_encoder(&mut self, mut encoder: Box<dyn ImageEncoder>) -> Result<()> {
-        let first_id = self.forward.weight_ids();
-        encoder.prepare(self.forward.backend_mut(), first_id)?;
+    /// Replaces the image encoder (a tower registers its weights on the session's runtime:
+    /// [`Session::runtime`]).
+    pub fn set_image_encoder(&mut self, encoder: Box<dyn ImageEncoder>) {
         self.encoder = Some(encoder);
-        Ok(())
+    }
+
+    /// The runtime the decoder and the tower run on.
+    pub fn runtime(&self) -> &Runtime {
+        self.forward.runtime()
     }
 
     pub fn format(&self) -> &ChatFormat {
         &self.format
     }
-    pub fn forward(&self) -> &Forward {
+    pub fn forward(&self) -> &Decoder {
         &self.forward
     }
     pub fn history(&self) -> &[Message] {
@@ -506,9 +489,8 @@ impl Session {
                 .iter()
                 .map(|i| i.image.patches.as_ref())
                 .collect();
-            let pool = Arc::clone(self.forward.pool());
             let tower_start = Instant::now();
-            let out = encoder.encode(self.forward.backend_mut(), &pool, &patches)?;
+            let out = encoder.encode(&patches)?;
             timings.tower = tower_start.elapsed();
             let want: Vec<usize> = new_images.iter().map(|i| i.tokens).collect();
             if out.tokens_per_image != want

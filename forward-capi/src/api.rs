@@ -9,8 +9,8 @@ use crate::handle::{self, XvlForward};
 use crate::last_error;
 use crate::options::{self, XvlOpenOptions};
 use crate::status::*;
+use decoder::{Decoder, HybridInputs, Logits};
 use engine::{Event, Session, SessionOptions};
-use decoder::{Forward, HybridInputs, Logits};
 use packs::Pack;
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
@@ -138,10 +138,10 @@ pub unsafe extern "C" fn xvl_open(
         let path = unsafe { ffi_args::path(F, "pack_path", pack_path) }?;
         // SAFETY: NULL or a caller's options struct (the caller's contract).
         let request = unsafe { options::read(F, options) }?;
-        let backend = options::backend_choice(F, request.gemm)?;
         let pack =
             Pack::open(&path).map_err(|e| CallError::new(XVL_ERR_PACK, format!("{F}: {e}")))?;
-        let forward = Forward::new(&Arc::new(pack), backend, request.forward)
+        let runtime = options::runtime(F, &request.runtime)?;
+        let forward = Decoder::new(&Arc::new(pack), &runtime, request.decoder)
             .map_err(|e| CallError::forward(F, e))?;
         let handle = Box::into_raw(Box::new(XvlForward::new(forward)));
         // SAFETY: `out` was checked writable above.
@@ -264,13 +264,13 @@ pub unsafe extern "C" fn xvl_ab_report(f: *const XvlForward, out: *mut XvlAbStat
         // SAFETY: forwarded contract.
         let h = unsafe { handle::from_ptr(F, f) }?;
         let forward = h.lock(F)?;
-        let backend = forward.backend();
-        let r = backend.ab_report().ok_or_else(|| {
+        let runtime = forward.runtime();
+        let r = runtime.ab_report().ok_or_else(|| {
             CallError::argument(
                 F,
                 format!(
                     "the handle's GEMM backend is `{}`; only XVL_GEMM_AB compares host and device",
-                    backend.name()
+                    runtime.backend_name()
                 ),
             )
         })?;
@@ -528,11 +528,9 @@ pub unsafe extern "C" fn xvl_chat_open(
         // SAFETY: NULL or a caller's options struct (the caller's contract).
         let request = unsafe { options::read(F, options) }?;
         let session_options = SessionOptions {
-            context: request.forward.capacity,
-            threads: request.forward.threads,
-            kv_dtype: request.forward.kv_dtype,
-            backend: options::backend_spec(F, request.gemm)?,
-            program: options::DEVICE_PROGRAM.into(),
+            context: request.decoder.capacity,
+            kv_dtype: request.decoder.kv_dtype,
+            runtime: request.runtime,
             ..SessionOptions::default()
         };
         let session =

@@ -35,7 +35,8 @@ mod tests {
     use super::*;
     use crate::handle::XvlForward;
     use crate::status::{XVL_ERR_PANIC, XVL_ERR_SLOT};
-    use decoder::{BackendChoice, Forward, ForwardOptions};
+    use compute::Runtime;
+    use decoder::{Decoder, DecoderOptions};
     use packs::random::{write_random, RandomShape};
     use packs::{Pack, QuantKind};
     use std::sync::Arc;
@@ -46,12 +47,11 @@ mod tests {
         let path = dir.path().join("tiny.pack");
         write_random(&RandomShape::tiny(), QuantKind::F32, 3, &path).unwrap();
         let pack = Arc::new(Pack::open(&path).unwrap());
-        let options = ForwardOptions {
+        let options = DecoderOptions {
             capacity: 4,
-            threads: 1,
-            ..ForwardOptions::default()
+            ..DecoderOptions::default()
         };
-        let forward = Forward::new(&pack, BackendChoice::Host, options).unwrap();
+        let forward = Decoder::new(&pack, &Runtime::host(1).unwrap(), options).unwrap();
         let handle = Box::into_raw(Box::new(XvlForward::new(forward)));
         let mut logits = vec![0.0f32; 256];
         let step = |slot: usize, logits: &mut [f32]| {

@@ -2,7 +2,7 @@
 //! getters read without taking it.
 
 use crate::status::{CallError, XVL_ERR_ARGUMENT, XVL_ERR_PANIC};
-use decoder::Forward;
+use decoder::Decoder;
 use std::sync::{Mutex, MutexGuard};
 
 /// Tags a live handle; cleared on close so a stale or foreign pointer is (usually) refused.
@@ -12,7 +12,7 @@ const MAGIC: u64 = u64::from_le_bytes(*b"xdnavl:1");
 #[repr(C)]
 pub struct XvlForward {
     magic: u64,
-    forward: Mutex<Forward>,
+    forward: Mutex<Decoder>,
     pub hidden_size: usize,
     pub vocab_size: usize,
     pub deepstack_sets: usize,
@@ -27,7 +27,7 @@ const _: () = {
 };
 
 impl XvlForward {
-    pub fn new(forward: Forward) -> XvlForward {
+    pub fn new(forward: Decoder) -> XvlForward {
         let sem = forward.semantics();
         XvlForward {
             magic: MAGIC,
@@ -41,7 +41,7 @@ impl XvlForward {
     }
 
     /// The forward, for one call. A lock poisoned by a panic refuses every later call.
-    pub fn lock(&self, function: &str) -> Result<MutexGuard<'_, Forward>, CallError> {
+    pub fn lock(&self, function: &str) -> Result<MutexGuard<'_, Decoder>, CallError> {
         self.forward.lock().map_err(|_| {
             CallError::new(
                 XVL_ERR_PANIC,

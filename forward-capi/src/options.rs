@@ -1,12 +1,11 @@
 //! `xvl_open_options`: how a pack is opened (context capacity, threads, KV type, GEMM backend and the
-//! device's runtime and designs), and its translation into the forward's options.
+//! device's runtime and designs), and its translation into the decoder's and the runtime's options.
 
 use crate::ffi_args;
 use crate::status::*;
-use engine::{BackendSpec, GemmMode};
-use decoder::{BackendChoice, ForwardOptions, KvDtype};
+use compute::{DeviceConfig, GemmChoice, Runtime, RuntimeOptions};
+use decoder::{DecoderOptions, KvDtype};
 use std::ffi::c_char;
-use std::path::PathBuf;
 
 /// The C struct `xvl_open_options` (same field order and types as the header).
 #[repr(C)]
@@ -37,7 +36,7 @@ impl XvlOpenOptions {
         XvlOpenOptions {
             struct_size: XvlOpenOptions::SIZE,
             gemm: XVL_GEMM_HOST,
-            capacity: ForwardOptions::default().capacity,
+            capacity: DecoderOptions::default().capacity,
             threads: 0,
             kv_dtype: XVL_KV_F32,
             runtime_path: std::ptr::null(),
@@ -46,24 +45,10 @@ impl XvlOpenOptions {
     }
 }
 
-/// The GEMM backend the caller asked for, with the device's paths.
-#[derive(Debug)]
-pub enum GemmRequest {
-    Host,
-    Device {
-        runtime_path: Option<PathBuf>,
-        designs_dir: Option<PathBuf>,
-    },
-    Ab {
-        runtime_path: Option<PathBuf>,
-        designs_dir: Option<PathBuf>,
-    },
-}
-
 /// The options the caller's struct asks for.
 pub struct OpenRequest {
-    pub forward: ForwardOptions,
-    pub gemm: GemmRequest,
+    pub decoder: DecoderOptions,
+    pub runtime: RuntimeOptions,
 }
 
 /// Reads and checks the caller's options.
@@ -107,7 +92,7 @@ pub unsafe fn read(
         }
     };
     let threads = match o.threads {
-        0 => ForwardOptions::default().threads,
+        0 => compute::default_threads(),
         n => n as usize,
     };
     // SAFETY: NULL or NUL-terminated by the caller's contract.
@@ -116,16 +101,10 @@ pub unsafe fn read(
     // SAFETY: as above.
     let designs_dir =
         unsafe { ffi_args::optional_path(function, "options.designs_dir", o.designs_dir) }?;
-    let gemm = match o.gemm {
-        XVL_GEMM_HOST => GemmRequest::Host,
-        XVL_GEMM_DEVICE => GemmRequest::Device {
-            runtime_path,
-            designs_dir,
-        },
-        XVL_GEMM_AB => GemmRequest::Ab {
-            runtime_path,
-            designs_dir,
-        },
+    let (gemm, name) = match o.gemm {
+        XVL_GEMM_HOST => (GemmChoice::Host, "XVL_GEMM_HOST"),
+        XVL_GEMM_DEVICE => (GemmChoice::Device, "XVL_GEMM_DEVICE"),
+        XVL_GEMM_AB => (GemmChoice::Ab, "XVL_GEMM_AB"),
         other => {
             return Err(CallError::argument(
                 function,
@@ -135,41 +114,9 @@ pub unsafe fn read(
             ))
         }
     };
-    Ok(OpenRequest {
-        forward: ForwardOptions {
-            capacity: o.capacity,
-            threads,
-            kv_dtype,
-            ..ForwardOptions::default()
-        },
-        gemm,
-    })
-}
-
-/// Who holds the device, as other processes waiting for the device-hold ticket see it.
-pub const DEVICE_PROGRAM: &str = "libxdna_vl";
-
-/// The engine's statement of the backend a request asks for (`engine::BackendSpec`, the one every
-/// front end uses). The device backends need a designs directory; the runtime defaults to
-/// `XDNA_VL_RUNTIME`, then the installed XRT shim.
-pub fn backend_spec(function: &str, gemm: GemmRequest) -> Result<BackendSpec, CallError> {
-    let (name, mode, runtime, designs) = match gemm {
-        GemmRequest::Host => return Ok(BackendSpec::default()),
-        GemmRequest::Device {
-            runtime_path,
-            designs_dir,
-        } => (
-            "XVL_GEMM_DEVICE",
-            GemmMode::Device,
-            runtime_path,
-            designs_dir,
-        ),
-        GemmRequest::Ab {
-            runtime_path,
-            designs_dir,
-        } => ("XVL_GEMM_AB", GemmMode::Ab, runtime_path, designs_dir),
-    };
-    if designs.is_none() {
+    // The device backends need a designs directory; the runtime defaults to `XDNA_VL_RUNTIME`,
+    // then the installed XRT shim.
+    if gemm != GemmChoice::Host && designs_dir.is_none() {
         return Err(CallError::new(
             XVL_ERR_NULL,
             format!(
@@ -178,16 +125,29 @@ pub fn backend_spec(function: &str, gemm: GemmRequest) -> Result<BackendSpec, Ca
             ),
         ));
     }
-    Ok(BackendSpec {
-        mode,
-        runtime,
-        designs,
+    Ok(OpenRequest {
+        decoder: DecoderOptions {
+            capacity: o.capacity,
+            kv_dtype,
+            ..DecoderOptions::default()
+        },
+        runtime: RuntimeOptions {
+            threads,
+            gemm,
+            device: DeviceConfig {
+                runtime: runtime_path,
+                designs: designs_dir,
+                program: DEVICE_PROGRAM.into(),
+                ..DeviceConfig::default()
+            },
+        },
     })
 }
 
-/// The forward's backend for a request (through the engine's `BackendSpec::choice`).
-pub fn backend_choice(function: &str, gemm: GemmRequest) -> Result<BackendChoice, CallError> {
-    backend_spec(function, gemm)?
-        .choice(DEVICE_PROGRAM)
-        .map_err(|e| CallError::new(XVL_ERR_BACKEND, format!("{function}: {e}")))
+/// Who holds the device, as other processes waiting for the device-hold ticket see it.
+pub const DEVICE_PROGRAM: &str = "libxdna_vl";
+
+/// The runtime a request asks for (the device opened here); its refusals are `XVL_ERR_BACKEND`.
+pub fn runtime(function: &str, options: &RuntimeOptions) -> Result<Runtime, CallError> {
+    Runtime::new(options).map_err(|e| CallError::new(XVL_ERR_BACKEND, format!("{function}: {e}")))
 }

@@ -1,7 +1,7 @@
 //! Status codes (the `XVL_*` defines of `xdna_vl.h`) and the error every entry point returns.
 
+use decoder::DecoderError;
 use engine::EngineError;
-use decoder::ForwardError;
 
 /// What every entry point returns: `XVL_OK` or one of the `XVL_ERR_*` codes.
 pub type XvlStatus = i32;
@@ -122,15 +122,15 @@ impl CallError {
     }
 
     /// A forward error, its message prefixed by the entry point that hit it.
-    pub fn forward(function: &str, e: ForwardError) -> CallError {
+    pub fn forward(function: &str, e: DecoderError) -> CallError {
         let status = match &e {
-            ForwardError::NotNextSlot { .. } => XVL_ERR_SLOT,
-            ForwardError::OverCapacity { .. } => XVL_ERR_CAPACITY,
-            ForwardError::TokenOutOfVocab { .. } => XVL_ERR_TOKEN,
-            ForwardError::Hybrid(_) => XVL_ERR_INPUTS,
-            ForwardError::Options(_) => XVL_ERR_ARGUMENT,
-            ForwardError::Pack(_) => XVL_ERR_PACK,
-            ForwardError::Backend(_) => XVL_ERR_BACKEND,
+            DecoderError::NotNextSlot { .. } => XVL_ERR_SLOT,
+            DecoderError::OverCapacity { .. } => XVL_ERR_CAPACITY,
+            DecoderError::TokenOutOfVocab { .. } => XVL_ERR_TOKEN,
+            DecoderError::Hybrid(_) => XVL_ERR_INPUTS,
+            DecoderError::Options(_) => XVL_ERR_ARGUMENT,
+            DecoderError::Pack(_) => XVL_ERR_PACK,
+            DecoderError::Backend(_) => XVL_ERR_BACKEND,
         };
         CallError::new(status, format!("{function}: {e}"))
     }
@@ -138,7 +138,7 @@ impl CallError {
     /// An engine error (a chat run), its message prefixed by the entry point that hit it.
     pub fn engine(function: &str, e: EngineError) -> CallError {
         let status = match e {
-            EngineError::Forward(e) => return CallError::forward(function, e),
+            EngineError::Decoder(e) => return CallError::forward(function, e),
             EngineError::Pack(_) | EngineError::Read { .. } => XVL_ERR_PACK,
             EngineError::MissingAsset { .. }
             | EngineError::Asset { .. }
@@ -150,7 +150,7 @@ impl CallError {
             EngineError::Image { .. } | EngineError::Preprocess(_) | EngineError::Vision(_) => {
                 XVL_ERR_IMAGE
             }
-            EngineError::NonFiniteLogits { .. } => XVL_ERR_BACKEND,
+            EngineError::NonFiniteLogits { .. } | EngineError::Runtime(_) => XVL_ERR_BACKEND,
         };
         CallError::new(status, format!("{function}: {e}"))
     }

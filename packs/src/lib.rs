@@ -18,6 +18,7 @@ pub mod quant;
 pub mod random;
 pub mod semantics;
 mod shapes;
+pub mod stfile;
 pub mod writer;
 
 pub use build::{build_from_hf, BuildOptions, BuildReport};

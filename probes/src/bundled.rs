@@ -21,15 +21,6 @@ pub struct Bundled {
     pub reference: PathBuf,
 }
 
-/// Reference file name for a pack kind: `reference.safetensors` for the exact kinds.
-pub fn reference_name(kind: QuantKind) -> &'static str {
-    match kind {
-        QuantKind::F32 | QuantKind::Bf16 => "reference.safetensors",
-        QuantKind::I8 => "reference-i8.safetensors",
-        QuantKind::Q4 => "reference-q4.safetensors",
-    }
-}
-
 /// Builds (once) the pack of `case` in `kind` under target/bundled and returns its files.
 pub fn bundled(case: &str, kind: QuantKind) -> Result<Bundled, String> {
     let dir = fixtures_dir().join(case);
@@ -65,6 +56,6 @@ pub fn bundled(case: &str, kind: QuantKind) -> Result<Bundled, String> {
     Ok(Bundled {
         pack,
         inputs: dir.join("inputs.safetensors"),
-        reference: dir.join(reference_name(kind)),
+        reference: dir.join(testkit::reference::file_name(kind)),
     })
 }

@@ -1,8 +1,10 @@
 //! What both probes share on the command line: opening a pack, choosing the GEMM backend, exit codes.
 
-use decoder::{BackendChoice, Forward, ForwardOptions};
+use compute::cli::RuntimeArgs;
+use compute::Runtime;
+use decoder::{Decoder, DecoderOptions};
 use packs::Pack;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 /// Exit status: every arm passed.
@@ -18,37 +20,6 @@ pub fn refuse(msg: impl std::fmt::Display) -> ! {
     std::process::exit(EXIT_BAD_INPUT)
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum GemmMode {
-    /// Every GEMM on the CPU.
-    Host,
-    /// Every projection on the NPU runtime (real or the software NPU).
-    Device,
-    /// Both, compared GEMM by GEMM; the host result is used.
-    Ab,
-}
-
-#[derive(Clone, Debug, clap::Args)]
-pub struct GemmArgs {
-    /// Where the projections run.
-    #[arg(long, value_enum, default_value = "host")]
-    pub gemm: GemmMode,
-    /// The NPU runtime library (default: $XDNA_VL_RUNTIME, then the installed XRT shim).
-    #[arg(long, value_name = "LIB")]
-    pub runtime: Option<PathBuf>,
-    /// The designs directory holding manifest.json (see `npu-designs`).
-    #[arg(long, value_name = "DIR")]
-    pub designs: Option<PathBuf>,
-    /// Threads for the host pool.
-    #[arg(long, default_value_t = default_threads())]
-    pub threads: usize,
-}
-
-fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
 pub fn open_pack(path: &Path) -> Arc<Pack> {
     match Pack::open(path) {
         Ok(p) => Arc::new(p),
@@ -56,47 +27,33 @@ pub fn open_pack(path: &Path) -> Arc<Pack> {
     }
 }
 
-impl GemmArgs {
-    /// The arguments as the engine states a backend (the one statement every front end shares).
-    pub fn spec(&self) -> engine::BackendSpec {
-        engine::BackendSpec {
-            mode: match self.gemm {
-                GemmMode::Host => engine::GemmMode::Host,
-                GemmMode::Device => engine::GemmMode::Device,
-                GemmMode::Ab => engine::GemmMode::Ab,
-            },
-            runtime: self.runtime.clone(),
-            designs: self.designs.clone(),
-        }
-    }
-}
-
-/// The backend the arguments ask for (`engine::BackendSpec::choice`); the program's name holds the
-/// device ticket.
-pub fn backend(args: &GemmArgs) -> Result<BackendChoice, String> {
+/// The runtime the arguments ask for; the program's name holds the device ticket.
+pub fn runtime(args: &RuntimeArgs) -> Result<Runtime, String> {
     let program = std::env::args()
         .next()
         .unwrap_or_else(|| "xdna-vl probe".into());
-    args.spec().choice(&program).map_err(|e| e.to_string())
+    Runtime::new(&args.options(&program)).map_err(|e| e.to_string())
 }
 
-/// A forward over `pack` with `capacity` slots and the arguments' backend; refusals exit 2.
-pub fn forward(pack: &Arc<Pack>, args: &GemmArgs, capacity: usize) -> Forward {
-    let choice = backend(args).unwrap_or_else(|e| refuse(e));
-    let options = ForwardOptions {
+/// A decoder over `pack` with `capacity` slots on the arguments' runtime; refusals exit 2.
+pub fn forward(pack: &Arc<Pack>, args: &RuntimeArgs, capacity: usize) -> Decoder {
+    let runtime = runtime(args).unwrap_or_else(|e| refuse(e));
+    let options = DecoderOptions {
         capacity,
-        threads: args.threads,
-        ..ForwardOptions::default()
+        ..DecoderOptions::default()
     };
-    Forward::new(pack, choice, options).unwrap_or_else(|e| refuse(e))
+    Decoder::new(pack, &runtime, options).unwrap_or_else(|e| refuse(e))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn args(gemm: GemmMode, designs: Option<&str>) -> GemmArgs {
-        GemmArgs {
+    use compute::GemmChoice;
+    use std::path::PathBuf;
+
+    fn args(gemm: GemmChoice, designs: Option<&str>) -> RuntimeArgs {
+        RuntimeArgs {
             gemm,
             runtime: Some(PathBuf::from("/lib/runtime.so")),
             designs: designs.map(PathBuf::from),
@@ -105,24 +62,17 @@ mod tests {
     }
 
     #[test]
-    fn the_probes_backend_is_the_engines_statement() {
-        assert!(matches!(
-            backend(&args(GemmMode::Host, None)),
-            Ok(BackendChoice::Host)
-        ));
-        match backend(&args(GemmMode::Ab, Some("/d"))) {
-            Ok(BackendChoice::Ab(c)) => {
-                assert_eq!(c.designs, PathBuf::from("/d"));
-                assert_eq!(c.runtime, Some(PathBuf::from("/lib/runtime.so")));
-            }
-            _ => panic!("--gemm ab did not give the A/B backend"),
-        }
-        assert!(matches!(
-            backend(&args(GemmMode::Device, Some("/d"))),
-            Ok(BackendChoice::Device(_))
-        ));
-        // Control: the device without designs is refused, with the engine's message.
-        let Err(e) = backend(&args(GemmMode::Device, None)) else {
+    fn the_probes_backend_is_the_runtimes_statement() {
+        let host = args(GemmChoice::Host, None).options("probe");
+        assert_eq!((host.gemm, host.threads), (GemmChoice::Host, 1));
+        let ab = args(GemmChoice::Ab, Some("/d")).options("probe");
+        assert_eq!(ab.gemm, GemmChoice::Ab);
+        assert_eq!(ab.device.designs, Some(PathBuf::from("/d")));
+        assert_eq!(ab.device.runtime, Some(PathBuf::from("/lib/runtime.so")));
+        assert_eq!(ab.device.program, "probe");
+        assert!(runtime(&args(GemmChoice::Host, None)).is_ok());
+        // Control: the device without designs is refused, with the runtime's message.
+        let Err(e) = runtime(&args(GemmChoice::Device, None)) else {
             panic!("--gemm device without --designs was accepted");
         };
         assert!(e.contains("needs --designs DIR"), "{e}");

@@ -1,11 +1,12 @@
 //! The device side of `--gemm ab`: the host/device comparison as JSON fields (the backend itself is
-//! chosen by `engine::BackendSpec`, see `cli::backend`).
+//! chosen by the runtime's flags, see `cli::runtime`).
 
-use decoder::{AbReport, Forward};
+use compute::AbReport;
+use decoder::Decoder;
 
 /// The A/B counters of a forward running `--gemm ab`, as JSON fields.
-pub fn ab_json(fwd: &Forward) -> serde_json::Value {
-    match fwd.backend().ab_report() {
+pub fn ab_json(fwd: &Decoder) -> serde_json::Value {
+    match fwd.runtime().ab_report() {
         Some(AbReport {
             gemms,
             differing_gemms,

@@ -1,14 +1,9 @@
-//! Shared plumbing of the probes: reading references, comparing logits, replaying a prompt, the
-//! command-line pieces both probes use.
+//! Shared plumbing of the probes: the command-line pieces they share, the bundled default, the
+//! answer's text, the A/B report and the machine's peaks (the reference readers and the replay are
+//! `testkit`'s).
 
 pub mod bundled;
 pub mod cli;
-pub mod compare;
 pub mod device;
 pub mod peak;
-pub mod reference;
-pub mod replay;
 pub mod text;
-
-pub use reference::Reference;
-pub use replay::{replay, Replay};

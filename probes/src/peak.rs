@@ -88,8 +88,9 @@ impl PeakMix {
         #[cfg(target_arch = "x86_64")]
         {
             assert!(self.available(), "{} is not available", self.name());
-            // SAFETY: the CPU runs the mix's instructions (checked just above); the loops touch
-            // registers only.
+            // SAFETY: `available()` (asserted just above) checked each function's target
+            // features, except AVX2 for the two VNNI mixes, which every CPU with AVX-512 F has;
+            // the loops touch registers only (`nomem`, `nostack`, every register written declared).
             unsafe {
                 match self {
                     PeakMix::F32FmaYmm => x86::f32_fma_ymm(iterations),
@@ -274,7 +275,8 @@ mod x86 {
     /// 10 independent `vpdpbusd` chains on ymm.
     ///
     /// # Safety
-    /// The CPU must support AVX-512 F, VL and VNNI.
+    /// The CPU must support AVX2, AVX-512 F, AVX-512 VL and AVX-512 VNNI (the function's target
+    /// features; the loop itself needs VL and VNNI).
     #[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
     pub unsafe fn i8_vnni_ymm(n: u64) {
         asm!(
@@ -303,7 +305,8 @@ mod x86 {
     /// 10 independent `vpdpbusd` chains on zmm.
     ///
     /// # Safety
-    /// The CPU must support AVX-512 F and VNNI.
+    /// The CPU must support AVX2, AVX-512 F, AVX-512 VL and AVX-512 VNNI (the function's target
+    /// features; the loop itself needs F and VNNI).
     #[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
     pub unsafe fn i8_vnni_zmm(n: u64) {
         asm!(

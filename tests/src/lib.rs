@@ -1,11 +1,13 @@
 //! Fixture helpers for the end-to-end tests: the committed transformers cases, packs built from
 //! them in temporary directories, and a forward over each.
 
-use decoder::{Ablation, BackendChoice, Forward, ForwardOptions, PromptInputs};
+use compute::Runtime;
+use decoder::{Ablation, Decoder, DecoderOptions};
 use packs::{Pack, QuantKind};
-use probes::Reference;
 use std::path::PathBuf;
 use std::sync::Arc;
+use testkit::PromptInputs;
+use testkit::Reference;
 
 /// tests/fixtures.
 pub fn fixtures() -> PathBuf {
@@ -52,7 +54,7 @@ impl Case {
 
     /// The transformers reference for a pack kind (f32 and bf16 share the exact one).
     pub fn reference(&self, kind: QuantKind) -> Reference {
-        Reference::open(self.dir.join(probes::bundled::reference_name(kind))).expect("reference")
+        Reference::open(self.dir.join(testkit::reference::file_name(kind))).expect("reference")
     }
 
     /// Whether the checkpoint itself is stored in bf16.
@@ -83,15 +85,15 @@ impl Case {
 }
 
 /// A host forward over `pack` with room for the prompt, the decode steps and the text control.
-pub fn forward(pack: &Arc<Pack>, options: ForwardOptions) -> Forward {
-    Forward::new(pack, BackendChoice::Host, options).expect("forward")
+pub fn forward(pack: &Arc<Pack>, options: DecoderOptions) -> Decoder {
+    let runtime = Runtime::host(2).expect("runtime");
+    Decoder::new(pack, &runtime, options).expect("forward")
 }
 
-pub fn options() -> ForwardOptions {
-    ForwardOptions {
+pub fn options() -> DecoderOptions {
+    DecoderOptions {
         capacity: 256,
-        threads: 2,
-        ..ForwardOptions::default()
+        ..DecoderOptions::default()
     }
 }
 
@@ -101,12 +103,12 @@ pub fn ablated(case: &Case, ablation: Ablation) -> f32 {
     let (_dir, pack) = case.pack(QuantKind::F32);
     let mut fwd = forward(
         &pack,
-        ForwardOptions {
+        DecoderOptions {
             ablation,
             ..options()
         },
     );
-    let r = probes::replay(
+    let r = testkit::replay(
         &mut fwd,
         &case.inputs(),
         &case.reference(QuantKind::F32),

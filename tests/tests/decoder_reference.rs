@@ -1,10 +1,11 @@
 //! The decoder against transformers, on every committed case: f32 and bf16 packs within 1e-3,
 //! i8/q4 packs against their quantization-aware references, and the controls that must fail.
 
-use decoder::{Ablation, Logits, RopeLayout};
+use compute::ops::rope::RopeLayout;
+use decoder::{Ablation, Logits};
 use packs::QuantKind;
-use probes::compare::{count_differing, max_abs_diff};
-use probes::replay;
+use testkit::compare::{count_differing, max_abs_diff};
+use testkit::replay;
 use xdna_vl_tests::{ablated, cases, forward, options, Case};
 
 const EXACT: f32 = 1e-3;
@@ -240,7 +241,7 @@ fn control_coupling_cache_slot_and_rotary_position_after_an_image_fails() {
         let vocab = reference.vocab;
         let rows = inputs.rows();
         let embeds = inputs.embeds(&fwd);
-        let decode = |fwd: &mut decoder::Forward, coupled: bool| -> f32 {
+        let decode = |fwd: &mut decoder::Decoder, coupled: bool| -> f32 {
             fwd.reset();
             fwd.step_batch_embeds(&embeds, &inputs.hybrid(), 0, Logits::LastRow)
                 .unwrap();

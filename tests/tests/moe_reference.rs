@@ -2,11 +2,11 @@
 //! i8/q4 against their references, the dense controls): the MoE controls that must fail, routing
 //! ties as torch.topk breaks them, and a batch equal to its rows fed one at a time.
 
-use decoder::moe::torch_topk;
-use decoder::stfile::StFile;
-use decoder::{Ablation, ForwardOptions, HybridInputs, Logits};
+use decoder::qwen3_vl::moe::torch_topk;
+use decoder::{Ablation, DecoderOptions, HybridInputs, Logits};
+use packs::stfile::StFile;
 use packs::QuantKind;
-use probes::compare::max_abs_diff;
+use testkit::compare::max_abs_diff;
 use xdna_vl_tests::{ablated, cases, fixtures, forward, options, Case};
 
 const EXACT: f32 = 1e-3;
@@ -134,7 +134,7 @@ fn a_batch_equals_its_rows_fed_one_at_a_time() {
         let inputs = case.inputs();
         let mut fwd = forward(
             &pack,
-            ForwardOptions {
+            DecoderOptions {
                 trace_layers: true,
                 ..options()
             },

@@ -3,8 +3,8 @@
 //! blocks with 2-D rotary attention within each image, the 2×2 patch merger and the DeepStack
 //! mergers tapped after the blocks `deepstack_visual_indexes`.
 //!
-//! Every linear goes through the caller's `compute::GemmBackend` (ids `first_id..`, after the
-//! decoder's); LayerNorm, attention, GELU and rotary run on the CPU, forked on the caller's pool.
+//! Every linear goes through the `compute` runtime the tower was made on (shared with the
+//! decoder); LayerNorm, attention, GELU and rotary run on the CPU, forked on the runtime's pool.
 
 mod attention;
 pub mod gelu;
@@ -17,7 +17,9 @@ mod weights;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use compute::{GemmBackend, WeightRef};
+use compute::ops::rows::{add_bias, add_rows, grow};
+use compute::timing::TimeSpent;
+use compute::{LinearHandle, PackLinear, Runtime};
 use packs::semantics::VisionSemantics;
 use packs::Pack;
 use rayon::prelude::*;
@@ -83,29 +85,25 @@ struct Scratch {
     pos: Vec<f32>,
 }
 
-fn grow(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    if v.len() < len {
-        v.resize(len, 0.0);
-    }
-    &mut v[..len]
-}
-
 /// The vision tower of a pack, weights resolved once.
 pub struct Tower {
     pack: Arc<Pack>,
     sem: VisionSemantics,
     weights: TowerWeights,
     inv_freq: Vec<f32>,
-    first_id: usize,
+    runtime: Runtime,
+    /// The linears, by the tower's local weight index (`weights.rs`).
+    linears: Vec<LinearHandle>,
     ablation: TowerAblation,
     scratch: Scratch,
     /// Time in attention (the blocks' softmax(q·kᵀ)·v, K/V relayout included) since the last take.
-    attention_time: Duration,
+    attention_time: TimeSpent,
 }
 
 impl Tower {
-    /// Resolves the tower's weights in `pack`; refuses a pack without a tower by name.
-    pub fn new(pack: &Arc<Pack>) -> Result<Tower, VisionError> {
+    /// Resolves the tower's weights in `pack` and registers its linears on `runtime`; refuses a
+    /// pack without a tower by name.
+    pub fn new(pack: &Arc<Pack>, runtime: &Runtime) -> Result<Tower, VisionError> {
         let path = pack.path().display().to_string();
         let sem = pack
             .semantics()
@@ -114,15 +112,20 @@ impl Tower {
             .ok_or(VisionError::NoTower { path: path.clone() })?;
         check_semantics(&sem).map_err(|e| VisionError::Input(format!("{path}: {e}")))?;
         let weights = TowerWeights::resolve(pack, &sem)?;
+        let at: Vec<PackLinear> = (0..weights.count())
+            .map(|l| PackLinear::Table(weights.linear_index(l)))
+            .collect();
+        let linears = runtime.register(pack, &at)?;
         Ok(Tower {
             pack: pack.clone(),
             inv_freq: rotary::inv_freq(sem.rope_theta, sem.head_dim()),
             sem,
             weights,
-            first_id: 0,
+            runtime: runtime.clone(),
+            linears,
             ablation: TowerAblation::default(),
             scratch: Scratch::default(),
-            attention_time: Duration::ZERO,
+            attention_time: TimeSpent::default(),
         })
     }
 
@@ -130,15 +133,20 @@ impl Tower {
         &self.sem
     }
 
-    /// How many backend ids the tower uses (`first_id..first_id + weight_ids()`).
-    pub fn weight_ids(&self) -> usize {
-        self.weights.count()
+    /// How many linears the tower registered on its runtime.
+    pub fn linear_count(&self) -> usize {
+        self.linears.len()
+    }
+
+    /// The runtime the tower's GEMMs run on.
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
     }
 
     /// Time the encodes since the last call spent in attention (benchmarks split the tower's time
     /// into GEMMs, from the backend's stats, attention, and the rest).
     pub fn take_attention_time(&mut self) -> Duration {
-        std::mem::take(&mut self.attention_time)
+        self.attention_time.take()
     }
 
     /// Sets deliberate mistakes (controls only).
@@ -146,41 +154,15 @@ impl Tower {
         self.ablation = ablation;
     }
 
-    /// Makes the tower's linears resident on `backend` under ids `first_id..` (after the
-    /// decoder's: `Forward::weight_ids()`).
-    pub fn prepare(
-        &mut self,
-        backend: &mut dyn GemmBackend,
-        first_id: usize,
-    ) -> Result<(), VisionError> {
-        self.first_id = first_id;
-        let refs: Vec<WeightRef<'_>> = (0..self.weights.count())
-            .map(|l| self.weight_ref(l))
-            .collect();
-        backend.prepare(&refs)?;
-        Ok(())
-    }
-
-    fn weight_ref(&self, local: usize) -> WeightRef<'_> {
-        WeightRef {
-            id: self.first_id + local,
-            linear: self.pack.linear_at(self.weights.linear_index(local)),
-        }
-    }
-
-    /// Runs the tower over `images` (each attends only to itself) on `backend`, forking on `pool`.
-    pub fn encode(
-        &mut self,
-        backend: &mut dyn GemmBackend,
-        pool: &rayon::ThreadPool,
-        images: &[&PixelPatches],
-    ) -> Result<VisionOutput, VisionError> {
+    /// Runs the tower over `images` (each attends only to itself) on the runtime.
+    pub fn encode(&mut self, images: &[&PixelPatches]) -> Result<VisionOutput, VisionError> {
         self.check_images(images)?;
         let mut s = std::mem::take(&mut self.scratch);
-        let result = pool.install(|| self.run(backend, pool, images, &mut s));
+        let pool = Arc::clone(self.runtime.pool());
+        let result = pool.install(|| self.run(&pool, images, &mut s));
         self.scratch = s;
         let (out, attention) = result?;
-        self.attention_time += attention;
+        self.attention_time.add(attention);
         Ok(out)
     }
 
@@ -229,23 +211,24 @@ impl Tower {
         Ok(())
     }
 
+    /// `y = x · Wᵀ + bias` for the tower's linear `local`.
     fn gemm(
         &self,
-        backend: &mut dyn GemmBackend,
+        pool: &rayon::ThreadPool,
         local: usize,
         bias: &[f32],
         x: &[f32],
         rows: usize,
         y: &mut [f32],
     ) -> Result<(), VisionError> {
-        backend.gemm(&self.weight_ref(local), x, rows, y)?;
-        add_bias(y, bias);
+        self.runtime
+            .gemm(&self.pack, self.linears[local], x, rows, y)?;
+        add_bias(pool, y, bias);
         Ok(())
     }
 
     fn run(
         &self,
-        backend: &mut dyn GemmBackend,
         pool: &rayon::ThreadPool,
         images: &[&PixelPatches],
         s: &mut Scratch,
@@ -281,7 +264,7 @@ impl Tower {
         for im in images {
             let rows = im.values.len() / im.row_len;
             self.gemm(
-                backend,
+                pool,
                 w.patch_embed_id(),
                 p.biases[w.patch_embed_id()],
                 &im.values,
@@ -342,7 +325,7 @@ impl Tower {
             if let Some(j) = tap(b, true) {
                 let set = &mut out.deepstack[j * tokens * out_h..(j + 1) * tokens * out_h];
                 self.merger(
-                    backend,
+                    pool,
                     &p,
                     Merger::DeepStack(j),
                     &s.x[..n * h],
@@ -356,7 +339,7 @@ impl Tower {
             norm_rows(&s.x[..n * h], h, n1w, n1b, eps, grow(&mut s.xn, n * h));
             let qkv_id = w.block_id(b, BlockLinear::Qkv);
             self.gemm(
-                backend,
+                pool,
                 qkv_id,
                 p.biases[qkv_id],
                 &s.xn[..n * h],
@@ -388,19 +371,19 @@ impl Tower {
             attention_time += t_attn.elapsed();
             let proj_id = w.block_id(b, BlockLinear::Proj);
             self.gemm(
-                backend,
+                pool,
                 proj_id,
                 p.biases[proj_id],
                 &s.attn[..n * h],
                 n,
                 grow(&mut s.proj, n * h),
             )?;
-            add_rows(&mut s.x[..n * h], &s.proj[..n * h], h);
+            add_rows(pool, &mut s.x[..n * h], &s.proj[..n * h], h);
             // MLP: norm2, fc1, tanh GELU, fc2, residual.
             norm_rows(&s.x[..n * h], h, n2w, n2b, eps, grow(&mut s.xn, n * h));
             let fc1 = w.block_id(b, BlockLinear::Fc1);
             self.gemm(
-                backend,
+                pool,
                 fc1,
                 p.biases[fc1],
                 &s.xn[..n * h],
@@ -412,18 +395,18 @@ impl Tower {
                 .for_each(gelu::gelu_tanh_inplace);
             let fc2 = w.block_id(b, BlockLinear::Fc2);
             self.gemm(
-                backend,
+                pool,
                 fc2,
                 p.biases[fc2],
                 &s.mlp[..n * inter],
                 n,
                 grow(&mut s.proj, n * h),
             )?;
-            add_rows(&mut s.x[..n * h], &s.proj[..n * h], h);
+            add_rows(pool, &mut s.x[..n * h], &s.proj[..n * h], h);
             if let Some(j) = tap(b, false) {
                 let set = &mut out.deepstack[j * tokens * out_h..(j + 1) * tokens * out_h];
                 self.merger(
-                    backend,
+                    pool,
                     &p,
                     Merger::DeepStack(j),
                     &s.x[..n * h],
@@ -434,7 +417,7 @@ impl Tower {
             }
         }
         self.merger(
-            backend,
+            pool,
             &p,
             Merger::Final,
             &s.x[..n * h],
@@ -450,7 +433,7 @@ impl Tower {
     #[allow(clippy::too_many_arguments)]
     fn merger(
         &self,
-        backend: &mut dyn GemmBackend,
+        pool: &rayon::ThreadPool,
         p: &Params<'_>,
         m: Merger,
         x: &[f32],
@@ -470,7 +453,7 @@ impl Tower {
         norm_rows(x, width, nw, nb, eps, grow(normed, n * h));
         let (fc1, fc2) = self.weights.merger_ids(m);
         let hid = grow(hidden, tokens * merged);
-        self.gemm(backend, fc1, p.biases[fc1], &normed[..n * h], tokens, hid)?;
+        self.gemm(pool, fc1, p.biases[fc1], &normed[..n * h], tokens, hid)?;
         let tanh = self.ablation.merger_gelu_tanh;
         hid.par_chunks_mut(merged).for_each(|row| {
             if tanh {
@@ -480,7 +463,7 @@ impl Tower {
             }
         });
         self.gemm(
-            backend,
+            pool,
             fc2,
             p.biases[fc2],
             &hidden[..tokens * merged],
@@ -530,25 +513,4 @@ fn norm_rows(x: &[f32], width: usize, w: &[f32], b: &[f32], eps: f32, out: &mut 
     out.par_chunks_mut(width)
         .zip(x.par_chunks(width))
         .for_each(|(o, r)| layer_norm::layer_norm(r, w, b, eps, o));
-}
-
-/// `y[r] += bias` for every row.
-fn add_bias(y: &mut [f32], bias: &[f32]) {
-    let n = bias.len();
-    y.par_chunks_mut(n).for_each(|row| {
-        for (a, b) in row.iter_mut().zip(bias) {
-            *a += b;
-        }
-    });
-}
-
-/// The residual: `x += y`.
-fn add_rows(x: &mut [f32], y: &[f32], width: usize) {
-    x.par_chunks_mut(width)
-        .zip(y.par_chunks(width))
-        .for_each(|(a, b)| {
-            for (a, b) in a.iter_mut().zip(b) {
-                *a += b;
-            }
-        });
 }

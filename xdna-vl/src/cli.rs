@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use engine::{BackendSpec, GemmMode, SamplingParams};
+use compute::cli::RuntimeArgs;
+use engine::SamplingParams;
 
 #[derive(Parser)]
 #[command(
@@ -114,16 +115,6 @@ pub struct ChatArgs {
     pub sampling: SamplingArgs,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum GemmArg {
-    /// Every GEMM on the CPU.
-    Host,
-    /// Every projection on the NPU runtime (real, or the software NPU).
-    Device,
-    /// Both, compared GEMM by GEMM; the host's result is used.
-    Ab,
-}
-
 #[derive(Args)]
 pub struct ModelArgs {
     /// The pack (`packs build CHECKPOINT -o model.pack --quant q4`). Default: the bundled tiny
@@ -134,20 +125,10 @@ pub struct ModelArgs {
     /// instead of the pack. Example: --assets ~/models/Qwen3-VL-2B-Instruct
     #[arg(long, value_name = "DIR")]
     pub assets: Option<PathBuf>,
-    /// Where the matrix products run. Example: --gemm device --designs designs/
-    #[arg(long, value_enum, default_value = "host")]
-    pub gemm: GemmArg,
-    /// The NPU runtime library (default: $XDNA_VL_RUNTIME, then the installed XRT shim).
-    /// Example: --runtime /opt/xilinx/xrt/lib/libxrt_coreutil.so
-    #[arg(long, value_name = "LIB")]
-    pub runtime: Option<PathBuf>,
-    /// The designs directory holding manifest.json (`npu-designs`), for --gemm device|ab.
-    /// Example: --designs designs/
-    #[arg(long, value_name = "DIR")]
-    pub designs: Option<PathBuf>,
-    /// Threads for the CPU work. Example: --threads 8
-    #[arg(long, default_value_t = default_threads())]
-    pub threads: usize,
+    /// Where the matrix products run and on how many threads (--gemm, --runtime, --designs,
+    /// --threads).
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
     /// Context length in tokens: prompt (image tokens included) + answer. A longer prompt is
     /// refused. The KV cache is allocated for all of it up front (Qwen3-VL-2B: 224 KiB per token
     /// in f32, half in bf16). Example: --ctx 8192
@@ -205,27 +186,11 @@ pub struct SamplingArgs {
     pub stop: Vec<String>,
 }
 
-fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
 impl ModelArgs {
     pub fn kv_dtype(&self) -> decoder::KvDtype {
         match self.kv {
             KvArg::F32 => decoder::KvDtype::F32,
             KvArg::Bf16 => decoder::KvDtype::Bf16,
-        }
-    }
-
-    pub fn backend(&self) -> BackendSpec {
-        BackendSpec {
-            mode: match self.gemm {
-                GemmArg::Host => GemmMode::Host,
-                GemmArg::Device => GemmMode::Device,
-                GemmArg::Ab => GemmMode::Ab,
-            },
-            runtime: self.runtime.clone(),
-            designs: self.designs.clone(),
         }
     }
 }

@@ -57,15 +57,13 @@ pub fn open_session(model: &ModelArgs) -> Result<Session, String> {
     if model.ctx == 0 {
         return Err("--ctx 0: the context must hold at least one token".into());
     }
-    if model.threads == 0 {
+    if model.runtime.threads == 0 {
         return Err("--threads 0: at least one thread is needed".into());
     }
     let options = SessionOptions {
         context: model.ctx,
-        threads: model.threads,
-        backend: model.backend(),
+        runtime: model.runtime.options("xdna-vl"),
         kv_dtype: model.kv_dtype(),
-        program: "xdna-vl".into(),
         ..SessionOptions::default()
     };
     Session::open(&pack, assets.as_ref(), &options).map_err(|e| e.to_string())

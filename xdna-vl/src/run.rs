@@ -98,7 +98,7 @@ pub fn generation_json(g: &Generation, session: &Session) -> serde_json::Value {
         engine::FinishReason::Eos(id) => v["eos_id"] = json!(id),
         _ => {}
     }
-    if let Some(ab) = session.forward().backend().ab_report() {
+    if let Some(ab) = session.runtime().ab_report() {
         v["ab"] = json!({
             "gemms": ab.gemms,
             "differing_gemms": ab.differing_gemms,

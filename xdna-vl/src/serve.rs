@@ -148,7 +148,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
     };
     let info = ModelInfo {
         id,
-        backend: session.forward().backend().name().to_string(),
+        backend: session.runtime().backend_name().to_string(),
         context: session.context(),
     };
     let options = ServeOptions {

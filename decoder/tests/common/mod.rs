@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use decoder::DeviceConfig;
+use compute::{DeviceConfig, GemmChoice, Runtime, RuntimeOptions};
 use npu_sys::designs::write_emu_designs;
 use npu_sys::plan::plan_pack;
 use packs::random::{write_random, RandomShape};
@@ -27,8 +27,23 @@ pub fn emu_config(pack: &Pack, dir: &Path) -> DeviceConfig {
     write_emu_designs(dir, &plan.geometries()).unwrap();
     DeviceConfig {
         runtime: Some(emu_library()),
-        designs: dir.to_path_buf(),
+        designs: Some(dir.to_path_buf()),
         program: "forward-tests".into(),
         ..DeviceConfig::default()
     }
+}
+
+/// The host backend on 2 threads.
+pub fn host() -> Runtime {
+    Runtime::host(2).unwrap()
+}
+
+/// `gemm` on 2 threads with the software NPU of `config`.
+pub fn runtime(gemm: GemmChoice, config: &DeviceConfig) -> Runtime {
+    Runtime::new(&RuntimeOptions {
+        threads: 2,
+        gemm,
+        device: config.clone(),
+    })
+    .unwrap()
 }

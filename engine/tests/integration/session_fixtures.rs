@@ -15,11 +15,11 @@ fn session() -> Session {
 fn session_with(encoder: FixtureEncoder) -> Session {
     let options = SessionOptions {
         context: 256,
-        threads: 2,
+        runtime: compute::RuntimeOptions::host(2),
         ..SessionOptions::default()
     };
     let mut s = Session::new(&pack(), &assets(), &options).unwrap();
-    s.set_image_encoder(Box::new(encoder)).unwrap();
+    s.set_image_encoder(Box::new(encoder));
     s
 }
 
@@ -163,7 +163,7 @@ fn a_stop_string_ends_the_answer_before_it() {
 fn a_full_context_ends_the_answer_and_an_oversized_prompt_is_refused() {
     let options = |context| SessionOptions {
         context,
-        threads: 1,
+        runtime: compute::RuntimeOptions::host(1),
         ..SessionOptions::default()
     };
     let text = messages(&cases()["cases"]["text"]);
@@ -214,7 +214,7 @@ fn the_pack_carries_the_checkpoints_chat_files() {
     // And a session opened from the pack alone answers as transformers does.
     let options = SessionOptions {
         context: 64,
-        threads: 1,
+        runtime: compute::RuntimeOptions::host(1),
         ..SessionOptions::default()
     };
     let mut s = Session::open(pack_path(), None, &options).unwrap();

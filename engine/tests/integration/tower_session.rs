@@ -10,7 +10,7 @@ use engine::{Event, Message, SamplingParams, Session, SessionOptions};
 fn session() -> Session {
     let options = SessionOptions {
         context: 256,
-        threads: 2,
+        runtime: compute::RuntimeOptions::host(2),
         ..SessionOptions::default()
     };
     // No encoder set: the session runs the pack's tower.

@@ -5,17 +5,17 @@
 use crate::common;
 
 use common::Link;
-use decoder::sampling::argmax;
-use decoder::stfile::StFile;
-use decoder::{
-    BackendChoice, DeviceConfig, Forward, ForwardOptions, KvDtype, Logits, PromptInputs,
-};
+use compute::ops::sampling::argmax;
+use compute::{DeviceConfig, GemmChoice, Runtime, RuntimeOptions};
+use decoder::{Decoder, DecoderOptions, KvDtype, Logits};
 use packs::random::{write_random, RandomShape};
+use packs::stfile::StFile;
 use packs::{BuildOptions, Pack, QuantKind};
 use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use testkit::PromptInputs;
 
 const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
 
@@ -69,7 +69,8 @@ impl Run {
         let mut args: Vec<OsString> = vec![self.threads.to_string().into(), kv.into()];
         let device = |name: &str, c: &DeviceConfig| -> Vec<OsString> {
             let runtime = c.runtime.clone().expect("the software NPU's path");
-            vec![name.into(), runtime.into(), c.designs.clone().into()]
+            let designs = c.designs.clone().expect("the designs directory");
+            vec![name.into(), runtime.into(), designs.into()]
         };
         match &self.gemm {
             Gemm::Host => args.push("host".into()),
@@ -79,12 +80,18 @@ impl Run {
         args
     }
 
-    fn backend(&self) -> BackendChoice {
-        match &self.gemm {
-            Gemm::Host => BackendChoice::Host,
-            Gemm::Device(c) => BackendChoice::Device(c.clone()),
-            Gemm::Ab(c) => BackendChoice::Ab(c.clone()),
-        }
+    fn runtime(&self) -> Runtime {
+        let (gemm, device) = match &self.gemm {
+            Gemm::Host => (GemmChoice::Host, DeviceConfig::default()),
+            Gemm::Device(c) => (GemmChoice::Device, c.clone()),
+            Gemm::Ab(c) => (GemmChoice::Ab, c.clone()),
+        };
+        Runtime::new(&RuntimeOptions {
+            threads: self.threads,
+            gemm,
+            device,
+        })
+        .unwrap()
     }
 }
 
@@ -110,13 +117,12 @@ fn write_prompt_bin(p: &PromptInputs, run: &Run, path: &Path) {
 /// What prompt_run.c does, through the Rust API: its stdout and its logits file, to the byte.
 fn rust_run(pack: &Path, p: &PromptInputs, run: &Run) -> (String, Vec<u8>) {
     let pack = Arc::new(Pack::open(pack).unwrap());
-    let options = ForwardOptions {
+    let options = DecoderOptions {
         capacity: run.capacity,
-        threads: run.threads,
         kv_dtype: run.kv,
-        ..ForwardOptions::default()
+        ..DecoderOptions::default()
     };
-    let mut f = Forward::new(&pack, run.backend(), options).unwrap();
+    let mut f = Decoder::new(&pack, &run.runtime(), options).unwrap();
     let (hidden, vocab, sets) = {
         let s = f.semantics();
         (s.hidden_size, s.vocab_size, s.deepstack_sets)
@@ -170,7 +176,7 @@ fn rust_run(pack: &Path, p: &PromptInputs, run: &Run) -> (String, Vec<u8>) {
     .unwrap();
     all.extend(b);
     if let Gemm::Ab(_) = run.gemm {
-        let r = f.backend().ab_report().expect("an ab backend reports");
+        let r = f.runtime().ab_report().expect("an ab backend reports");
         writeln!(
             text,
             "ab gemms={} differing_gemms={} differing_values={} max_abs_diff_bits={:08x}",
@@ -336,7 +342,7 @@ fn the_c_program_equals_the_rust_api_on_the_device_backends() {
     npu_sys::designs::write_emu_designs(&designs, &plan.geometries()).unwrap();
     let config = DeviceConfig {
         runtime: Some(common::lib_dir().join("libnpu_emu.so")),
-        designs,
+        designs: Some(designs),
         program: "forward-capi-tests".into(),
         ..DeviceConfig::default()
     };

@@ -4,8 +4,9 @@
 use crate::common;
 
 use common::Link;
-use decoder::sampling::argmax;
-use decoder::{BackendChoice, Forward, ForwardOptions, Logits};
+use compute::ops::sampling::argmax;
+use compute::Runtime;
+use decoder::{Decoder, DecoderOptions, Logits};
 use packs::random::{write_random, RandomShape};
 use packs::{Pack, QuantKind};
 use std::sync::Arc;
@@ -31,11 +32,16 @@ fn the_readme_example_builds_and_decodes_like_the_rust_api() {
 
     // The same prompt and greedy loop through the Rust API.
     let pack = Arc::new(Pack::open(&pack_path).unwrap());
-    let options = ForwardOptions {
+    let options = DecoderOptions {
         capacity: 64,
-        ..ForwardOptions::default()
+        ..DecoderOptions::default()
     };
-    let mut f = Forward::new(&pack, BackendChoice::Host, options).unwrap();
+    let mut f = Decoder::new(
+        &pack,
+        &Runtime::host(compute::default_threads()).unwrap(),
+        options,
+    )
+    .unwrap();
     let prompt = [3u32, 17, 99, 4];
     let n = prompt.len();
     let mut next = argmax(f.step_batch(&prompt, 0, 0, Logits::LastRow).unwrap());

@@ -1,11 +1,11 @@
-//! `decoder::PromptInputs::open` (hybrid-inputs/1 files) on mutated fixture inputs, and what the
+//! `testkit::PromptInputs::open` (hybrid-inputs/1 files) on mutated fixture inputs, and what the
 //! forward does with inputs it opened: rows, image rows, planes, the next rotary position, the
 //! check against a model.
 
 use std::path::Path;
 
-use decoder::PromptInputs;
 use serde_json::{json, Map, Value};
+use testkit::PromptInputs;
 
 use crate::category;
 use crate::input::{Base, Input};

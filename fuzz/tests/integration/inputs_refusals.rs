@@ -1,13 +1,13 @@
-//! Every refusal of `decoder::PromptInputs::open` (hybrid-inputs/1), each from a planted bad file
+//! Every refusal of `testkit::PromptInputs::open` (hybrid-inputs/1), each from a planted bad file
 //! made from the chat fixture's inputs: the message names the file, the tensor or metadata key,
 //! what was found and what was expected. Control: the unmodified tensors, written again, open.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use decoder::PromptInputs;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
+use testkit::PromptInputs;
 
 #[derive(Clone)]
 struct Inputs {

@@ -2,16 +2,18 @@
 //! compares against a transformers reference.
 
 use clap::Parser;
-use decoder::sampling::{argmax, top_k};
-use decoder::{Forward, Logits, PromptInputs};
+use compute::cli::RuntimeArgs;
+use compute::ops::sampling::{argmax, top_k};
+use decoder::{Decoder, Logits};
 use packs::QuantKind;
-use probes::cli::{self, GemmArgs, EXIT_FAIL, EXIT_PASS};
+use probes::cli::{self, EXIT_FAIL, EXIT_PASS};
 use probes::text::{AnswerTokenizer, TextStream};
-use probes::Reference;
 use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
+use testkit::PromptInputs;
+use testkit::Reference;
 
 /// Runs a `hybrid-inputs/1` prompt (text rows, image rows, position planes, DeepStack sets) through
 /// the pack's decoder: prefill, then greedy tokens, each at cache slot `rows + i` and rotary position
@@ -53,7 +55,7 @@ struct Args {
     #[arg(long, value_name = "SLOTS")]
     context: Option<usize>,
     #[command(flatten)]
-    gemm: GemmArgs,
+    gemm: RuntimeArgs,
     /// With --gemm ab: the largest host/device difference that passes (0: byte-identical).
     #[arg(long, default_value_t = 0.0)]
     ab_tolerance: f32,
@@ -221,9 +223,9 @@ fn print_top_k(args: &Args, label: &str, logits: &[f32]) {
     }
 }
 
-fn profile_line(args: &Args, fwd: &mut Forward, label: &str, rows: usize, t: Instant) {
+fn profile_line(args: &Args, fwd: &mut Decoder, label: &str, rows: usize, t: Instant) {
     if args.profile && !args.json {
-        let s = fwd.backend_mut().take_stats();
+        let s = fwd.runtime().take_stats();
         println!(
             "  profile {label}: rows {rows}, gemms {}, launches {}, quantize+launch {:.3} ms, wait {:.3} ms, readback {:.3} ms, host gemm {:.3} ms, step total {:.3} ms",
             s.gemms,
@@ -240,7 +242,7 @@ fn profile_line(args: &Args, fwd: &mut Forward, label: &str, rows: usize, t: Ins
 /// No reference: prefill and free-running greedy decoding.
 fn generate(
     args: &Args,
-    fwd: &mut Forward,
+    fwd: &mut Decoder,
     inputs: &PromptInputs,
     steps: usize,
     pack: &std::path::Path,
@@ -280,7 +282,7 @@ fn generate(
             break;
         }
         let t = Instant::now();
-        let logits = engine::decode_step(fwd, ids[i], &mut rotary_pos)
+        let logits = decoder::decode_step(fwd, ids[i], &mut rotary_pos)
             .unwrap_or_else(|e| cli::refuse(e))
             .to_vec();
         let id = argmax(&logits);
@@ -321,7 +323,7 @@ fn generate(
 
 fn compare(
     args: &Args,
-    fwd: &mut Forward,
+    fwd: &mut Decoder,
     inputs: &PromptInputs,
     reference: &Reference,
     (max_diff, min_top1): (f32, f64),
@@ -336,7 +338,7 @@ fn compare(
             inputs.rows(),
             inputs.image_rows().len(),
             reference.path.display(),
-            decoder::kernels::Isa::best()
+            compute::kernels::Isa::best()
         );
     }
     let mut t = Instant::now();
@@ -345,7 +347,7 @@ fn compare(
     if answer.live && answer.tokenizer.is_some() {
         print!("  answer (ours, teacher-forced): ");
     }
-    let r = probes::replay(fwd, inputs, reference, |step, id, logits, fwd| {
+    let r = testkit::replay(fwd, inputs, reference, |step, id, logits, fwd| {
         let (label, step_rows) = match step {
             0 => ("prefill".to_string(), rows),
             s => (format!("step {s}"), 1),
@@ -375,8 +377,8 @@ fn compare(
             "pack": pack.display().to_string(),
             "inputs": inputs.path.display().to_string(),
             "reference": reference.path.display().to_string(),
-            "gemm": args.gemm.gemm,
-            "kernels": decoder::kernels::Isa::best().name(),
+            "gemm": args.gemm.gemm.as_str(),
+            "kernels": compute::kernels::Isa::best().name(),
             "rows": inputs.rows(),
             "image_rows": inputs.image_rows().len(),
             "greedy_ids": r.greedy_ids,
@@ -455,8 +457,8 @@ fn merge(v: &mut serde_json::Value, extra: serde_json::Value) {
     }
 }
 
-fn print_ab(fwd: &Forward) {
-    if let Some(r) = fwd.backend().ab_report() {
+fn print_ab(fwd: &Decoder) {
+    if let Some(r) = fwd.runtime().ab_report() {
         println!(
             "  gemm ab: {} GEMMs, {} differ ({} values), max |Δ| {:.3e}{}",
             r.gemms,
@@ -470,8 +472,8 @@ fn print_ab(fwd: &Forward) {
 }
 
 /// With --gemm ab: every host/device difference within --ab-tolerance (0: none at all).
-fn ab_pass(args: &Args, fwd: &Forward) -> bool {
-    fwd.backend().ab_report().is_none_or(|r| {
+fn ab_pass(args: &Args, fwd: &Decoder) -> bool {
+    fwd.runtime().ab_report().is_none_or(|r| {
         if args.ab_tolerance == 0.0 {
             r.differing_values == 0
         } else {

@@ -2,12 +2,13 @@
 //! DeepStack sets are used, on the right axes.
 
 use clap::Parser;
-use decoder::rope::{inv_freq, RopeLayout, PLANE_NAMES};
-use decoder::{Forward, HybridInputs, Logits};
-use probes::cli::{self, GemmArgs, EXIT_FAIL, EXIT_PASS};
-use probes::compare::{count_differing, mean_abs_diff};
+use compute::cli::RuntimeArgs;
+use compute::ops::rope::{inv_freq, RopeLayout, PLANE_NAMES};
+use decoder::{Decoder, HybridInputs, Logits};
+use probes::cli::{self, EXIT_FAIL, EXIT_PASS};
 use serde_json::json;
 use std::path::PathBuf;
+use testkit::compare::{count_differing, mean_abs_diff};
 
 /// Checks the equal-plane identity, that image-style planes and DeepStack sets move the logits,
 /// the axis assignment of every rotary frequency against transformers' rule, and the refusals.
@@ -19,7 +20,7 @@ struct Args {
     /// The pack (default: the bundled tiny model, built on first use).
     pack: Option<PathBuf>,
     #[command(flatten)]
-    gemm: GemmArgs,
+    gemm: RuntimeArgs,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -56,7 +57,7 @@ fn not_applicable(name: &'static str, why: &str) -> Arm {
 }
 
 /// Deterministic ordinary token ids (no special ids).
-fn synthetic_tokens(fwd: &Forward) -> Vec<u32> {
+fn synthetic_tokens(fwd: &Decoder) -> Vec<u32> {
     let sem = fwd.semantics();
     let special = [
         sem.image_token_id,
@@ -79,7 +80,7 @@ fn synthetic_tokens(fwd: &Forward) -> Vec<u32> {
     out
 }
 
-fn embeds_of(fwd: &Forward, tokens: &[u32]) -> Vec<f32> {
+fn embeds_of(fwd: &Decoder, tokens: &[u32]) -> Vec<f32> {
     let h = fwd.semantics().hidden_size;
     let mut out = vec![0.0; tokens.len() * h];
     for (row, &t) in out.chunks_exact_mut(h).zip(tokens) {
@@ -88,7 +89,7 @@ fn embeds_of(fwd: &Forward, tokens: &[u32]) -> Vec<f32> {
     out
 }
 
-fn run_embeds(fwd: &mut Forward, embeds: &[f32], h: &HybridInputs) -> Result<Vec<f32>, String> {
+fn run_embeds(fwd: &mut Decoder, embeds: &[f32], h: &HybridInputs) -> Result<Vec<f32>, String> {
     fwd.reset();
     fwd.step_batch_embeds(embeds, h, 0, Logits::AllRows)
         .map(|l| l.to_vec())
@@ -332,7 +333,7 @@ fn main() {
     if args.json {
         let v = json!({
             "pack": pack_path.display().to_string(),
-            "gemm": args.gemm.gemm,
+            "gemm": args.gemm.gemm.as_str(),
             "rope_layout": format!("{layout:?}"),
             "pass": passed,
             "arms": arms.iter().map(|a| json!({"arm": a.name, "status": a.status, "detail": a.detail, "data": a.data})).collect::<Vec<_>>(),

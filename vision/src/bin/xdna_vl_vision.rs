@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
-use compute::{AbGemm, DeviceConfig, DeviceGemm, GemmBackend, HostGemm};
+use compute::cli::RuntimeArgs;
+use compute::Runtime;
 use packs::Pack;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
@@ -17,16 +18,6 @@ use vision::preprocess::{load_image, PixelPatches, PreprocessOptions};
 use vision::tower::{Tower, VisionOutput};
 
 const EXIT_BAD_INPUT: i32 = 2;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum GemmMode {
-    /// Every GEMM on the CPU.
-    Host,
-    /// Every linear on the NPU runtime (real or the software NPU).
-    Device,
-    /// Both, compared GEMM by GEMM; the host result is used.
-    Ab,
-}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -51,18 +42,8 @@ struct Args {
     /// and `image_grid_thw` I64 [images, 3] (tools/vision_reference.py's inputs).
     #[arg(long, conflicts_with_all = ["images", "min_pixels", "max_pixels"])]
     pixels: Option<PathBuf>,
-    /// Where the linears run.
-    #[arg(long, value_enum, default_value = "host")]
-    gemm: GemmMode,
-    /// The NPU runtime library (default: $XDNA_VL_RUNTIME, then the installed XRT shim).
-    #[arg(long, value_name = "LIB")]
-    runtime: Option<PathBuf>,
-    /// The designs directory holding manifest.json (see `npu-designs`).
-    #[arg(long, value_name = "DIR")]
-    designs: Option<PathBuf>,
-    /// Threads of the pool.
-    #[arg(long, default_value_t = std::thread::available_parallelism().map_or(1, |n| n.get()))]
-    threads: usize,
+    #[command(flatten)]
+    runtime: RuntimeArgs,
 }
 
 fn refuse(msg: impl std::fmt::Display) -> ! {
@@ -76,12 +57,9 @@ fn main() {
         refuse("no images given (IMAGE... or --pixels FILE)");
     }
     let pack = Arc::new(Pack::open(&args.pack).unwrap_or_else(|e| refuse(e)));
-    let mut tower = Tower::new(&pack).unwrap_or_else(|e| refuse(e));
-    let pool = compute::new_pool(args.threads).unwrap_or_else(|e| refuse(e));
-    let mut backend = backend(&args, &pool).unwrap_or_else(|e| refuse(e));
-    tower
-        .prepare(backend.as_mut(), 0)
-        .unwrap_or_else(|e| refuse(e));
+    let runtime =
+        Runtime::new(&args.runtime.options("xdna-vl-vision")).unwrap_or_else(|e| refuse(e));
+    let mut tower = Tower::new(&pack, &runtime).unwrap_or_else(|e| refuse(e));
 
     // (patches, preprocessing ms) per image.
     let images: Vec<(PixelPatches, f64)> = match &args.pixels {
@@ -119,7 +97,7 @@ fn main() {
     for (i, (p, pre_ms)) in images.iter().enumerate() {
         let t0 = Instant::now();
         let out = tower
-            .encode(backend.as_mut(), &pool, &[p])
+            .encode(&[p])
             .unwrap_or_else(|e| refuse(format!("{}: {e}", image_name(&args, i))));
         let tower_ms = t0.elapsed().as_secs_f64() * 1e3;
         let [t, h, w] = p.grid;
@@ -137,7 +115,7 @@ fn main() {
         );
         outs.push(out);
     }
-    if let Some(r) = backend.ab_report() {
+    if let Some(r) = runtime.ab_report() {
         println!(
             "ab: {} GEMMs, {} differing ({} values, max abs diff {})",
             r.gemms, r.differing_gemms, r.differing_values, r.max_abs_diff
@@ -155,31 +133,9 @@ fn image_name(args: &Args, i: usize) -> String {
     }
 }
 
-fn backend(args: &Args, pool: &Arc<rayon::ThreadPool>) -> Result<Box<dyn GemmBackend>, String> {
-    if args.gemm == GemmMode::Host {
-        return Ok(Box::new(HostGemm::new(pool.clone())));
-    }
-    let designs = args.designs.clone().ok_or_else(|| {
-        "--gemm device|ab needs --designs DIR (a designs directory with its manifest; \
-         `npu-designs emu PACK -o DIR` writes one for the software NPU)"
-            .to_string()
-    })?;
-    let config = DeviceConfig {
-        runtime: args.runtime.clone(),
-        designs,
-        program: "xdna-vl-vision".into(),
-        ..DeviceConfig::default()
-    };
-    let device = DeviceGemm::open(&config).map_err(|e| e.to_string())?;
-    Ok(match args.gemm {
-        GemmMode::Ab => Box::new(AbGemm::new(HostGemm::new(pool.clone()), device)),
-        _ => Box::new(device),
-    })
-}
-
 /// `pixel_values` [patches, row] split by `image_grid_thw` [images, 3].
 fn read_pixels(path: &Path) -> Result<Vec<PixelPatches>, String> {
-    let f = decoder::stfile::StFile::open(path).map_err(|e| e.to_string())?;
+    let f = packs::stfile::StFile::open(path).map_err(|e| e.to_string())?;
     let (values, shape) = f.f32("pixel_values", 2).map_err(|e| e.to_string())?;
     let (grid, gshape) = f.i64("image_grid_thw", 2).map_err(|e| e.to_string())?;
     if gshape[1] != 3 {

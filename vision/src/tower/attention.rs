@@ -1,6 +1,6 @@
 //! Full (non-causal) attention of every row over the rows of its own segment (one frame of one
 //! image: transformers' `cu_seqlens`), every head, `softmax(q·kᵀ · d^−½) · v` with an f32 softmax
-//! (`decoder::mathf`'s max and shifted exp sum).
+//! (`compute::ops::mathf`'s max and shifted exp sum).
 //!
 //! K (transposed, in tiles of 16 keys) and V are first laid out per head, and each task takes a
 //! block of `ROW_BLOCK` query rows of one head. The block walks its segment's keys a `KEY_TILE` at
@@ -14,7 +14,7 @@
 
 use std::sync::Mutex;
 
-use decoder::mathf;
+use compute::ops::mathf;
 use rayon::prelude::*;
 
 /// Query rows one task takes (they share each key tile read).
@@ -181,7 +181,7 @@ fn attend_planned(
                         #[cfg(target_arch = "x86_64")]
                         if plan.avx2 {
                             // SAFETY: the plan asks for AVX2 only where the CPU reported AVX2
-                            // and FMA (`Plan::for_this_cpu`, or the tests on such a CPU).
+                            // and FMA (`Plan::for_this_cpu`; the tests take `avx2` from it).
                             unsafe { head.run_avx2(r, run_end, (start, len), s, orun) };
                             r = run_end;
                             continue;
@@ -223,7 +223,7 @@ impl Head<'_> {
     /// [`Head::run`] compiled for AVX2.
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
+    /// The CPU must support AVX2 and FMA. (`run` indexes with checks only.)
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn run_avx2(

@@ -3,14 +3,14 @@
 //! value; the merger tests' control shows the references catch it.
 
 /// `0.5 x (1 + tanh(u))` with `u = sqrt(2/π) (x + 0.044715 x³)`, in f32, computed as the equal
-/// `x / (1 + e^(−2u))` with `decoder::mathf::exp` (within 2 ulp): branch-free, so the AVX2 build
+/// `x / (1 + e^(−2u))` with `compute::ops::mathf::exp` (within 2 ulp): branch-free, so the AVX2 build
 /// runs 8 lanes at once (libm's `tanhf` was a fifth of a 2B tower's time), and without the
 /// cancellation of `1 + tanh(u)` for negative x. Within a few ulp of torch's values (tested).
 #[inline(always)]
 pub fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
-    x / (1.0 + decoder::mathf::exp(-2.0 * inner))
+    x / (1.0 + compute::ops::mathf::exp(-2.0 * inner))
 }
 
 /// `0.5 x (1 + erf(x / √2))`.
@@ -45,7 +45,7 @@ pub fn erf(x: f64) -> f64 {
 pub fn gelu_tanh_inplace(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if compute::kernels::Isa::Avx2.is_available() {
-        // SAFETY: the CPU reported AVX2 and FMA.
+        // SAFETY: the CPU reported AVX2 and FMA (the function asks nothing else).
         unsafe { gelu_tanh_avx2(x) };
         return;
     }
@@ -57,7 +57,7 @@ pub fn gelu_tanh_inplace(x: &mut [f32]) {
 /// [`gelu_tanh`] over `x`, compiled for AVX2 (vectorized).
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA.
+/// The CPU must support AVX2 and FMA. (Only `x` is touched, through its iterator.)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn gelu_tanh_avx2(x: &mut [f32]) {

@@ -1,13 +1,13 @@
 //! The tower's 2-D rotary (transformers' axial `Qwen3VLVisionRotaryEmbedding`): `head_dim / 4`
 //! frequencies `1 / θ^(2j / (head_dim/2))`; the first half of a head's rotary angles take the
 //! patch's row, the second half its column; cos/sin are then duplicated over the full head, which
-//! is rotate-half pairing (j with j + head_dim/2) on `head_dim / 2` angles — `decoder::rope`'s rule.
+//! is rotate-half pairing (j with j + head_dim/2) on `head_dim / 2` angles — `compute::ops::rope`'s rule.
 
-pub use decoder::rope::rotate_half;
+pub use compute::ops::rope::rotate_half;
 
-/// `head_dim / 4` inverse frequencies (`decoder::rope::inv_freq` over a `head_dim / 2` space).
+/// `head_dim / 4` inverse frequencies (`compute::ops::rope::inv_freq` over a `head_dim / 2` space).
 pub fn inv_freq(theta: f64, head_dim: usize) -> Vec<f32> {
-    decoder::rope::inv_freq(theta, head_dim / 2)
+    compute::ops::rope::inv_freq(theta, head_dim / 2)
 }
 
 /// cos and sin (`head_dim / 2` each) of a patch at `(row, col)`: `[row·f, col·f]`.

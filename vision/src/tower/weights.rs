@@ -1,6 +1,7 @@
-//! The tower's tensors in a pack, resolved and shape-checked once (`Tower::new`), and their backend
-//! ids: local id 0 the patch embedding, then per block qkv, proj, fc1, fc2, then the merger's fc1,
-//! fc2, then each DeepStack merger's fc1, fc2; the backend sees `first_id + local id`.
+//! The tower's tensors in a pack, resolved and shape-checked once (`Tower::new`), and their local
+//! ids: 0 the patch embedding, then per block qkv, proj, fc1, fc2, then the merger's fc1, fc2, then
+//! each DeepStack merger's fc1, fc2. `Tower::new` registers them on the runtime in this order and
+//! keeps the handles by local id.
 
 use packs::names::visual;
 use packs::semantics::VisionSemantics;

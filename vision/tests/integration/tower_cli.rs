@@ -6,7 +6,7 @@ use crate::common;
 use std::process::Command;
 
 use common::{build_pack, max_abs, max_abs_diff, Case, Reference};
-use decoder::stfile::StFile;
+use packs::stfile::StFile;
 use packs::QuantKind;
 
 fn cli() -> Command {

@@ -1,6 +1,6 @@
 //! The tower's linears on the software NPU: `--gemm ab` (host and device compared GEMM by GEMM)
 //! shows 0 differing GEMMs for i8 and q4 towers, the device alone gives the host's bits, and a
-//! planted weight-layout mistake is caught. Ids start after a decoder's (`first_id` 1000).
+//! planted weight-layout mistake is caught. Ids start after another weight's (as after a decoder's).
 
 use crate::common;
 
@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::{build_pack, encode_on, worst, Case, Reference};
-use compute::{AbGemm, DeviceConfig, DeviceGemm, GemmBackend, HostGemm, PlantedLayout};
+use compute::{
+    AbGemm, DeviceConfig, DeviceGemm, GemmBackend, HostGemm, PackLinear, PlantedLayout, Runtime,
+};
 use npu_sys::designs::write_emu_designs;
 use npu_sys::plan::plan_pack;
 use packs::{Pack, QuantKind};
@@ -27,22 +29,22 @@ fn tower_emu_config(pack: &Pack, dir: &Path, plant: PlantedLayout) -> DeviceConf
     write_emu_designs(dir, &plan.geometries()).unwrap();
     DeviceConfig {
         runtime: Some(emu_library()),
-        designs: dir.to_path_buf(),
+        designs: Some(dir.to_path_buf()),
         program: "vision-tests".into(),
         plant,
         ..DeviceConfig::default()
     }
 }
 
-fn encode_with(
-    pack: &Arc<Pack>,
-    backend: &mut dyn GemmBackend,
-    r: &Reference,
-) -> vision::tower::VisionOutput {
-    let pool = common::pool();
-    let mut tower = Tower::new(pack).unwrap();
-    tower.prepare(backend, 1000).unwrap();
-    tower.encode(backend, &pool, &r.image_refs()).unwrap()
+fn encode_with(pack: &Arc<Pack>, runtime: &Runtime, r: &Reference) -> vision::tower::VisionOutput {
+    // Another weight first (a decoder's head), so the tower's ids do not start at 0.
+    runtime.register(pack, &[PackLinear::Head]).unwrap();
+    let mut tower = Tower::new(pack, runtime).unwrap();
+    tower.encode(&r.image_refs()).unwrap()
+}
+
+fn on(pool: &Arc<rayon::ThreadPool>, backend: impl GemmBackend + 'static) -> Runtime {
+    Runtime::with_backend(pool.clone(), Box::new(backend))
 }
 
 #[test]
@@ -54,27 +56,24 @@ fn tower_on_the_software_npu_matches_the_host_bit_for_bit() {
         let r = Reference::open(Case::Wide, kind);
         let pool = common::pool();
 
-        let mut ab = AbGemm::new(
-            HostGemm::new(pool.clone()),
-            DeviceGemm::open(&config).unwrap(),
+        let ab = on(
+            &pool,
+            AbGemm::new(
+                HostGemm::new(pool.clone()),
+                DeviceGemm::open(&config).unwrap(),
+            ),
         );
-        let out = encode_with(&pack, &mut ab, &r);
+        let out = encode_with(&pack, &ab, &r);
         let report = ab.ab_report().unwrap();
         println!("{kind}: {report:?}");
         assert!(report.gemms > 0);
         assert_eq!(report.differing_gemms, 0, "{kind}: {report:?}");
         assert!(worst(&out, &r) <= 1e-4);
 
-        let mut device = DeviceGemm::open(&config).unwrap();
-        let on_device = encode_with(&pack, &mut device, &r);
-        let mut host = HostGemm::new(pool.clone());
-        let on_host = encode_on(
-            &pack,
-            &mut host,
-            &pool,
-            &r.image_refs(),
-            TowerAblation::default(),
-        );
+        let device = on(&pool, DeviceGemm::open(&config).unwrap());
+        let on_device = encode_with(&pack, &device, &r);
+        let host = on(&pool, HostGemm::new(pool.clone()));
+        let on_host = encode_on(&pack, &host, &r.image_refs(), TowerAblation::default());
         assert!(device.take_stats().launches > 0);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(
@@ -102,11 +101,14 @@ fn planted_layout_is_caught_by_the_comparison() {
         let config = tower_emu_config(&pack, &dir.path().join("designs"), plant);
         let r = Reference::open(Case::Chat, kind);
         let pool = common::pool();
-        let mut ab = AbGemm::new(
-            HostGemm::new(pool.clone()),
-            DeviceGemm::open(&config).unwrap(),
+        let ab = on(
+            &pool,
+            AbGemm::new(
+                HostGemm::new(pool.clone()),
+                DeviceGemm::open(&config).unwrap(),
+            ),
         );
-        encode_with(&pack, &mut ab, &r);
+        encode_with(&pack, &ab, &r);
         let report = ab.ab_report().unwrap();
         println!("{kind} {plant:?}: {report:?}");
         assert!(report.differing_gemms > 0, "{kind} {plant:?}: {report:?}");

@@ -1,22 +1,23 @@
 //! Bad input refused by name, nothing computed: a pack without a tower, pixel rows of the wrong
 //! width, a grid that does not match the rows or the merge size, a non-finite pixel, no images.
-//! And the backend ids: every GEMM names an id the tower prepared, from `first_id` on.
+//! And the backend ids: every GEMM names an id the tower registered, after the runtime's earlier
+//! registrations (a decoder's).
 
 use crate::common;
 
 use std::sync::Arc;
 
 use common::{build_pack, Case, Reference};
-use compute::{BackendError, GemmBackend, HostGemm, WeightRef};
+use std::sync::Mutex;
+
+use compute::{BackendError, GemmBackend, HostGemm, PackLinear, WeightRef};
 use packs::{BuildOptions, Pack, QuantKind};
 use vision::tower::{Tower, VisionError};
 
 fn refusal(pack: &Arc<Pack>, images: &[&vision::preprocess::PixelPatches]) -> String {
-    let pool = common::pool();
-    let mut backend = HostGemm::new(pool.clone());
-    let mut tower = Tower::new(pack).unwrap();
-    tower.prepare(&mut backend, 0).unwrap();
-    match tower.encode(&mut backend, &pool, images) {
+    let runtime = common::runtime(|pool| Box::new(HostGemm::new(pool)));
+    let mut tower = Tower::new(pack, &runtime).unwrap();
+    match tower.encode(images) {
         Err(e) => e.to_string(),
         Ok(_) => panic!("encode accepted bad input"),
     }
@@ -32,7 +33,8 @@ fn a_pack_without_a_tower_is_refused_by_path() {
     };
     packs::build_from_hf(&Case::Chat.checkpoint(), &out, &opts).unwrap();
     let pack = Arc::new(Pack::open(&out).unwrap());
-    let e = Tower::new(&pack)
+    let runtime = common::runtime(|pool| Box::new(HostGemm::new(pool)));
+    let e = Tower::new(&pack, &runtime)
         .err()
         .expect("a pack without a tower was accepted");
     assert!(matches!(e, VisionError::NoTower { .. }), "{e}");
@@ -73,11 +75,17 @@ fn bad_pixel_rows_are_refused_by_name() {
     assert!(e.contains("no images"), "{e}");
 }
 
+/// What the recorder saw: every id prepared and used.
+#[derive(Default)]
+struct Record {
+    prepared: Vec<(usize, String)>,
+    used: Vec<(usize, String)>,
+}
+
 /// Records every id the tower prepares and uses, and runs the host GEMMs.
 struct Recorder {
     host: HostGemm,
-    prepared: Vec<(usize, String)>,
-    used: Vec<(usize, String)>,
+    record: Arc<Mutex<Record>>,
 }
 
 impl GemmBackend for Recorder {
@@ -85,7 +93,10 @@ impl GemmBackend for Recorder {
         "recorder"
     }
     fn prepare(&mut self, weights: &[WeightRef<'_>]) -> Result<(), BackendError> {
-        self.prepared
+        self.record
+            .lock()
+            .unwrap()
+            .prepared
             .extend(weights.iter().map(|w| (w.id, w.linear.name.to_string())));
         self.host.prepare(weights)
     }
@@ -96,7 +107,8 @@ impl GemmBackend for Recorder {
         rows: usize,
         y: &mut [f32],
     ) -> Result<(), BackendError> {
-        self.used.push((w.id, w.linear.name.to_string()));
+        let name = w.linear.name.to_string();
+        self.record.lock().unwrap().used.push((w.id, name));
         self.host.gemm(w, x, rows, y)
     }
 }
@@ -106,20 +118,26 @@ fn every_gemm_uses_an_id_prepared_from_first_id_on() {
     let dir = tempfile::tempdir().unwrap();
     let pack = build_pack(Case::Wide, QuantKind::F32, dir.path());
     let r = Reference::open(Case::Wide, QuantKind::F32);
-    let pool = common::pool();
-    let mut rec = Recorder {
-        host: HostGemm::new(pool.clone()),
-        prepared: Vec::new(),
-        used: Vec::new(),
-    };
-    let mut tower = Tower::new(&pack).unwrap();
-    tower.prepare(&mut rec, 77).unwrap();
-    let n = tower.weight_ids();
+    let record = Arc::new(Mutex::new(Record::default()));
+    let runtime = common::runtime(|pool| {
+        Box::new(Recorder {
+            host: HostGemm::new(pool),
+            record: record.clone(),
+        })
+    });
+    // 77 weights registered first (as a decoder's would be): the tower's ids start after them.
+    runtime.register(&pack, &[PackLinear::Head; 77]).unwrap();
+    record.lock().unwrap().prepared.clear();
+    let mut tower = Tower::new(&pack, &runtime).unwrap();
+    let n = tower.linear_count();
+    let rec = record.lock().unwrap();
     // 1 patch embedding + 4 per block + 2 per merger (final + 2 DeepStack).
     assert_eq!(n, 1 + 4 * 4 + 2 * 3);
     let ids: Vec<usize> = rec.prepared.iter().map(|p| p.0).collect();
     assert_eq!(ids, (77..77 + n).collect::<Vec<_>>());
-    tower.encode(&mut rec, &pool, &r.image_refs()).unwrap();
+    drop(rec);
+    tower.encode(&r.image_refs()).unwrap();
+    let rec = record.lock().unwrap();
     // 3 patch embeddings (one per image) + 4 per block + 2 per merger.
     assert_eq!(rec.used.len(), 3 + 4 * 4 + 2 * 3);
     for (id, name) in &rec.used {

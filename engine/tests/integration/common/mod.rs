@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use engine::{ChatAssets, Image, ImageEncoder, Message, Result};
-use decoder::GemmBackend;
 use serde_json::Value;
 use vision::preprocess::PixelPatches;
 use vision::tower::VisionOutput;
@@ -112,15 +111,7 @@ impl ImageEncoder for FixtureEncoder {
     fn merge_size(&self) -> usize {
         2
     }
-    fn prepare(&mut self, _: &mut dyn GemmBackend, _: usize) -> Result<()> {
-        Ok(())
-    }
-    fn encode(
-        &mut self,
-        _: &mut dyn GemmBackend,
-        _: &rayon::ThreadPool,
-        images: &[&PixelPatches],
-    ) -> Result<VisionOutput> {
+    fn encode(&mut self, images: &[&PixelPatches]) -> Result<VisionOutput> {
         let found: Vec<&Picture> = images
             .iter()
             .map(|p| {

@@ -1,12 +1,12 @@
 //! `bench decode`: decode steps at chosen contexts, per kind and KV cache type, each context's time
 //! per token against ctx 0's beside what the bytes a step reads predict.
 
-use crate::forward::{decode_steps, forward_with_room, prefill, Decode};
 use crate::measure::{load_avg, median, ReadProbe};
 use crate::random_pack::{pack_bytes_per_token, pack_for};
 use crate::report::{kv_name, load, round2, round_ms};
+use crate::steps::{decode_steps, forward_with_room, prefill, Decode};
 use crate::{refuse, Common};
-use decoder::kernels::Isa;
+use compute::kernels::Isa;
 use decoder::KvDtype;
 use packs::random::RandomShape;
 use packs::QuantKind;

@@ -6,9 +6,9 @@ use crate::measure::{measure_peaks, median, read_bandwidth, secs, thread_pool, R
 use crate::random_pack::pack_for;
 use crate::report::round2;
 use crate::{refuse, Common};
-use decoder::host::HostGemm;
-use decoder::kernels::{Isa, Kernels};
-use decoder::{GemmBackend, WeightRef};
+use compute::kernels::{Isa, Kernels};
+use compute::HostGemm;
+use compute::{GemmBackend, WeightRef};
 use packs::random::RandomShape;
 use packs::{Pack, QuantKind};
 use serde_json::{json, Map, Value};

@@ -3,15 +3,16 @@
 
 use crate::report::kv_name;
 use crate::{refuse, Common};
-use decoder::{BackendChoice, Forward, ForwardOptions, KvDtype};
+use compute::Runtime;
+use decoder::{Decoder, DecoderOptions, KvDtype};
 use packs::{Pack, QuantKind};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub fn run(c: &Common, fixtures: &Path) -> Value {
-    use probes::bundled::reference_name;
-    use probes::{replay, Reference};
+    use testkit::reference::file_name as reference_name;
+    use testkit::{replay, Reference};
     let Ok(entries) = std::fs::read_dir(fixtures) else {
         refuse(format!(
             "cannot read the fixtures directory {}",
@@ -34,7 +35,7 @@ pub fn run(c: &Common, fixtures: &Path) -> Value {
         let name = case
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let inputs = decoder::PromptInputs::open(case.join("inputs.safetensors"))
+        let inputs = testkit::PromptInputs::open(case.join("inputs.safetensors"))
             .unwrap_or_else(|e| refuse(format!("{}: {e}", case.display())));
         for kind in [QuantKind::F32, QuantKind::I8, QuantKind::Q4] {
             let ref_path = case.join(reference_name(kind));
@@ -54,14 +55,13 @@ pub fn run(c: &Common, fixtures: &Path) -> Value {
             row.insert("case".into(), json!(name));
             row.insert("kind".into(), json!(kind.to_string()));
             for dtype in [KvDtype::F32, KvDtype::Bf16] {
-                let options = ForwardOptions {
+                let options = DecoderOptions {
                     capacity: inputs.rows() + 64,
-                    threads: c.threads,
                     kv_dtype: dtype,
-                    ..ForwardOptions::default()
+                    ..DecoderOptions::default()
                 };
-                let mut f =
-                    Forward::new(&pack, BackendChoice::Host, options).unwrap_or_else(|e| refuse(e));
+                let runtime = Runtime::host(c.threads).unwrap_or_else(|e| refuse(e));
+                let mut f = Decoder::new(&pack, &runtime, options).unwrap_or_else(|e| refuse(e));
                 let r = replay(&mut f, &inputs, &reference, |_, _, _, _| {})
                     .unwrap_or_else(|e| refuse(format!("{}: {e}", case.display())));
                 let key = kv_name(dtype).to_string();

@@ -15,15 +15,15 @@
 
 mod attention;
 mod decode;
-mod decoder;
-mod forward;
 mod gemm;
 mod kv_accuracy;
 mod measure;
 mod moe;
 mod random_pack;
 mod report;
-mod vision;
+mod roofline;
+mod steps;
+mod tower;
 
 use clap::{Parser, Subcommand};
 use packs::random::RandomShape;
@@ -176,14 +176,14 @@ fn main() {
         refuse(format!("cannot create {}: {e}", c.pack_dir.display()));
     }
     let report = match &args.mode {
-        None => decoder::run(c, &shape, &kinds),
+        None => roofline::run(c, &shape, &kinds),
         Some(Mode::Attention { context, rows }) => attention::run(c, &shape, *context, *rows),
         Some(Mode::KvAccuracy { fixtures }) => kv_accuracy::run(c, fixtures),
         Some(Mode::Vision {
             images,
             prompt,
             reps,
-        }) => vision::run(c, &shape, &kinds, images, *prompt, *reps),
+        }) => tower::run(c, &shape, &kinds, images, *prompt, *reps),
         Some(Mode::Decode { ctx, kv, steps }) => decode::run(c, &shape, &kinds, ctx, kv, *steps),
         Some(Mode::Gemm { rows, isa }) => gemm::run(c, &shape, &kinds, rows, isa),
     };

@@ -4,7 +4,7 @@
 
 use crate::refuse;
 use crate::report::round2;
-use decoder::kernels::Isa;
+use compute::kernels::Isa;
 use probes::peak::PeakMix;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};

@@ -1,12 +1,12 @@
 //! The decoder benchmark on a mixture-of-experts shape.
 
-use crate::decoder::{forward_for, DECODE_STEPS, LONG_CONTEXT};
-use crate::forward::{decode_steps, prefill, PrefillRun};
 use crate::measure::{median, peak_rss_mb, reset_peak_rss, ReadProbe};
 use crate::random_pack::pack_for;
 use crate::report::{print_peak_rss, round2};
+use crate::roofline::{forward_for, DECODE_STEPS, LONG_CONTEXT};
+use crate::steps::{decode_steps, prefill, PrefillRun};
 use crate::Common;
-use decoder::kernels::Isa;
+use compute::kernels::Isa;
 use decoder::KvDtype;
 use packs::random::RandomShape;
 use packs::{QuantKind, TensorKind};

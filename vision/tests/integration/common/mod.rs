@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use decoder::stfile::StFile;
-use compute::{GemmBackend, HostGemm};
+use compute::{GemmBackend, HostGemm, Runtime};
+use packs::stfile::StFile;
 use packs::{BuildOptions, Pack, QuantKind};
 use vision::preprocess::PixelPatches;
 use vision::tower::{Tower, TowerAblation, VisionOutput};
@@ -102,24 +102,27 @@ pub fn pool() -> Arc<rayon::ThreadPool> {
     compute::new_pool(2).unwrap()
 }
 
+/// A runtime on a 2-thread pool with the backend `make` builds on it.
+pub fn runtime(make: impl FnOnce(Arc<rayon::ThreadPool>) -> Box<dyn GemmBackend>) -> Runtime {
+    let pool = pool();
+    Runtime::with_backend(pool.clone(), make(pool))
+}
+
 /// The tower of `pack` on the host backend, with `ablation`, over all `images` in one call.
 pub fn encode(pack: &Arc<Pack>, images: &[&PixelPatches], ablation: TowerAblation) -> VisionOutput {
-    let pool = pool();
-    let mut backend = HostGemm::new(pool.clone());
-    encode_on(pack, &mut backend, &pool, images, ablation)
+    let runtime = runtime(|pool| Box::new(HostGemm::new(pool)));
+    encode_on(pack, &runtime, images, ablation)
 }
 
 pub fn encode_on(
     pack: &Arc<Pack>,
-    backend: &mut dyn GemmBackend,
-    pool: &rayon::ThreadPool,
+    runtime: &Runtime,
     images: &[&PixelPatches],
     ablation: TowerAblation,
 ) -> VisionOutput {
-    let mut tower = Tower::new(pack).unwrap();
+    let mut tower = Tower::new(pack, runtime).unwrap();
     tower.set_ablation(ablation);
-    tower.prepare(backend, 0).unwrap();
-    tower.encode(backend, pool, images).unwrap()
+    tower.encode(images).unwrap()
 }
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

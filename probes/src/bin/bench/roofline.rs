@@ -3,16 +3,16 @@
 //! bandwidth beside each step, the bf16 KV cache beside the f32 one, and peak memory. A
 //! mixture-of-experts shape runs [`crate::moe`] instead.
 
-use crate::forward::{
-    decode_steps, decode_tokens, forward_with_room, prefill, prefill_prompt, prompt_for, Decode,
-    PrefillRun, Prompt,
-};
 use crate::measure::{load_avg, measure_peaks, median, peak_rss_mb, reset_peak_rss, ReadProbe};
 use crate::random_pack::{pack_bytes_per_token, pack_for};
 use crate::report::{load, print_peak_rss, round2, round_ms};
+use crate::steps::{
+    decode_steps, decode_tokens, forward_with_room, prefill, prefill_prompt, prompt_for, Decode,
+    PrefillRun, Prompt,
+};
 use crate::{refuse, Common};
-use decoder::kernels::Isa;
-use decoder::{Forward, KvDtype};
+use compute::kernels::Isa;
+use decoder::{Decoder, KvDtype};
 use packs::random::RandomShape;
 use packs::{Pack, QuantKind};
 use serde_json::{json, Map, Value};
@@ -27,7 +27,7 @@ const PREFILL_ROWS: [usize; 4] = [16, 128, 512, 2048];
 const PREFILL_REPS: usize = 2;
 
 /// A forward on the host whose cache holds `rows` prompt rows and the decode steps after them.
-pub fn forward_for(pack: &Arc<Pack>, threads: usize, kv: KvDtype, rows: usize) -> Forward {
+pub fn forward_for(pack: &Arc<Pack>, threads: usize, kv: KvDtype, rows: usize) -> Decoder {
     forward_with_room(pack, threads, kv, rows.max(LONG_CONTEXT), DECODE_STEPS)
 }
 
@@ -296,7 +296,7 @@ pub fn run(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value {
 /// holds the same rows at the same positions and the logits differ by the caches alone. Were each
 /// cache fed its own argmax, one near-tie flipped by rounding would put every later step on other
 /// tokens (the 2B shape then gave same argmax 0% and max |Δlogit| 9.9; fed alike, 83% and 0.8).
-fn decode_beside(f: &mut Forward, prompt: &Prompt, like: &Decode, probe: &ReadProbe) -> Decode {
+fn decode_beside(f: &mut Decoder, prompt: &Prompt, like: &Decode, probe: &ReadProbe) -> Decode {
     prefill_prompt(f, prompt);
     assert_eq!(
         f.next_slot(),
@@ -331,7 +331,8 @@ fn compare_logits(a: &[Vec<f32>], b: &[Vec<f32>]) -> (f64, f64) {
         for (p, q) in x.iter().zip(y) {
             max = max.max((p - q).abs() as f64);
         }
-        agree += usize::from(decoder::sampling::argmax(x) == decoder::sampling::argmax(y));
+        agree +=
+            usize::from(compute::ops::sampling::argmax(x) == compute::ops::sampling::argmax(y));
     }
     (max, agree as f64 / a.len().max(1) as f64)
 }
@@ -369,7 +370,7 @@ mod tests {
     /// agree far less, so the bound tells like from unlike.
     #[test]
     fn the_bf16_cache_decodes_the_f32_cache_prompt_and_tokens() {
-        use crate::forward::forward_with_room;
+        use crate::steps::forward_with_room;
         use packs::random::write_random;
         const STEPS: usize = 128;
         let dir = tempfile::tempdir().unwrap();

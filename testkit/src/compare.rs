@@ -1,6 +1,6 @@
 //! Comparing our logits with a reference's: per-row max |Δ|, top-1 agreement, cosine.
 
-use decoder::sampling::argmax;
+use compute::ops::sampling::argmax;
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter()

@@ -1,6 +1,7 @@
 //! `reference*.safetensors`: transformers' logits and greedy ids for a prompt, and a text-only control.
 
-use decoder::stfile::{StError, StFile};
+use packs::stfile::{StError, StFile};
+use packs::QuantKind;
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug)]
@@ -61,5 +62,14 @@ impl Reference {
 
     pub fn prompt_rows(&self) -> usize {
         self.prefill_logits.len() / self.vocab
+    }
+}
+
+/// Reference file name for a pack kind: `reference.safetensors` for the exact kinds.
+pub fn file_name(kind: QuantKind) -> &'static str {
+    match kind {
+        QuantKind::F32 | QuantKind::Bf16 => "reference.safetensors",
+        QuantKind::I8 => "reference-i8.safetensors",
+        QuantKind::Q4 => "reference-q4.safetensors",
     }
 }

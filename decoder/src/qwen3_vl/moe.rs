@@ -10,7 +10,9 @@
 //!
 //! Rows are routed one by one, so a row's experts and its result do not depend on its neighbours.
 
-use crate::ForwardError;
+use compute::ops::rows::grow;
+
+use crate::DecoderError;
 
 /// One sparse layer's routing rule.
 #[derive(Clone, Copy, Debug)]
@@ -103,9 +105,9 @@ pub fn sparse_mlp<F>(
     scratch: &mut MoeScratch,
     out: &mut [f32],
     mut run_expert: F,
-) -> Result<(), ForwardError>
+) -> Result<(), DecoderError>
 where
-    F: FnMut(usize, &[f32], usize, &mut [f32]) -> Result<(), ForwardError>,
+    F: FnMut(usize, &[f32], usize, &mut [f32]) -> Result<(), DecoderError>,
 {
     let k = rule.top_k;
     let out = &mut out[..rows * hidden];
@@ -146,12 +148,6 @@ where
         }
     }
     Ok(())
-}
-
-fn grow<T: Default + Clone>(v: &mut Vec<T>, len: usize) {
-    if v.len() < len {
-        v.resize(len, T::default());
-    }
 }
 
 /// The indices of the `k` largest `values`, as `torch.topk(values, k)` (largest, sorted) returns

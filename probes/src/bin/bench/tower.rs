@@ -2,13 +2,14 @@
 //! against the host's peak, its attention) and the time to the first token (tower and the
 //! decoder's prefill of the image rows among a short prompt).
 
-use crate::forward::{image_prompt, prefill, prefill_prompt, Prompt, PromptImage};
 use crate::measure::{load_avg, secs};
 use crate::random_pack::pack_for;
 use crate::report::{load, round2, round_ms};
+use crate::steps::{image_prompt, prefill, prefill_prompt, Prompt, PromptImage};
 use crate::{refuse, Common};
-use decoder::kernels::Isa;
-use decoder::{BackendChoice, Forward, ForwardOptions};
+use compute::kernels::Isa;
+use compute::Runtime;
+use decoder::{Decoder, DecoderOptions};
 use packs::random::RandomShape;
 use packs::semantics::{ImagePreprocess, VisionSemantics};
 use packs::QuantKind;
@@ -157,7 +158,7 @@ fn tower_macs(v: &VisionSemantics, n: u64) -> (u64, u64) {
 /// The prompt the decoder prefills after the tower: `prompt / 2` text rows, vision start, the image
 /// rows the tower gave for one image of patch grid `grid`, vision end, the rest of the text.
 fn tower_prompt(
-    f: &Forward,
+    f: &Decoder,
     out: VisionOutput,
     grid: [usize; 3],
     merge: usize,
@@ -314,19 +315,14 @@ fn bench(
                 shape.name
             ));
         }
-        let options = ForwardOptions {
+        let options = DecoderOptions {
             capacity: max_rows + 8,
-            threads: c.threads,
-            ..ForwardOptions::default()
+            ..DecoderOptions::default()
         };
-        let mut f = Forward::new(&pack, BackendChoice::Host, options).unwrap_or_else(|e| refuse(e));
-        // The tower forks on the decoder's persistent pool, the one its host GEMMs use.
-        let pool = f.pool().clone();
-        let mut tower = Tower::new(&pack).unwrap_or_else(|e| refuse(e));
-        let first_id = f.weight_ids();
-        tower
-            .prepare(f.backend_mut(), first_id)
-            .unwrap_or_else(|e| refuse(e));
+        // The decoder and the tower on one runtime: one pool, one backend.
+        let runtime = Runtime::host(c.threads).unwrap_or_else(|e| refuse(e));
+        let mut f = Decoder::new(&pack, &runtime, options).unwrap_or_else(|e| refuse(e));
+        let mut tower = Tower::new(&pack, &runtime).unwrap_or_else(|e| refuse(e));
         // Warm-up: the smallest image through the tower (faults its weights in), a short
         // prefill through the decoder.
         let smallest = images
@@ -334,7 +330,7 @@ fn bench(
             .min_by_key(|im| im.patches.values.len())
             .expect("at least one image");
         tower
-            .encode(f.backend_mut(), &pool, &[&smallest.patches])
+            .encode(&[&smallest.patches])
             .unwrap_or_else(|e| refuse(e));
         prefill(&mut f, 16);
         let peak_mix = matching_peak(kind, isa);
@@ -353,14 +349,12 @@ fn bench(
             // (tower s, GEMM s, attention s, prefill s, prefill rows)
             let mut best: Option<(f64, f64, f64, f64, usize)> = None;
             for _ in 0..reps {
-                f.backend_mut().take_stats();
+                runtime.take_stats();
                 tower.take_attention_time();
                 let t = Instant::now();
-                let out = tower
-                    .encode(f.backend_mut(), &pool, &[&im.patches])
-                    .unwrap_or_else(|e| refuse(e));
+                let out = tower.encode(&[&im.patches]).unwrap_or_else(|e| refuse(e));
                 let tower_s = secs(t.elapsed());
-                let gemm_s = secs(f.backend_mut().take_stats().host);
+                let gemm_s = secs(runtime.take_stats().host);
                 let attn_s = secs(tower.take_attention_time());
                 let inputs =
                     tower_prompt(&f, out, im.patches.grid, vsem.spatial_merge_size, prompt);

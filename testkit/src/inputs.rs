@@ -1,8 +1,8 @@
 //! `hybrid-inputs/1` files: a prompt's ids, position planes, image rows and DeepStack sets, as
 //! `tools/hf_reference.py` and `tools/hybrid_input.py` write them.
 
-use crate::hybrid::HybridInputs;
-use crate::stfile::{StError, StFile};
+use decoder::{Decoder, HybridInputs};
+use packs::stfile::{StError, StFile};
 use packs::Semantics;
 use std::path::{Path, PathBuf};
 
@@ -182,7 +182,7 @@ pub fn index_in(shape: &[usize], flat: usize) -> String {
 impl PromptInputs {
     /// The prompt's row embeddings: text rows take the pack's embedding of their id, image rows take
     /// `image_embeds` in order.
-    pub fn embeds(&self, forward: &crate::Forward) -> Vec<f32> {
+    pub fn embeds(&self, forward: &Decoder) -> Vec<f32> {
         let h = forward.semantics().hidden_size;
         let mut out = vec![0.0f32; self.rows() * h];
         let mut image = 0;

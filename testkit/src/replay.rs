@@ -1,11 +1,12 @@
 //! Replaying a reference prompt through the forward: prefill every row, then teacher-forced greedy
-//! steps (`engine::decode_step`: the next free cache slot, rotary positions from `max(position) + 1`
+//! steps (`decoder::decode_step`: the next free cache slot, rotary positions from `max(position) + 1`
 //! on), and the text-only control — the one procedure the probe, the tests and the C ABI test share.
 
 use crate::compare::{cosine, RowsCompared};
+use crate::inputs::PromptInputs;
 use crate::reference::Reference;
-use decoder::sampling::argmax;
-use decoder::{Forward, Logits, PromptInputs};
+use compute::ops::sampling::argmax;
+use decoder::{Decoder, Logits};
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Replay {
@@ -44,7 +45,7 @@ impl Replay {
 
 /// Refuses a reference made for another model or prompt, naming what differs.
 pub fn check_reference(
-    forward: &Forward,
+    forward: &Decoder,
     inputs: &PromptInputs,
     reference: &Reference,
 ) -> Result<(), String> {
@@ -82,10 +83,10 @@ pub fn check_reference(
 /// `on_step(step, own_argmax, logits, forward)` sees every greedy step as it is produced (step 0 is
 /// the prompt).
 pub fn replay(
-    forward: &mut Forward,
+    forward: &mut Decoder,
     inputs: &PromptInputs,
     reference: &Reference,
-    mut on_step: impl FnMut(usize, u32, &[f32], &mut Forward),
+    mut on_step: impl FnMut(usize, u32, &[f32], &mut Decoder),
 ) -> Result<Replay, String> {
     check_reference(forward, inputs, reference)?;
     let vocab = reference.vocab;
@@ -108,8 +109,8 @@ pub fn replay(
         .iter()
         .enumerate()
     {
-        let logits =
-            engine::decode_step(forward, fed as u32, &mut rotary_pos).map_err(|e| e.to_string())?;
+        let logits = decoder::decode_step(forward, fed as u32, &mut rotary_pos)
+            .map_err(|e| e.to_string())?;
         let expected = &reference.decode_logits[i * vocab..(i + 1) * vocab];
         decode.push_rows(logits, expected, vocab);
         all_ours.extend_from_slice(logits);

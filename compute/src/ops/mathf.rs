@@ -67,7 +67,7 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     );
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::Isa::Avx2.is_available() {
-        // SAFETY: the CPU reported AVX2 and FMA.
+        // SAFETY: the CPU reported AVX2 and FMA; `gate` and `up` are equally long (asserted).
         unsafe { simd::silu_mul_avx2(gate, up) };
         return;
     }
@@ -83,7 +83,7 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
 pub fn max(x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::Isa::Avx2.is_available() {
-        // SAFETY: the CPU reported AVX2 and FMA.
+        // SAFETY: the CPU reported AVX2 and FMA (the function asks nothing else).
         return unsafe { simd::max_avx2(x) };
     }
     let mut lanes = [f32::NEG_INFINITY; 8];
@@ -125,7 +125,7 @@ fn max_tail(lanes: &[f32; 8], tail: &[f32]) -> f32 {
 pub fn exp_shifted_sum(x: &mut [f32], m: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::Isa::Avx2.is_available() {
-        // SAFETY: the CPU reported AVX2 and FMA.
+        // SAFETY: the CPU reported AVX2 and FMA (the function asks nothing else).
         return unsafe { simd::exp_shifted_sum_avx2(x, m) };
     }
     let mut lanes = [0f32; 8];
@@ -145,80 +145,113 @@ pub fn exp_shifted_sum(x: &mut [f32], m: f32) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
+#[deny(unsafe_op_in_unsafe_fn)]
 pub(crate) mod simd {
     use super::*;
     use std::arch::x86_64::*;
 
-    /// [`exp`] on 8 lanes. Call only from code compiled with AVX2 enabled.
+    /// [`exp`] on 8 lanes. Meant to be inlined into code compiled with AVX2 enabled.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
     #[inline(always)]
     pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
-        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
-        let x0 = x;
-        let x = _mm256_max_ps(
-            _mm256_min_ps(x, _mm256_set1_ps(MAX_ARG)),
-            _mm256_set1_ps(MIN_ARG),
-        );
-        let n = _mm256_floor_ps(_mm256_add_ps(
-            _mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
-            _mm256_set1_ps(0.5),
-        ));
-        let r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(C1)));
-        let r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(C2)));
-        let z = _mm256_mul_ps(r, r);
-        let mut y = _mm256_set1_ps(P[0]);
-        for &p in &P[1..] {
-            y = _mm256_add_ps(_mm256_mul_ps(y, r), _mm256_set1_ps(p));
+        // SAFETY: register-only AVX and AVX2 intrinsics; the caller guarantees AVX2.
+        unsafe {
+            let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
+            let x0 = x;
+            let x = _mm256_max_ps(
+                _mm256_min_ps(x, _mm256_set1_ps(MAX_ARG)),
+                _mm256_set1_ps(MIN_ARG),
+            );
+            let n = _mm256_floor_ps(_mm256_add_ps(
+                _mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
+                _mm256_set1_ps(0.5),
+            ));
+            let r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(C1)));
+            let r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(C2)));
+            let z = _mm256_mul_ps(r, r);
+            let mut y = _mm256_set1_ps(P[0]);
+            for &p in &P[1..] {
+                y = _mm256_add_ps(_mm256_mul_ps(y, r), _mm256_set1_ps(p));
+            }
+            let y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, z), r), _mm256_set1_ps(1.0));
+            let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvtps_epi32(n),
+                _mm256_set1_epi32(127),
+            ));
+            // NaN stays NaN (the clamp turned it into a bound), as in the scalar `clamp`.
+            _mm256_blendv_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(pow2)), x0, nan)
         }
-        let y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, z), r), _mm256_set1_ps(1.0));
-        let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_cvtps_epi32(n),
-            _mm256_set1_epi32(127),
-        ));
-        // NaN stays NaN (the clamp turned it into a bound), as in the scalar `clamp`.
-        _mm256_blendv_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(pow2)), x0, nan)
     }
 
+    /// [`super::silu_mul`] 8 lanes at a time, then the tail one at a time.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `up` must be at least as long as `gate` (the loads of
+    /// whole steps of 8 are unchecked; the caller asserts equal lengths).
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
         let n = gate.len() / 8 * 8;
         let one = _mm256_set1_ps(1.0);
         for i in (0..n).step_by(8) {
-            let g = _mm256_loadu_ps(gate.as_ptr().add(i));
-            let u = _mm256_loadu_ps(up.as_ptr().add(i));
-            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-            let s = _mm256_div_ps(g, _mm256_add_ps(one, e));
-            _mm256_storeu_ps(gate.as_mut_ptr().add(i), _mm256_mul_ps(s, u));
+            // SAFETY: AVX2 is enabled here (`exp8`'s contract); the loads read `gate[i..i + 8]`
+            // and `up[i..i + 8]`, the store writes `gate[i..i + 8]`, with i + 8 <= n <= gate.len()
+            // <= up.len() (this function's contract).
+            unsafe {
+                let g = _mm256_loadu_ps(gate.as_ptr().add(i));
+                let u = _mm256_loadu_ps(up.as_ptr().add(i));
+                let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+                let s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+                _mm256_storeu_ps(gate.as_mut_ptr().add(i), _mm256_mul_ps(s, u));
+            }
         }
         for (g, &u) in gate[n..].iter_mut().zip(&up[n..]) {
             *g = silu(*g) * u;
         }
     }
 
+    /// [`super::max`]: 8 lane maxima (`vmaxps` with the element first, so a NaN is skipped), then
+    /// [`max_tail`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA. (Only `x` is read, within its length.)
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn max_avx2(x: &[f32]) -> f32 {
         let n = x.len() / 8 * 8;
         let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
         for i in (0..n).step_by(8) {
-            m = _mm256_max_ps(_mm256_loadu_ps(x.as_ptr().add(i)), m);
+            // SAFETY: the load reads `x[i..i + 8]`, i + 8 <= n <= x.len().
+            m = _mm256_max_ps(unsafe { _mm256_loadu_ps(x.as_ptr().add(i)) }, m);
         }
         let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        // SAFETY: the store writes the 8 floats of `lanes`.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
         max_tail(&lanes, &x[n..])
     }
 
+    /// [`super::exp_shifted_sum`]: 8 lane sums, then [`sum_lanes`] and the tail.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA. (Only `x` is read and written, within its length.)
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn exp_shifted_sum_avx2(x: &mut [f32], m: f32) -> f32 {
         let n = x.len() / 8 * 8;
         let mv = _mm256_set1_ps(m);
         let mut acc = _mm256_setzero_ps();
         for i in (0..n).step_by(8) {
-            let p = x.as_mut_ptr().add(i);
-            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p), mv));
-            _mm256_storeu_ps(p, e);
-            acc = _mm256_add_ps(acc, e);
+            // SAFETY: AVX2 is enabled here (`exp8`'s contract); the load and the store cover
+            // `x[i..i + 8]`, i + 8 <= n <= x.len().
+            unsafe {
+                let p = x.as_mut_ptr().add(i);
+                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p), mv));
+                _mm256_storeu_ps(p, e);
+                acc = _mm256_add_ps(acc, e);
+            }
         }
         let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        // SAFETY: the store writes the 8 floats of `lanes`.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
         let mut sum = sum_lanes(&lanes);
         for v in &mut x[n..] {
             *v = exp(*v - m);

@@ -3,7 +3,8 @@
 
 use crate::measure::{median, secs, ReadProbe};
 use crate::refuse;
-use decoder::{BackendChoice, Forward, ForwardOptions, HybridInputs, KvDtype, Logits};
+use compute::Runtime;
+use decoder::{Decoder, DecoderOptions, HybridInputs, KvDtype, Logits};
 use engine::rope_index::{position_planes, ImageSpan, RopeAblation};
 use packs::Pack;
 use std::sync::Arc;
@@ -27,14 +28,14 @@ pub fn forward_with_room(
     kv: KvDtype,
     rows: usize,
     steps: usize,
-) -> Forward {
-    let options = ForwardOptions {
+) -> Decoder {
+    let options = DecoderOptions {
         capacity: rows + steps + 8,
-        threads,
         kv_dtype: kv,
-        ..ForwardOptions::default()
+        ..DecoderOptions::default()
     };
-    Forward::new(pack, BackendChoice::Host, options).unwrap_or_else(|e| refuse(e))
+    let runtime = Runtime::host(threads).unwrap_or_else(|e| refuse(e));
+    Decoder::new(pack, &runtime, options).unwrap_or_else(|e| refuse(e))
 }
 
 /// A prefill prompt: row embeddings and what `step_batch_embeds` needs beside them.
@@ -63,7 +64,7 @@ pub struct PromptImage<'a> {
 /// `rows` rows: plain text below [`IMAGE_PROMPT_MIN_ROWS`], else one square picture's image rows
 /// (merged grid side = the largest that leaves 8 text rows) with text around them and DeepStack
 /// sets of the pack's count (zeros: their adds cost the same).
-pub fn prompt_for(f: &Forward, rows: usize) -> Prompt {
+pub fn prompt_for(f: &Decoder, rows: usize) -> Prompt {
     let sem = f.semantics();
     let hidden = sem.hidden_size;
     if rows < IMAGE_PROMPT_MIN_ROWS {
@@ -98,7 +99,7 @@ pub fn prompt_for(f: &Forward, rows: usize) -> Prompt {
 /// `rows` rows around one picture: text tokens ([`tokens`]) with vision start on the row before
 /// the image rows and vision end on the row after them, and, when the pack uses MRoPE, the planes
 /// transformers' `get_rope_index` gives one image (`engine::rope_index`).
-pub fn image_prompt(f: &Forward, rows: usize, image: PromptImage<'_>) -> Prompt {
+pub fn image_prompt(f: &Decoder, rows: usize, image: PromptImage<'_>) -> Prompt {
     let sem = f.semantics();
     let hidden = sem.hidden_size;
     let text = tokens(rows, sem.vocab_size);
@@ -191,16 +192,16 @@ impl Decode {
 
 /// `steps` decode steps, each feeding the argmax of the one before (the first feeds a fixed
 /// token).
-pub fn decode_steps(f: &mut Forward, steps: usize, probe: &ReadProbe) -> Decode {
+pub fn decode_steps(f: &mut Decoder, steps: usize, probe: &ReadProbe) -> Decode {
     decode(f, steps, None, probe)
 }
 
 /// Decode steps feeding `tokens`, one a step, whatever the logits pick.
-pub fn decode_tokens(f: &mut Forward, tokens: &[u32], probe: &ReadProbe) -> Decode {
+pub fn decode_tokens(f: &mut Decoder, tokens: &[u32], probe: &ReadProbe) -> Decode {
     decode(f, tokens.len(), Some(tokens), probe)
 }
 
-fn decode(f: &mut Forward, steps: usize, feed: Option<&[u32]>, probe: &ReadProbe) -> Decode {
+fn decode(f: &mut Decoder, steps: usize, feed: Option<&[u32]>, probe: &ReadProbe) -> Decode {
     let vocab = f.semantics().vocab_size;
     let mut d = Decode {
         times: Vec::new(),
@@ -219,7 +220,7 @@ fn decode(f: &mut Forward, steps: usize, feed: Option<&[u32]>, probe: &ReadProbe
         }
         d.tokens.push(token);
         d.read.push(probe.beside());
-        f.backend_mut().take_stats();
+        f.runtime().take_stats();
         f.take_attention_time();
         let slot = f.next_slot();
         let t = Instant::now();
@@ -227,9 +228,9 @@ fn decode(f: &mut Forward, steps: usize, feed: Option<&[u32]>, probe: &ReadProbe
             .step(token, slot as i64, slot)
             .unwrap_or_else(|e| refuse(e));
         let dt = secs(t.elapsed());
-        token = decoder::sampling::argmax(out) % vocab as u32;
+        token = compute::ops::sampling::argmax(out) % vocab as u32;
         d.logits.push(out.to_vec());
-        let gemm = secs(f.backend_mut().take_stats().host);
+        let gemm = secs(f.runtime().take_stats().host);
         d.times.push(dt);
         d.non_gemm.push(((dt - gemm) / dt).max(0.0));
         d.non_gemm_s.push((dt - gemm).max(0.0));
@@ -253,15 +254,15 @@ impl PrefillRun {
 }
 
 /// One prefill of `rows` rows ([`prompt_for`]) from an empty cache.
-pub fn prefill(f: &mut Forward, rows: usize) -> PrefillRun {
+pub fn prefill(f: &mut Decoder, rows: usize) -> PrefillRun {
     let prompt = prompt_for(f, rows);
     prefill_prompt(f, &prompt)
 }
 
 /// One prefill of `prompt` from an empty cache.
-pub fn prefill_prompt(f: &mut Forward, prompt: &Prompt) -> PrefillRun {
+pub fn prefill_prompt(f: &mut Decoder, prompt: &Prompt) -> PrefillRun {
     f.reset();
-    f.backend_mut().take_stats();
+    f.runtime().take_stats();
     f.take_attention_time();
     let t = Instant::now();
     f.step_batch_embeds(&prompt.embeds, &prompt.hybrid, 0, Logits::LastRow)
@@ -269,7 +270,7 @@ pub fn prefill_prompt(f: &mut Forward, prompt: &Prompt) -> PrefillRun {
     let secs_all = secs(t.elapsed());
     PrefillRun {
         secs: secs_all,
-        gemm: secs(f.backend_mut().take_stats().host),
+        gemm: secs(f.runtime().take_stats().host),
         attention: secs(f.take_attention_time()),
     }
 }

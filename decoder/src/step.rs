@@ -1,0 +1,58 @@
+//! What one step's layers read ([`Step`]) and write besides the rows ([`StepState`]): the seam
+//! between the decoder loop and a family's layers.
+
+use compute::timing::TimeSpent;
+use compute::{HostGemm, Runtime};
+use packs::Pack;
+
+use crate::attention::AttnShape;
+use crate::options::Ablation;
+use crate::qwen3_vl::moe::{MoeScratch, Routing};
+
+/// Reusable activations: grown to the largest batch seen, never reallocated per step after that.
+#[derive(Default)]
+pub struct Scratch {
+    pub x: Vec<f32>,
+    pub xn: Vec<f32>,
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub attn: Vec<f32>,
+    pub proj: Vec<f32>,
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    /// Router logits of a sparse layer (rows x experts).
+    pub router: Vec<f32>,
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
+    pub logits: Vec<f32>,
+}
+
+/// What the layers of a step write besides the rows: scratch, the MoE router's state, timings.
+pub struct StepState {
+    pub scratch: Scratch,
+    /// The routing rule and the host GEMM of the sparse layers' routers (f32 on the host whatever
+    /// the backend: their logits choose experts).
+    pub routing: Option<Routing>,
+    pub router_gemm: Option<HostGemm>,
+    pub moe: MoeScratch,
+    pub trace_routes: bool,
+    /// Per sparse layer of the last step (when tracing): the experts of every row.
+    pub routes_trace: Vec<Vec<usize>>,
+    /// Attention over the cache (the K/V writes included).
+    pub attention_time: TimeSpent,
+}
+
+/// What every layer of one step reads.
+pub struct Step<'a> {
+    pub pack: &'a Pack,
+    pub runtime: &'a Runtime,
+    pub pool: &'a rayon::ThreadPool,
+    pub rows: usize,
+    pub start_slot: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub eps: f32,
+    pub shape: AttnShape,
+    pub ablation: Ablation,
+}

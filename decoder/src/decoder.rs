@@ -16,12 +16,12 @@ use packs::{Embedding, NormIndex, Pack, Semantics};
 
 use crate::attention::AttnShape;
 use crate::hybrid::HybridInputs;
-use crate::kv::KvCache;
+use crate::kv::{KvCache, KvDtype};
 use crate::options::{DecoderOptions, Logits};
 use crate::qwen3_vl::deepstack::{self, add_deepstack};
 use crate::qwen3_vl::moe::{MoeScratch, MoeStats, Routing};
 use crate::qwen3_vl::Layer;
-use crate::step::{Scratch, Step, StepState};
+use crate::step::{Scratch, Segment, Step, StepState};
 use crate::DecoderError;
 
 pub struct Decoder {
@@ -179,37 +179,8 @@ impl Decoder {
         start_slot: usize,
         logits: Logits,
     ) -> Result<&[f32], DecoderError> {
-        let hidden = self.sem.hidden_size;
-        let rows = tokens.len();
-        if rows == 0 {
-            return Err(DecoderError::Options(
-                "step_batch needs at least one token".into(),
-            ));
-        }
-        for (row, &token) in tokens.iter().enumerate() {
-            if token as usize >= self.sem.vocab_size {
-                return Err(DecoderError::TokenOutOfVocab {
-                    token,
-                    row,
-                    vocab: self.sem.vocab_size,
-                });
-            }
-        }
-        let mut x = std::mem::take(&mut self.state.scratch.x);
-        let xs = grow(&mut x, rows * hidden);
-        for (row, &token) in xs.chunks_exact_mut(hidden).zip(tokens) {
-            self.embed_row(token, row);
-        }
-        let result = self.run(
-            &mut x,
-            rows,
-            &HybridInputs::text(start_pos),
-            start_slot,
-            logits,
-        );
-        self.state.scratch.x = x;
-        result?;
-        Ok(self.logits_slice(rows, logits))
+        let input = StepInput::Tokens { tokens, start_pos };
+        self.step_own_cache(input, start_slot, logits)
     }
 
     /// Rows given as embeddings (`rows x hidden`), with position planes, image rows and DeepStack.
@@ -220,31 +191,209 @@ impl Decoder {
         start_slot: usize,
         logits: Logits,
     ) -> Result<&[f32], DecoderError> {
-        let hidden = self.sem.hidden_size;
-        if rows_embeds.is_empty() || !rows_embeds.len().is_multiple_of(hidden) {
-            return Err(DecoderError::Hybrid(format!(
-                "row embeddings hold {} values, not a positive multiple of hidden size {hidden}",
-                rows_embeds.len()
-            )));
+        let input = StepInput::Embeds {
+            embeds: rows_embeds,
+            hybrid,
+        };
+        self.step_own_cache(input, start_slot, logits)
+    }
+
+    /// A KV cache for one sequence of this decoder: `capacity` slots, allocated now.
+    pub fn new_cache(&self, capacity: usize, dtype: KvDtype) -> KvCache {
+        KvCache::new(
+            dtype,
+            self.sem.num_layers,
+            capacity,
+            self.shape.kv_heads,
+            self.shape.head_dim,
+        )
+    }
+
+    /// One forward over the rows of several sequences: every GEMM runs once over all rows (one
+    /// read of the weights), attention runs per sequence over its own cache. Sequence i's rows go
+    /// to its cache from its next free slot. Each cache advances only if the whole step succeeds;
+    /// a refusal names the sequence by index.
+    pub fn step_sequences(
+        &mut self,
+        sequences: &mut [SequenceStep<'_>],
+    ) -> Result<SequenceLogits<'_>, DecoderError> {
+        if sequences.is_empty() {
+            return Err(DecoderError::Options(
+                "step_sequences needs at least one sequence".into(),
+            ));
         }
-        let rows = rows_embeds.len() / hidden;
-        self.check_hybrid(hybrid, rows)?;
-        // A NaN row would decode garbage with no error: refuse it here, where every front end passes.
-        if let Some(i) = packs::first_non_finite(rows_embeds) {
-            return Err(DecoderError::Hybrid(format!(
-                "row embeddings hold {} at row {}, column {}: every row must be finite",
-                rows_embeds[i],
-                i / hidden,
-                i % hidden
-            )));
+        let texts = text_inputs(sequences);
+        let mut segments = Vec::with_capacity(sequences.len());
+        let mut row0 = 0;
+        for (i, seq) in sequences.iter().enumerate() {
+            let in_seq = |e: DecoderError| DecoderError::InSequence {
+                index: i,
+                source: Box::new(e),
+            };
+            self.check_cache(seq.cache).map_err(in_seq)?;
+            let hybrid = match seq.input {
+                StepInput::Tokens { .. } => &texts[i],
+                StepInput::Embeds { hybrid, .. } => hybrid,
+            };
+            let rows = self.check_input(&seq.input).map_err(in_seq)?;
+            self.check_room(seq.cache, seq.cache.len(), rows)
+                .map_err(in_seq)?;
+            segments.push(Segment {
+                row0,
+                rows,
+                start_slot: seq.cache.len(),
+                hybrid,
+            });
+            row0 += rows;
         }
-        deepstack::check_finite(hybrid, hidden).map_err(DecoderError::Hybrid)?;
+        let which: Vec<Logits> = sequences.iter().map(|s| s.logits).collect();
         let mut x = std::mem::take(&mut self.state.scratch.x);
-        grow(&mut x, rows * hidden).copy_from_slice(rows_embeds);
-        let result = self.run(&mut x, rows, hybrid, start_slot, logits);
+        self.embed_inputs(&mut x, sequences.iter().map(|s| &s.input));
+        let mut caches: Vec<&mut KvCache> = sequences.iter_mut().map(|s| &mut *s.cache).collect();
+        let result = self.run(&mut x, &segments, &mut caches, &which);
         self.state.scratch.x = x;
-        result?;
-        Ok(self.logits_slice(rows, logits))
+        let spans = result?;
+        let vocab = self.sem.vocab_size;
+        let out_rows: usize = spans.iter().map(|s| s.1).sum();
+        Ok(SequenceLogits {
+            logits: &self.state.scratch.logits[..out_rows * vocab],
+            spans,
+            vocab,
+        })
+    }
+
+    /// One sequence on the decoder's own cache; `start_slot` must be its next free slot.
+    fn step_own_cache(
+        &mut self,
+        input: StepInput<'_>,
+        start_slot: usize,
+        logits: Logits,
+    ) -> Result<&[f32], DecoderError> {
+        let text;
+        let hybrid = match input {
+            StepInput::Tokens { start_pos, .. } => {
+                text = HybridInputs::text(start_pos);
+                &text
+            }
+            StepInput::Embeds { hybrid, .. } => hybrid,
+        };
+        let rows = self.check_input(&input)?;
+        self.check_room(&self.kv, start_slot, rows)?;
+        let segments = [Segment {
+            row0: 0,
+            rows,
+            start_slot,
+            hybrid,
+        }];
+        let mut x = std::mem::take(&mut self.state.scratch.x);
+        self.embed_inputs(&mut x, std::iter::once(&input));
+        let mut kv = std::mem::replace(&mut self.kv, KvCache::empty());
+        let result = self.run(&mut x, &segments, &mut [&mut kv], &[logits]);
+        self.kv = kv;
+        self.state.scratch.x = x;
+        let spans = result?;
+        Ok(&self.state.scratch.logits[..spans[0].1 * self.sem.vocab_size])
+    }
+
+    /// Refuses input the pack cannot take, by name; returns its rows.
+    fn check_input(&self, input: &StepInput<'_>) -> Result<usize, DecoderError> {
+        let hidden = self.sem.hidden_size;
+        match *input {
+            StepInput::Tokens { tokens, .. } => {
+                if tokens.is_empty() {
+                    return Err(DecoderError::Options(
+                        "step_batch needs at least one token".into(),
+                    ));
+                }
+                for (row, &token) in tokens.iter().enumerate() {
+                    if token as usize >= self.sem.vocab_size {
+                        return Err(DecoderError::TokenOutOfVocab {
+                            token,
+                            row,
+                            vocab: self.sem.vocab_size,
+                        });
+                    }
+                }
+                Ok(tokens.len())
+            }
+            StepInput::Embeds { embeds, hybrid } => {
+                if embeds.is_empty() || !embeds.len().is_multiple_of(hidden) {
+                    return Err(DecoderError::Hybrid(format!(
+                        "row embeddings hold {} values, not a positive multiple of hidden size {hidden}",
+                        embeds.len()
+                    )));
+                }
+                let rows = embeds.len() / hidden;
+                self.check_hybrid(hybrid, rows)?;
+                // A NaN row would decode garbage with no error: refuse it here, where every front
+                // end passes.
+                if let Some(i) = packs::first_non_finite(embeds) {
+                    return Err(DecoderError::Hybrid(format!(
+                        "row embeddings hold {} at row {}, column {}: every row must be finite",
+                        embeds[i],
+                        i / hidden,
+                        i % hidden
+                    )));
+                }
+                deepstack::check_finite(hybrid, hidden).map_err(DecoderError::Hybrid)?;
+                Ok(rows)
+            }
+        }
+    }
+
+    /// `rows` rows from `start_slot` must start at the cache's next free slot and fit it.
+    fn check_room(&self, kv: &KvCache, start_slot: usize, rows: usize) -> Result<(), DecoderError> {
+        let cap = kv.capacity();
+        if start_slot != kv.len() {
+            return Err(DecoderError::NotNextSlot {
+                slot: start_slot,
+                next: kv.len(),
+                capacity: cap,
+            });
+        }
+        if start_slot + rows > cap {
+            return Err(DecoderError::OverCapacity {
+                rows,
+                start: start_slot,
+                needed: start_slot + rows,
+                capacity: cap,
+            });
+        }
+        Ok(())
+    }
+
+    /// A sequence's cache must have this decoder's layers and KV geometry.
+    fn check_cache(&self, kv: &KvCache) -> Result<(), DecoderError> {
+        let (layers, kv_dim) = (self.sem.num_layers, self.shape.kv_dim());
+        if kv.layers() != layers || kv.kv_dim() != kv_dim || kv.head_dim() != self.shape.head_dim {
+            return Err(DecoderError::Options(format!(
+                "the cache has {} layers of {} KV values (head dim {}), this decoder {layers} of \
+                 {kv_dim} (head dim {}): make it with Decoder::new_cache",
+                kv.layers(),
+                kv.kv_dim(),
+                kv.head_dim(),
+                self.shape.head_dim
+            )));
+        }
+        Ok(())
+    }
+
+    /// The inputs' rows, one after another, into `x` (`rows x hidden`).
+    fn embed_inputs<'i>(&self, x: &mut Vec<f32>, inputs: impl Iterator<Item = &'i StepInput<'i>>) {
+        let hidden = self.sem.hidden_size;
+        x.clear();
+        for input in inputs {
+            match *input {
+                StepInput::Tokens { tokens, .. } => {
+                    let at = x.len();
+                    x.resize(at + tokens.len() * hidden, 0.0);
+                    for (row, &token) in x[at..].chunks_exact_mut(hidden).zip(tokens) {
+                        self.embed_row(token, row);
+                    }
+                }
+                StepInput::Embeds { embeds, .. } => x.extend_from_slice(embeds),
+            }
+        }
     }
 
     /// The embedding row of `token` as f32.
@@ -297,54 +446,30 @@ impl Decoder {
             .map_err(DecoderError::Hybrid)
     }
 
-    fn logits_slice(&self, rows: usize, which: Logits) -> &[f32] {
-        let vocab = self.sem.vocab_size;
-        let logits = &self.state.scratch.logits;
-        match which {
-            Logits::LastRow => &logits[..vocab],
-            Logits::AllRows => &logits[..rows * vocab],
-        }
-    }
-
     /// Runs the step on a thread of the persistent pool: each GEMM and attention inside then forks
     /// from a pool thread (a few microseconds) instead of entering the pool from outside (tens).
+    /// Returns each segment's logits rows: (first row in the logits, rows).
     fn run(
         &mut self,
         x: &mut [f32],
-        rows: usize,
-        hybrid: &HybridInputs,
-        start_slot: usize,
-        which: Logits,
-    ) -> Result<(), DecoderError> {
+        segments: &[Segment<'_>],
+        caches: &mut [&mut KvCache],
+        which: &[Logits],
+    ) -> Result<Vec<(usize, usize)>, DecoderError> {
         let pool = Arc::clone(self.runtime.pool());
-        pool.install(|| self.run_on_pool(x, rows, hybrid, start_slot, which))
+        pool.install(|| self.run_on_pool(x, segments, caches, which))
     }
 
-    /// The decoder over `rows` rows already embedded in `x`. The KV cache advances only on success.
+    /// The decoder over the segments' rows, already embedded in `x` one after another. The caches
+    /// advance only on success.
     fn run_on_pool(
         &mut self,
         x: &mut [f32],
-        rows: usize,
-        hybrid: &HybridInputs,
-        start_slot: usize,
-        which: Logits,
-    ) -> Result<(), DecoderError> {
-        let cap = self.kv.capacity();
-        if start_slot != self.kv.len() {
-            return Err(DecoderError::NotNextSlot {
-                slot: start_slot,
-                next: self.kv.len(),
-                capacity: cap,
-            });
-        }
-        if start_slot + rows > cap {
-            return Err(DecoderError::OverCapacity {
-                rows,
-                start: start_slot,
-                needed: start_slot + rows,
-                capacity: cap,
-            });
-        }
+        segments: &[Segment<'_>],
+        caches: &mut [&mut KvCache],
+        which: &[Logits],
+    ) -> Result<Vec<(usize, usize)>, DecoderError> {
+        let rows: usize = segments.iter().map(|s| s.rows).sum();
         let hidden = self.sem.hidden_size;
         let half = self.sem.head_dim / 2;
         let ablation = self.options.ablation;
@@ -356,7 +481,7 @@ impl Decoder {
             runtime: &self.runtime,
             pool: self.runtime.pool(),
             rows,
-            start_slot,
+            segments,
             hidden,
             intermediate: self.sem.intermediate_size,
             eps: self.eps,
@@ -368,42 +493,58 @@ impl Decoder {
         let s = &mut st.scratch;
         grow(&mut s.cos, rows * half);
         grow(&mut s.sin, rows * half);
-        for r in 0..rows {
-            let pos = hybrid.position(r, rows);
-            self.rotary.cos_sin(
-                pos,
-                &mut s.cos[r * half..(r + 1) * half],
-                &mut s.sin[r * half..(r + 1) * half],
-            );
+        for seg in segments {
+            for r in 0..seg.rows {
+                let at = (seg.row0 + r) * half;
+                self.rotary.cos_sin(
+                    seg.hybrid.position(r, seg.rows),
+                    &mut s.cos[at..at + half],
+                    &mut s.sin[at..at + half],
+                );
+            }
         }
+        let deepstack = |x: &mut [f32], l: usize| {
+            for seg in segments {
+                let xs = &mut x[seg.row0 * hidden..(seg.row0 + seg.rows) * hidden];
+                add_deepstack(xs, seg.hybrid, l, hidden, ablation.deepstack_every_row);
+            }
+        };
         for (l, layer) in self.layers.iter().enumerate() {
             if ablation.deepstack_before_layer {
-                add_deepstack(x, hybrid, l, hidden, ablation.deepstack_every_row);
+                deepstack(x, l);
             }
-            layer.forward(l, &step, &mut self.kv, st, x)?;
+            layer.forward(l, &step, caches, st, x)?;
             // DeepStack after the layer, one path for dense and sparse layers alike.
             let skip = layer.is_sparse() && ablation.deepstack_skip_sparse_layers;
             if !ablation.deepstack_before_layer && !skip {
-                add_deepstack(x, hybrid, l, hidden, ablation.deepstack_every_row);
+                deepstack(x, l);
             }
             if self.options.trace_layers {
                 self.trace.push(x.to_vec());
             }
         }
-        // Final norm and head, on the rows whose logits are wanted.
-        let first = match which {
-            Logits::LastRow => rows - 1,
-            Logits::AllRows => 0,
-        };
-        let out_rows = rows - first;
+        // Final norm and head, on the rows whose logits are wanted, segment after segment.
+        let mut spans = Vec::with_capacity(segments.len());
+        let mut out_rows = 0;
+        for (seg, w) in segments.iter().zip(which) {
+            let n = match w {
+                Logits::LastRow => 1,
+                Logits::AllRows => seg.rows,
+            };
+            spans.push((out_rows, n));
+            out_rows += n;
+        }
         let s = &mut st.scratch;
         let w_final = self.pack.norm_at(self.final_norm);
         let xn = grow(&mut s.xn, out_rows * hidden);
-        for (xr, nr) in x[first * hidden..]
-            .chunks_exact(hidden)
-            .zip(xn.chunks_exact_mut(hidden))
-        {
-            rmsnorm(xr, w_final, self.eps, nr);
+        let mut at = 0;
+        for (seg, &(_, n)) in segments.iter().zip(&spans) {
+            let first = seg.row0 + seg.rows - n;
+            for r in first..first + n {
+                let out = &mut xn[at * hidden..(at + 1) * hidden];
+                rmsnorm(&x[r * hidden..(r + 1) * hidden], w_final, self.eps, out);
+                at += 1;
+            }
         }
         let vocab = self.sem.vocab_size;
         self.runtime.gemm(
@@ -413,8 +554,10 @@ impl Decoder {
             out_rows,
             grow(&mut s.logits, out_rows * vocab),
         )?;
-        self.kv.commit(start_slot + rows);
-        Ok(())
+        for (seg, kv) in segments.iter().zip(caches.iter_mut()) {
+            kv.commit(seg.start_slot + seg.rows);
+        }
+        Ok(spans)
     }
 }
 
@@ -431,4 +574,60 @@ pub fn decode_step<'d>(
     let logits = decoder.step(token, *next_rotary_pos, slot)?;
     *next_rotary_pos += 1;
     Ok(logits)
+}
+
+/// What one sequence feeds a step.
+#[derive(Clone, Copy)]
+pub enum StepInput<'a> {
+    /// Text ids, row i at rotary position `start_pos + i` on all planes.
+    Tokens { tokens: &'a [u32], start_pos: i64 },
+    /// Row embeddings (`rows x hidden`) with their planes, image rows and DeepStack sets.
+    Embeds {
+        embeds: &'a [f32],
+        hybrid: &'a HybridInputs,
+    },
+}
+
+/// One sequence's part of [`Decoder::step_sequences`]: its cache (its rows go to the next free
+/// slots), its input and which of its rows' logits it wants.
+pub struct SequenceStep<'a> {
+    pub cache: &'a mut KvCache,
+    pub input: StepInput<'a>,
+    pub logits: Logits,
+}
+
+/// The logits of a [`Decoder::step_sequences`], sequence by sequence.
+pub struct SequenceLogits<'a> {
+    logits: &'a [f32],
+    /// Per sequence: (first row, rows) in `logits`.
+    spans: Vec<(usize, usize)>,
+    vocab: usize,
+}
+
+impl SequenceLogits<'_> {
+    /// Sequence `i`'s logits: its last row's, or all its rows' (`rows x vocab`).
+    pub fn of(&self, i: usize) -> &[f32] {
+        let (first, rows) = self.spans[i];
+        &self.logits[first * self.vocab..(first + rows) * self.vocab]
+    }
+
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+}
+
+/// The plain-position inputs of the text sequences (indexed like `sequences`; unused entries for
+/// the others), kept alive for the step's segments.
+fn text_inputs(sequences: &[SequenceStep<'_>]) -> Vec<HybridInputs> {
+    sequences
+        .iter()
+        .map(|s| match s.input {
+            StepInput::Tokens { start_pos, .. } => HybridInputs::text(start_pos),
+            StepInput::Embeds { .. } => HybridInputs::default(),
+        })
+        .collect()
 }

@@ -24,6 +24,11 @@ pub enum DecoderError {
         row: usize,
         vocab: usize,
     },
+    #[error("sequence {index}: {source}")]
+    InSequence {
+        index: usize,
+        source: Box<DecoderError>,
+    },
     #[error("invalid hybrid inputs: {0}")]
     Hybrid(String),
     #[error("{0}")]

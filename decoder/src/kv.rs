@@ -144,6 +144,27 @@ impl KvCache {
         KvCache { data, len: 0 }
     }
 
+    /// A cache of no slots (a placeholder while the real one is lent out).
+    pub(crate) fn empty() -> KvCache {
+        KvCache::new(KvDtype::F32, 0, 0, 0, 0)
+    }
+
+    /// Layers the cache holds.
+    pub fn layers(&self) -> usize {
+        match &self.data {
+            KvData::F32(s) => s.k.len(),
+            KvData::Bf16(s) => s.k.len(),
+        }
+    }
+
+    /// Values of one head's K (or V).
+    pub fn head_dim(&self) -> usize {
+        match &self.data {
+            KvData::F32(s) => s.head_dim,
+            KvData::Bf16(s) => s.head_dim,
+        }
+    }
+
     /// Slots per layer.
     pub fn capacity(&self) -> usize {
         match &self.data {

@@ -14,7 +14,7 @@ mod options;
 pub mod qwen3_vl;
 mod step;
 
-pub use decoder::{decode_step, Decoder};
+pub use decoder::{decode_step, Decoder, SequenceLogits, SequenceStep, StepInput};
 pub use error::DecoderError;
 pub use hybrid::HybridInputs;
 pub use kv::KvDtype;

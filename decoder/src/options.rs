@@ -27,6 +27,9 @@ pub struct Ablation {
     pub moe_skip_renormalize: bool,
     /// Run every expert with its gate and up projections swapped.
     pub moe_swap_gate_up: bool,
+    /// In a step over several sequences, attend each over the previous sequence's cache (the
+    /// first over the last's) instead of its own: a sequence reading another's slots.
+    pub attend_other_sequence: bool,
     /// Break routing ties by the lower expert index instead of torch.topk's order.
     pub moe_ties_lower_index: bool,
 }

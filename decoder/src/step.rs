@@ -6,6 +6,7 @@ use compute::{HostGemm, Runtime};
 use packs::Pack;
 
 use crate::attention::AttnShape;
+use crate::hybrid::HybridInputs;
 use crate::options::Ablation;
 use crate::qwen3_vl::moe::{MoeScratch, Routing};
 
@@ -43,13 +44,30 @@ pub struct StepState {
     pub attention_time: TimeSpent,
 }
 
+/// One sequence's rows within a step: rows `row0..row0 + rows` of the step, at its cache slots
+/// `start_slot..` (the sequence's cache is the step's cache of the same index).
+pub struct Segment<'a> {
+    pub row0: usize,
+    pub rows: usize,
+    pub start_slot: usize,
+    pub hybrid: &'a HybridInputs,
+}
+
+impl Segment<'_> {
+    /// The segment's part of a `rows x width` buffer.
+    pub fn of<'b>(&self, x: &'b [f32], width: usize) -> &'b [f32] {
+        &x[self.row0 * width..(self.row0 + self.rows) * width]
+    }
+}
+
 /// What every layer of one step reads.
 pub struct Step<'a> {
     pub pack: &'a Pack,
     pub runtime: &'a Runtime,
     pub pool: &'a rayon::ThreadPool,
+    /// Rows of all sequences, one after another.
     pub rows: usize,
-    pub start_slot: usize,
+    pub segments: &'a [Segment<'a>],
     pub hidden: usize,
     pub intermediate: usize,
     pub eps: f32,

@@ -123,16 +123,7 @@ impl CallError {
 
     /// A forward error, its message prefixed by the entry point that hit it.
     pub fn forward(function: &str, e: DecoderError) -> CallError {
-        let status = match &e {
-            DecoderError::NotNextSlot { .. } => XVL_ERR_SLOT,
-            DecoderError::OverCapacity { .. } => XVL_ERR_CAPACITY,
-            DecoderError::TokenOutOfVocab { .. } => XVL_ERR_TOKEN,
-            DecoderError::Hybrid(_) => XVL_ERR_INPUTS,
-            DecoderError::Options(_) => XVL_ERR_ARGUMENT,
-            DecoderError::Pack(_) => XVL_ERR_PACK,
-            DecoderError::Backend(_) => XVL_ERR_BACKEND,
-        };
-        CallError::new(status, format!("{function}: {e}"))
+        CallError::new(decoder_status(&e), format!("{function}: {e}"))
     }
 
     /// An engine error (a chat run), its message prefixed by the entry point that hit it.
@@ -153,5 +144,19 @@ impl CallError {
             EngineError::NonFiniteLogits { .. } | EngineError::Runtime(_) => XVL_ERR_BACKEND,
         };
         CallError::new(status, format!("{function}: {e}"))
+    }
+}
+
+/// The status of a decoder refusal (a batched refusal keeps its sequence's inner status).
+fn decoder_status(e: &DecoderError) -> XvlStatus {
+    match e {
+        DecoderError::NotNextSlot { .. } => XVL_ERR_SLOT,
+        DecoderError::OverCapacity { .. } => XVL_ERR_CAPACITY,
+        DecoderError::TokenOutOfVocab { .. } => XVL_ERR_TOKEN,
+        DecoderError::Hybrid(_) => XVL_ERR_INPUTS,
+        DecoderError::Options(_) => XVL_ERR_ARGUMENT,
+        DecoderError::Pack(_) => XVL_ERR_PACK,
+        DecoderError::Backend(_) => XVL_ERR_BACKEND,
+        DecoderError::InSequence { source, .. } => decoder_status(source),
     }
 }

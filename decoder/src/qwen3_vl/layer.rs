@@ -14,7 +14,7 @@ use packs::{LinearIndex, NormIndex, Pack};
 use super::moe;
 use crate::attention::attend_rows_parallel;
 use crate::kv::{KvCache, KvData, KvElem, KvStore};
-use crate::step::{Step, StepState};
+use crate::step::{Segment, Step, StepState};
 use crate::DecoderError;
 
 /// The attention block's weights: `self_attn.{q,k,v,o}_proj` and the per-head q/k RMSNorms.
@@ -115,17 +115,17 @@ impl Layer {
         matches!(self.mlp, Mlp::Sparse { .. })
     }
 
-    /// The layer over the step's rows `x` (`rows x hidden`), in place; the rows' K/V go to the
-    /// cache at `step.start_slot..` of layer `l`.
+    /// The layer over the step's rows `x` (`rows x hidden`), in place; each segment's K/V go to
+    /// its cache (`caches[i]` for `step.segments[i]`) at layer `l`.
     pub(crate) fn forward(
         &self,
         l: usize,
         step: &Step<'_>,
-        kv: &mut KvCache,
+        caches: &mut [&mut KvCache],
         st: &mut StepState,
         x: &mut [f32],
     ) -> Result<(), DecoderError> {
-        self.attention_block(l, step, kv, st, x)?;
+        self.attention_block(l, step, caches, st, x)?;
         self.mlp_block(step, st, x)
     }
 
@@ -133,7 +133,7 @@ impl Layer {
         &self,
         l: usize,
         step: &Step<'_>,
-        kv: &mut KvCache,
+        caches: &mut [&mut KvCache],
         st: &mut StepState,
         x: &mut [f32],
     ) -> Result<(), DecoderError> {
@@ -178,11 +178,34 @@ impl Layer {
             norm_rotate(w_k, r, row)
         });
         let attn = grow(&mut s.attn, rows * q_dim);
+        // Each sequence's K/V into its own cache, then attention per sequence over its own slots
+        // (the control `attend_other_sequence` reads the previous sequence's cache instead).
         st.attention_time.time(|| {
-            let (start, q, k, v) = (step.start_slot, &s.q, &s.k, &s.v);
-            match &mut kv.data {
-                KvData::F32(store) => attend_rows(step, store, l, start, q, k, v, attn),
-                KvData::Bf16(store) => attend_rows(step, store, l, start, q, k, v, attn),
+            for (seg, kv) in step.segments.iter().zip(caches.iter_mut()) {
+                let (k, v) = (seg.of(&s.k, kv_dim), seg.of(&s.v, kv_dim));
+                match &mut kv.data {
+                    KvData::F32(store) => write_rows(store, l, seg, k, v),
+                    KvData::Bf16(store) => write_rows(store, l, seg, k, v),
+                }
+            }
+            let n = step.segments.len();
+            for (i, seg) in step.segments.iter().enumerate() {
+                let read = if step.ablation.attend_other_sequence {
+                    (i + n - 1) % n
+                } else {
+                    i
+                };
+                let q = seg.of(&s.q, q_dim);
+                let out = &mut attn[seg.row0 * q_dim..(seg.row0 + seg.rows) * q_dim];
+                let (pool, shape, slot) = (step.pool, step.shape, seg.start_slot);
+                match &caches[read].data {
+                    KvData::F32(store) => {
+                        attend_rows_parallel(pool, shape, store.layer(l), slot, seg.rows, q, out)
+                    }
+                    KvData::Bf16(store) => {
+                        attend_rows_parallel(pool, shape, store.layer(l), slot, seg.rows, q, out)
+                    }
+                }
             }
         });
         step.runtime.gemm(
@@ -324,35 +347,21 @@ fn sparse_mlp(
     )
 }
 
-/// Writes the rows' K/V at their slots, then attends every row in parallel.
-#[allow(clippy::too_many_arguments)]
-fn attend_rows<T: KvElem>(
-    step: &Step<'_>,
+/// Writes a segment's K/V (`rows x kv_dim` each) at its slots of `layer`.
+fn write_rows<T: KvElem>(
     store: &mut KvStore<T>,
     layer: usize,
-    start_slot: usize,
-    q: &[f32],
+    seg: &Segment<'_>,
     k: &[f32],
     v: &[f32],
-    attn: &mut [f32],
 ) {
-    let (shape, rows) = (step.shape, step.rows);
-    let kv_dim = shape.kv_dim();
-    for r in 0..rows {
+    let kv_dim = k.len() / seg.rows.max(1);
+    for r in 0..seg.rows {
         store.write(
             layer,
-            start_slot + r,
+            seg.start_slot + r,
             &k[r * kv_dim..(r + 1) * kv_dim],
             &v[r * kv_dim..(r + 1) * kv_dim],
         );
     }
-    attend_rows_parallel(
-        step.pool,
-        shape,
-        store.layer(layer),
-        start_slot,
-        rows,
-        q,
-        attn,
-    );
 }

@@ -9,6 +9,7 @@
 //! - [`stream`]: UTF-8-safe incremental text and stop strings.
 
 pub mod assets;
+pub mod decoding;
 pub mod error;
 pub mod format;
 pub mod generation_config;

@@ -13,13 +13,13 @@ use packs::Pack;
 use vision::preprocess::PreprocessOptions;
 
 use crate::assets::ChatAssets;
+use crate::decoding::{Decoding, Next};
 use crate::error::{EngineError, Result};
 use crate::format::ChatFormat;
 use crate::images::{ImageEncoder, TowerEncoder};
 use crate::message::{Image, Message};
 use crate::prompt::{Prompt, PromptAblation, PromptBuilder};
-use crate::sampling::{Sampler, SamplingParams};
-use crate::stream::{StopFilter, TextStream};
+use crate::sampling::SamplingParams;
 
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
@@ -356,7 +356,8 @@ impl Session {
         if params.eos_ids.is_empty() {
             params.eos_ids = self.format.eos_ids();
         }
-        let mut sampler = Sampler::new(params)?;
+        // Bad sampling parameters are refused before the prompt is looked at.
+        params.validate()?;
         let prompt = self.prompt(messages)?;
         let rows = prompt.rows();
         if rows == 0 {
@@ -370,62 +371,50 @@ impl Session {
                 context: self.context,
             });
         }
+        let mut decoding = Decoding::new(params, &prompt.ids)?;
         let mut timings = Timings::default();
         let reused = self.prefill(&prompt, &mut timings)?;
-        let mut cancelled = !on_event(Event::Started {
+        let started = on_event(Event::Started {
             prompt_tokens: rows,
             image_tokens: prompt.image_tokens(),
             reused_tokens: reused,
         });
-
-        let mut history_ids = prompt.ids.clone();
-        let mut ids = Vec::new();
-        let mut stream = TextStream::new();
-        let mut stops = StopFilter::new(&sampler.params.stop);
+        let tokenizer = &self.format.tokenizer;
+        let mut on_text = |t: &str| on_event(Event::Text(t));
         let mut finish = FinishReason::Cancelled;
         let decode_start = Instant::now();
-        while !cancelled {
-            let step = ids.len();
-            let token = sampler.sample(&mut self.logits, &history_ids, &ids, step)?;
-            if step == 0 {
-                timings.time_to_first_token = start.elapsed();
+        // A cancel at the start (the caller stopped listening) decodes nothing.
+        if started {
+            loop {
+                let cache_full = self.forward.next_slot() >= self.context;
+                let next = decoding.next(&mut self.logits, tokenizer, cache_full, &mut on_text)?;
+                if decoding.ids().len() == 1 {
+                    timings.time_to_first_token = start.elapsed();
+                }
+                match next {
+                    Next::Feed(token) => {
+                        // Feed through the decoder (not `self.feed`: the tokenizer is borrowed).
+                        let logits =
+                            decode_step(&mut self.forward, token, &mut self.next_rotary_pos)?;
+                        self.logits.clear();
+                        self.logits.extend_from_slice(logits);
+                        self.cached.push(RowKey {
+                            id: token,
+                            image: None,
+                        });
+                        timings.decode_steps += 1;
+                    }
+                    Next::Done(f) => {
+                        finish = f;
+                        break;
+                    }
+                }
             }
-            ids.push(token);
-            history_ids.push(token);
-            if sampler.params.eos_ids.contains(&token) {
-                finish = FinishReason::Eos(token);
-                break;
-            }
-            let (shown, stop) = stops.push(&stream.push(&self.format.tokenizer, token)?);
-            if !shown.is_empty() && !on_event(Event::Text(&shown)) {
-                cancelled = true;
-                continue;
-            }
-            if let Some(s) = stop {
-                finish = FinishReason::Stop(s);
-                break;
-            }
-            if ids.len() >= sampler.params.max_tokens {
-                finish = FinishReason::MaxTokens;
-                break;
-            }
-            if self.forward.next_slot() >= self.context {
-                finish = FinishReason::ContextFull;
-                break;
-            }
-            self.feed(token)?;
-            timings.decode_steps += 1;
         }
         timings.decode = decode_start.elapsed();
-        if !matches!(finish, FinishReason::Stop(_) | FinishReason::Cancelled) {
-            let (shown, _) = stops.push(&stream.finish(&self.format.tokenizer)?);
-            let rest = shown + &stops.finish();
-            if !rest.is_empty() {
-                on_event(Event::Text(&rest));
-            }
-        }
+        let (text, ids) = decoding.finish(&finish, tokenizer, &mut on_text)?;
         Ok(Generation {
-            text: stops.shown().to_string(),
+            text,
             ids,
             finish,
             prompt_tokens: rows,
@@ -433,18 +422,6 @@ impl Session {
             reused_tokens: reused,
             timings,
         })
-    }
-
-    /// One decode step: `token` at the next slot and rotary position; its logits into `self.logits`.
-    fn feed(&mut self, token: u32) -> Result<()> {
-        let logits = decode_step(&mut self.forward, token, &mut self.next_rotary_pos)?;
-        self.logits.clear();
-        self.logits.extend_from_slice(logits);
-        self.cached.push(RowKey {
-            id: token,
-            image: None,
-        });
-        Ok(())
     }
 
     /// Brings the cache to `prompt`: keeps the rows it shares with what is cached, prefills the

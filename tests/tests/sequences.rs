@@ -13,15 +13,15 @@ use xdna_vl_tests::{cases, forward, options, Case};
 
 const STEPS: usize = 5;
 
-/// What a sequence feeds: a text prompt (fed `chunk` rows per step) or a whole image prompt.
+/// What a sequence feeds: a text prompt (fed `chunk` rows per step) or an image prompt in slices.
 enum Prompt {
     Text {
         ids: Vec<u32>,
         chunk: usize,
     },
+    /// Slices of the prompt: their embeddings and `HybridInputs::slice_rows`.
     Image {
-        embeds: Vec<f32>,
-        hybrid: HybridInputs,
+        slices: Vec<(Vec<f32>, HybridInputs)>,
         next_pos: i64,
     },
 }
@@ -77,8 +77,13 @@ impl Seq {
                 self.next_pos = ids.len() as i64;
                 true
             }
-            Prompt::Image { next_pos, .. } if self.fed == 0 => {
-                self.fed = rows;
+            Prompt::Image { slices, next_pos } if self.fed < slices.len() => {
+                // `fed` counts slices for an image prompt.
+                let _ = rows;
+                self.fed += 1;
+                if self.fed < slices.len() {
+                    return;
+                }
                 self.next_pos = *next_pos;
                 true
             }
@@ -110,7 +115,10 @@ fn input_of<'a>(
                 start_pos: fed as i64,
             }
         }
-        Prompt::Image { embeds, hybrid, .. } if fed == 0 => StepInput::Embeds { embeds, hybrid },
+        Prompt::Image { slices, .. } if fed < slices.len() => StepInput::Embeds {
+            embeds: &slices[fed].0,
+            hybrid: &slices[fed].1,
+        },
         _ => StepInput::Tokens {
             tokens: std::slice::from_ref(next_token),
             start_pos: next_pos,
@@ -172,28 +180,44 @@ fn text_prompt(f: &Decoder, seed: u32, len: usize, chunk: usize) -> Prompt {
     }
 }
 
-fn image_prompt(case: &Case, f: &Decoder) -> Prompt {
+/// The case's prompt (its pictures' rows included), in slices of `chunk` rows.
+fn image_prompt(case: &Case, f: &Decoder, chunk: usize) -> Prompt {
     let inputs = case.inputs();
+    let (embeds, hybrid, rows) = (inputs.embeds(f), inputs.hybrid(), inputs.rows());
+    let hidden = f.semantics().hidden_size;
+    let slices = (0..rows)
+        .step_by(chunk)
+        .map(|first| {
+            let n = chunk.min(rows - first);
+            (
+                embeds[first * hidden..(first + n) * hidden].to_vec(),
+                hybrid.slice_rows(first, n, rows, hidden),
+            )
+        })
+        .collect();
     Prompt::Image {
-        embeds: inputs.embeds(f),
-        hybrid: inputs.hybrid(),
+        slices,
         next_pos: inputs.next_rotary_pos(),
     }
 }
 
-/// Three conversations: an image prompt from tick 0, a text prompt from tick 0, a text prompt
-/// from tick 2 prefilled `chunk` rows per tick between the others' decode rows.
-fn three(case: &Case, f: &Decoder, kv: KvDtype, chunk: usize) -> Vec<Seq> {
+/// Four conversations: the case's prompt (pictures included) whole from tick 0, a text prompt
+/// from tick 0, a text prompt from tick 2 and the case's prompt again from tick 1, the last two
+/// prefilled `chunk` rows per tick between the others' decode rows (`chunk` 0: whole).
+fn four(case: &Case, f: &Decoder, kv: KvDtype, chunk: usize) -> Vec<Seq> {
+    let whole = usize::MAX / 2;
+    let chunk = if chunk == 0 { whole } else { chunk };
     vec![
-        Seq::new(f, image_prompt(case, f), 0, kv),
+        Seq::new(f, image_prompt(case, f, whole), 0, kv),
         Seq::new(f, text_prompt(f, 1, 9, 9), 0, kv),
         Seq::new(f, text_prompt(f, 2, 11, chunk), 2, kv),
+        Seq::new(f, image_prompt(case, f, chunk), 1, kv),
     ]
 }
 
 fn alone(case: &Case, f: &mut Decoder, kv: KvDtype) -> Vec<Seq> {
     let mut out = Vec::new();
-    for (i, mut s) in three(case, f, kv, 11).into_iter().enumerate() {
+    for (i, mut s) in four(case, f, kv, 0).into_iter().enumerate() {
         s.start = 0;
         let mut one = [s];
         run(f, &mut one).unwrap_or_else(|e| panic!("{}: sequence {i} alone: {e}", case.name));
@@ -218,8 +242,10 @@ fn each_sequence_beside_others_equals_itself_alone() {
             let mut f = forward(&pack, options());
             for kv in [KvDtype::F32, KvDtype::Bf16] {
                 let alone = alone(&case, &mut f, kv);
-                let mut together = three(&case, &f, kv, 3);
+                let mut together = four(&case, &f, kv, 3);
                 run(&mut f, &mut together).unwrap();
+                // The chunked image prompt (sequence 3) is the whole one (sequence 0) alone.
+                assert_eq!(alone[3].ids, alone[0].ids, "{name} {kind}: chunked alone");
                 for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
                     assert_eq!(
                         a.ids, t.ids,
@@ -256,7 +282,7 @@ fn a_sequence_reading_anothers_slots_is_caught() {
             ..options()
         },
     );
-    let mut together = three(&case, &planted, KvDtype::F32, 3);
+    let mut together = four(&case, &planted, KvDtype::F32, 3);
     run(&mut planted, &mut together).unwrap();
     let differing = alone
         .iter()

@@ -142,6 +142,8 @@ struct Backend {
 struct Inner {
     pool: Arc<rayon::ThreadPool>,
     backend: Mutex<Backend>,
+    /// Held for a whole model pass ([`Runtime::pass`]).
+    pass: Mutex<()>,
 }
 
 /// The pool and the GEMM backend, shared by the models of one process.
@@ -176,6 +178,7 @@ impl Runtime {
             inner: Arc::new(Inner {
                 pool,
                 backend: Mutex::new(Backend { gemm, next_id: 0 }),
+                pass: Mutex::new(()),
             }),
         }
     }
@@ -183,6 +186,19 @@ impl Runtime {
     /// The persistent pool every GEMM, attention and tower op forks on.
     pub fn pool(&self) -> &Arc<rayon::ThreadPool> {
         &self.inner.pool
+    }
+
+    /// Runs `f` (a decoder step, a tower encode) on a thread of the pool, one pass at a time.
+    ///
+    /// Why one at a time: a GEMM holds the backend's lock while its tasks run on the pool, and a
+    /// pool thread waiting for them may pick up any job queued on the pool. If a second pass were
+    /// queued from another thread, that thread could start it and block on the lock its own
+    /// stack holds: a deadlock (a tower encode on a server worker's thread beside a decoder step
+    /// on the scheduler's). Inside one pass GEMMs are issued one after another, so the lock is
+    /// never wanted by a stolen task.
+    pub fn pass<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        let _one_pass = self.inner.pass.lock().unwrap_or_else(|p| p.into_inner());
+        self.inner.pool.install(f)
     }
 
     pub fn threads(&self) -> usize {

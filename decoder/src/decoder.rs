@@ -136,6 +136,11 @@ impl Decoder {
     pub fn reset(&mut self) {
         self.kv.reset();
     }
+    /// Frees the decoder's own cache (a caller that steps sequences on their own caches only);
+    /// the one-sequence steps then refuse every row by capacity.
+    pub fn release_cache(&mut self) {
+        self.kv = KvCache::empty();
+    }
     /// Forget slots `len..` (decoding continues at slot `len`).
     pub fn truncate(&mut self, len: usize) {
         self.kv.truncate(len);
@@ -456,8 +461,8 @@ impl Decoder {
         caches: &mut [&mut KvCache],
         which: &[Logits],
     ) -> Result<Vec<(usize, usize)>, DecoderError> {
-        let pool = Arc::clone(self.runtime.pool());
-        pool.install(|| self.run_on_pool(x, segments, caches, which))
+        let runtime = self.runtime.clone();
+        runtime.pass(|| self.run_on_pool(x, segments, caches, which))
     }
 
     /// The decoder over the segments' rows, already embedded in `x` one after another. The caches

@@ -17,5 +17,5 @@ mod step;
 pub use decoder::{decode_step, Decoder, SequenceLogits, SequenceStep, StepInput};
 pub use error::DecoderError;
 pub use hybrid::HybridInputs;
-pub use kv::KvDtype;
+pub use kv::{KvCache, KvDtype};
 pub use options::{Ablation, DecoderOptions, Logits};

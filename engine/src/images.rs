@@ -10,7 +10,7 @@ use packs::Pack;
 use vision::preprocess::{PixelPatches, PreprocessOptions};
 use vision::tower::{Tower, VisionOutput};
 
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::message::Image;
 
 /// Pixel rows -> image rows. The tower in a product; a fixed table of transformers' rows in tests.
@@ -61,4 +61,41 @@ pub fn load_image(
 ) -> Result<Image> {
     let patches = vision::preprocess::load_image(path, preprocess, options)?;
     Ok(Image::new(path.display().to_string(), patches))
+}
+
+/// What turns a picture into pixel rows for one pack: its preprocessing settings, if it has a
+/// tower. Shared by the session and the scheduler's handles (which decode on their own threads).
+#[derive(Clone, Debug)]
+pub struct ImageSettings {
+    preprocess: Option<ImagePreprocess>,
+    pack: String,
+}
+
+impl ImageSettings {
+    pub fn of(pack: &Pack) -> ImageSettings {
+        ImageSettings {
+            preprocess: pack.semantics().preprocess.clone(),
+            pack: pack.path().display().to_string(),
+        }
+    }
+
+    /// The preprocessing settings, or a refusal naming the picture `name` and the fix.
+    pub fn settings(&self, name: &str) -> Result<&ImagePreprocess> {
+        self.preprocess.as_ref().ok_or_else(|| EngineError::Image {
+            name: name.to_string(),
+            what: format!(
+                "the pack {} has no image preprocessing settings: rebuild it with `packs build` from a checkpoint with a vision tower",
+                self.pack
+            ),
+        })
+    }
+
+    /// Decodes and preprocesses an encoded picture (PNG, JPEG, WebP, GIF) given as bytes; `name`
+    /// names it in messages.
+    pub fn from_bytes(&self, name: &str, bytes: &[u8]) -> Result<Image> {
+        let pre = self.settings(name)?;
+        let patches =
+            vision::preprocess::preprocess_bytes(bytes, name, pre, &PreprocessOptions::default())?;
+        Ok(Image::new(name, patches))
+    }
 }

@@ -16,10 +16,11 @@ use crate::assets::ChatAssets;
 use crate::decoding::{Decoding, Next};
 use crate::error::{EngineError, Result};
 use crate::format::ChatFormat;
-use crate::images::{ImageEncoder, TowerEncoder};
+use crate::images::{ImageEncoder, ImageSettings, TowerEncoder};
 use crate::message::{Image, Message};
 use crate::prompt::{Prompt, PromptAblation, PromptBuilder};
 use crate::sampling::SamplingParams;
+use vision::tower::VisionOutput;
 
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
@@ -136,6 +137,16 @@ struct RowKey {
     image: Option<(u64, usize)>,
 }
 
+/// A session's model: decoder, chat format, tower, context.
+pub(crate) struct SessionParts {
+    pub decoder: Decoder,
+    pub format: ChatFormat,
+    pub encoder: Option<Box<dyn ImageEncoder>>,
+    pub no_encoder: String,
+    pub context: usize,
+    pub ablation: PromptAblation,
+}
+
 pub struct Session {
     forward: Decoder,
     format: ChatFormat,
@@ -226,6 +237,18 @@ impl Session {
         self.encoder = Some(encoder);
     }
 
+    /// The model without the conversation: what a scheduler of several sequences takes over.
+    pub(crate) fn into_parts(self) -> SessionParts {
+        SessionParts {
+            decoder: self.forward,
+            format: self.format,
+            encoder: self.encoder,
+            no_encoder: self.no_encoder,
+            context: self.context,
+            ablation: self.ablation,
+        }
+    }
+
     /// The runtime the decoder and the tower run on.
     pub fn runtime(&self) -> &Runtime {
         self.forward.runtime()
@@ -239,6 +262,10 @@ impl Session {
     }
     pub fn history(&self) -> &[Message] {
         &self.history
+    }
+    /// Bytes one conversation's KV cache of the context's slots takes.
+    pub fn kv_bytes_per_sequence(&self) -> usize {
+        self.forward.kv().bytes_per_token() * self.context
     }
     pub fn context(&self) -> usize {
         self.context
@@ -278,20 +305,12 @@ impl Session {
     /// Decodes and preprocesses an encoded picture (PNG, JPEG, WebP, GIF) given as bytes; `name`
     /// names it in messages.
     pub fn image_from_bytes(&self, name: &str, bytes: &[u8]) -> Result<Image> {
-        let pre = self.preprocess(name)?;
-        let patches =
-            vision::preprocess::preprocess_bytes(bytes, name, pre, &PreprocessOptions::default())?;
-        Ok(Image::new(name, patches))
+        self.images().from_bytes(name, bytes)
     }
 
-    fn preprocess(&self, name: &str) -> Result<&packs::semantics::ImagePreprocess> {
-        self.forward.semantics().preprocess.as_ref().ok_or_else(|| EngineError::Image {
-            name: name.to_string(),
-            what: format!(
-                "the pack {} has no image preprocessing settings: rebuild it with `packs build` from a checkpoint with a vision tower",
-                self.forward.pack().path().display()
-            ),
-        })
+    /// The pack's picture settings (the scheduler's handles decode with them too).
+    pub fn images(&self) -> ImageSettings {
+        ImageSettings::of(self.forward.pack())
     }
 
     /// Decodes and preprocesses a picture with the pack's settings.
@@ -302,7 +321,8 @@ impl Session {
                 what: "no such file".into(),
             });
         }
-        let pre = self.preprocess(&path.display().to_string())?;
+        let images = self.images();
+        let pre = images.settings(&path.display().to_string())?;
         crate::images::load_image(path, pre, &PreprocessOptions::default())
     }
 
@@ -449,79 +469,16 @@ impl Session {
         self.forward.truncate(reuse);
         self.cached.truncate(reuse);
 
-        let new_images: Vec<&crate::prompt::PromptImage> = prompt
-            .images
-            .iter()
-            .filter(|i| i.span.first_row >= reuse)
-            .collect();
-        let hidden = self.forward.semantics().hidden_size;
-        let vision = if new_images.is_empty() {
-            None
-        } else {
-            let encoder = self.encoder.as_mut().ok_or_else(|| EngineError::Image {
-                name: new_images[0].image.name.clone(),
-                what: format!("cannot be read by this pack: {}", self.no_encoder),
-            })?;
-            let patches: Vec<&vision::preprocess::PixelPatches> = new_images
-                .iter()
-                .map(|i| i.image.patches.as_ref())
-                .collect();
-            let tower_start = Instant::now();
-            let out = encoder.encode(&patches)?;
-            timings.tower = tower_start.elapsed();
-            let want: Vec<usize> = new_images.iter().map(|i| i.tokens).collect();
-            if out.tokens_per_image != want
-                || out.image_embeds.len() != want.iter().sum::<usize>() * hidden
-            {
-                return Err(EngineError::Image {
-                    name: new_images[0].image.name.clone(),
-                    what: format!(
-                        "the image encoder gave {:?} rows ({} values) for images of {want:?} tokens x hidden {hidden}",
-                        out.tokens_per_image,
-                        out.image_embeds.len()
-                    ),
-                });
+        let vision = match self.encoder.as_mut() {
+            Some(encoder) => {
+                let hidden = self.forward.semantics().hidden_size;
+                encode_images(encoder.as_mut(), prompt, reuse, hidden, &mut timings.tower)?
             }
-            Some(out)
+            None => refuse_images(prompt, reuse, &self.no_encoder)?,
         };
-
         let prefill_start = Instant::now();
         let new_rows = rows - reuse;
-        let mut embeds = vec![0.0f32; new_rows * hidden];
-        let mut image_rows = Vec::new();
-        let mut next_image_row = 0;
-        for (r, (row, &id)) in embeds
-            .chunks_exact_mut(hidden)
-            .zip(&prompt.ids[reuse..])
-            .enumerate()
-        {
-            if keys[reuse + r].image.is_some() {
-                let v = vision
-                    .as_ref()
-                    .expect("image rows come with the tower's output");
-                row.copy_from_slice(&v.image_embeds[next_image_row * hidden..][..hidden]);
-                next_image_row += 1;
-                image_rows.push(r);
-            } else {
-                self.forward.embed_row(id, row);
-            }
-        }
-        let hybrid = if self.forward.rotary().layout.is_mrope() {
-            let plane = |p: usize| &prompt.planes[p * rows + reuse..(p + 1) * rows];
-            HybridInputs {
-                planes: Some([plane(0), plane(1), plane(2)].concat()),
-                start_pos: 0,
-                image_rows,
-                deepstack: vision
-                    .as_ref()
-                    .map(|v| v.deepstack.clone())
-                    .unwrap_or_default(),
-                deepstack_sets: vision.as_ref().map_or(0, |v| v.sets),
-            }
-        } else {
-            // A text-only decoder without MRoPE: plain positions (images were refused above).
-            HybridInputs::text(reuse as i64)
-        };
+        let (embeds, hybrid) = prompt_input(&self.forward, prompt, reuse, vision.as_ref());
         let logits = self
             .forward
             .step_batch_embeds(&embeds, &hybrid, reuse, Logits::LastRow)?;
@@ -533,6 +490,106 @@ impl Session {
         timings.prefilled_tokens = new_rows;
         Ok(reuse)
     }
+}
+
+/// The tower's rows for `prompt`'s images at or after row `from` (None when there are none),
+/// checked against the image tokens the prompt gave them (rows of `hidden`); the tower's time
+/// goes to `tower`.
+pub(crate) fn encode_images(
+    encoder: &mut dyn ImageEncoder,
+    prompt: &Prompt,
+    from: usize,
+    hidden: usize,
+    tower: &mut std::time::Duration,
+) -> Result<Option<VisionOutput>> {
+    let new_images: Vec<&crate::prompt::PromptImage> = prompt
+        .images
+        .iter()
+        .filter(|i| i.span.first_row >= from)
+        .collect();
+    if new_images.is_empty() {
+        return Ok(None);
+    }
+    let patches: Vec<&vision::preprocess::PixelPatches> = new_images
+        .iter()
+        .map(|i| i.image.patches.as_ref())
+        .collect();
+    let tower_start = Instant::now();
+    let out = encoder.encode(&patches)?;
+    *tower = tower_start.elapsed();
+    let want: Vec<usize> = new_images.iter().map(|i| i.tokens).collect();
+    if out.tokens_per_image != want || out.image_embeds.len() != want.iter().sum::<usize>() * hidden
+    {
+        return Err(EngineError::Image {
+            name: new_images[0].image.name.clone(),
+            what: format!(
+                "the image encoder gave {:?} rows ({} values) for images of {want:?} tokens x hidden {hidden}",
+                out.tokens_per_image,
+                out.image_embeds.len()
+            ),
+        });
+    }
+    Ok(Some(out))
+}
+
+/// A pack without an encoder refuses a prompt with images (at or after `from`) by name.
+pub(crate) fn refuse_images(
+    prompt: &Prompt,
+    from: usize,
+    why: &str,
+) -> Result<Option<VisionOutput>> {
+    match prompt.images.iter().find(|i| i.span.first_row >= from) {
+        Some(img) => Err(EngineError::Image {
+            name: img.image.name.clone(),
+            what: format!("cannot be read by this pack: {why}"),
+        }),
+        None => Ok(None),
+    }
+}
+
+/// The decoder's input for `prompt`'s rows `from..`: text rows embedded, image rows from the
+/// tower's output `vision` (the images at or after `from`, in order), with the rows' position
+/// planes, image rows and DeepStack sets.
+pub(crate) fn prompt_input(
+    decoder: &Decoder,
+    prompt: &Prompt,
+    from: usize,
+    vision: Option<&VisionOutput>,
+) -> (Vec<f32>, HybridInputs) {
+    let rows = prompt.rows();
+    let hidden = decoder.semantics().hidden_size;
+    let keys = row_keys(prompt);
+    let mut embeds = vec![0.0f32; (rows - from) * hidden];
+    let mut image_rows = Vec::new();
+    let mut next_image_row = 0;
+    for (r, (row, &id)) in embeds
+        .chunks_exact_mut(hidden)
+        .zip(&prompt.ids[from..])
+        .enumerate()
+    {
+        if keys[from + r].image.is_some() {
+            let v = vision.expect("image rows come with the tower's output");
+            row.copy_from_slice(&v.image_embeds[next_image_row * hidden..][..hidden]);
+            next_image_row += 1;
+            image_rows.push(r);
+        } else {
+            decoder.embed_row(id, row);
+        }
+    }
+    let hybrid = if decoder.rotary().layout.is_mrope() {
+        let plane = |p: usize| &prompt.planes[p * rows + from..(p + 1) * rows];
+        HybridInputs {
+            planes: Some([plane(0), plane(1), plane(2)].concat()),
+            start_pos: 0,
+            image_rows,
+            deepstack: vision.map(|v| v.deepstack.clone()).unwrap_or_default(),
+            deepstack_sets: vision.map_or(0, |v| v.sets),
+        }
+    } else {
+        // A text-only decoder without MRoPE: plain positions (images were refused above).
+        HybridInputs::text(from as i64)
+    };
+    (embeds, hybrid)
 }
 
 /// Each prompt row's key: image rows carry their picture's identity and their index in it.

@@ -1,7 +1,7 @@
 //! `xdna-vl serve`: an OpenAI-compatible HTTP server over one engine.
 //!
 //! One model is loaded at start; requests wait first come first served in a bounded queue and run
-//! one at a time on a worker thread that owns the engine (`queue`); the HTTP side (`routes`) reads
+//! on worker threads, one per engine handle (`queue`: one worker is one request at a time); the HTTP side (`routes`) reads
 //! and checks requests (`api`), fetches their images (`media`) and streams answers as server-sent
 //! events. Errors are OpenAI-shaped (`error`).
 
@@ -60,7 +60,7 @@ pub enum ServeError {
 }
 
 /// Serves until `shutdown` resolves, then lets in-flight requests finish and returns. `ready` is
-/// told the bound address (port 0 picks a free one).
+/// told the bound address (port 0 picks a free one). One engine: one request at a time.
 pub fn serve_until<F>(
     options: ServeOptions,
     info: ModelInfo,
@@ -71,11 +71,25 @@ pub fn serve_until<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    serve_workers_until(options, info, vec![engine], ready, shutdown)
+}
+
+/// [`serve_until`] with one worker per engine: as many requests run at once.
+pub fn serve_workers_until<F>(
+    options: ServeOptions,
+    info: ModelInfo,
+    engines: Vec<Box<dyn ChatEngine>>,
+    ready: impl FnOnce(SocketAddr),
+    shutdown: F,
+) -> Result<(), ServeError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let (queue, worker) = queue::Queue::start(engine, options.queue_capacity);
+    let (queue, workers) = queue::Queue::start(engines, options.queue_capacity);
     let result = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(options.addr)
             .await
@@ -98,9 +112,11 @@ where
             .await?;
         Ok(())
     });
-    // The router (and with it the last queue sender) is gone: the worker finishes and ends.
+    // The router (and with it the last queue sender) is gone: the workers finish and end.
     drop(runtime);
-    let _ = worker.join();
+    for worker in workers {
+        let _ = worker.join();
+    }
     result
 }
 
@@ -123,12 +139,12 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Serves until SIGINT or SIGTERM.
+/// Serves until SIGINT or SIGTERM, one worker per engine.
 pub fn serve(
     options: ServeOptions,
     info: ModelInfo,
-    engine: Box<dyn ChatEngine>,
+    engines: Vec<Box<dyn ChatEngine>>,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), ServeError> {
-    serve_until(options, info, engine, ready, shutdown_signal())
+    serve_workers_until(options, info, engines, ready, shutdown_signal())
 }

@@ -1,10 +1,12 @@
-//! One model, one worker: requests wait first come first served in a bounded queue, and the
-//! worker thread runs them one at a time on the engine (the NPU is one device; the engine's
-//! session keeps its KV cache between requests for the prompt cache).
+//! Requests wait first come first served in a bounded queue; worker threads take them, one
+//! request at a time each, and run them on their engine. One worker over a session is the
+//! one-conversation server (its KV cache kept between requests for the prompt cache); several
+//! workers over handles of one scheduler answer that many requests at once, batched into the same
+//! forwards by the engine (`engine::Scheduler`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use tokio::sync::mpsc::UnboundedSender;
@@ -35,31 +37,43 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// Starts the worker thread that owns `engine`; at most `capacity` requests wait beside the
-    /// one running. The worker ends when every `Queue` clone is dropped.
-    pub fn start(mut engine: Box<dyn ChatEngine>, capacity: usize) -> (Queue, JoinHandle<()>) {
+    /// Starts one worker thread per engine; at most `capacity` requests wait beside the running
+    /// ones. The workers end when every `Queue` clone is dropped.
+    pub fn start(
+        engines: Vec<Box<dyn ChatEngine>>,
+        capacity: usize,
+    ) -> (Queue, Vec<JoinHandle<()>>) {
         let (sender, receiver) = sync_channel::<Job>(capacity);
+        let receiver = Arc::new(Mutex::new(receiver));
         let depth = Arc::new(AtomicUsize::new(0));
-        let worker_depth = depth.clone();
-        let worker = std::thread::Builder::new()
-            .name("xdna-vl-engine".into())
-            .spawn(move || {
-                for job in receiver {
-                    // A client that left while waiting costs nothing.
-                    if !job.events.is_closed() {
-                        run(engine.as_mut(), job);
-                    }
-                    worker_depth.fetch_sub(1, Ordering::SeqCst);
-                }
+        let workers = engines
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut engine)| {
+                let (receiver, depth) = (receiver.clone(), depth.clone());
+                std::thread::Builder::new()
+                    .name(format!("xdna-vl-engine-{i}"))
+                    .spawn(move || loop {
+                        // One idle worker waits on the channel at a time; the lock is released
+                        // before the job runs.
+                        let job = receiver.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                        let Ok(job) = job else { return };
+                        // A client that left while waiting costs nothing.
+                        if !job.events.is_closed() {
+                            run(engine.as_mut(), job);
+                        }
+                        depth.fetch_sub(1, Ordering::SeqCst);
+                    })
+                    .expect("spawn an engine thread")
             })
-            .expect("spawn the engine thread");
+            .collect();
         (
             Queue {
                 sender,
                 depth,
                 capacity,
             },
-            worker,
+            workers,
         )
     }
 

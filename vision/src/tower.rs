@@ -158,8 +158,8 @@ impl Tower {
     pub fn encode(&mut self, images: &[&PixelPatches]) -> Result<VisionOutput, VisionError> {
         self.check_images(images)?;
         let mut s = std::mem::take(&mut self.scratch);
-        let pool = Arc::clone(self.runtime.pool());
-        let result = pool.install(|| self.run(&pool, images, &mut s));
+        let (runtime, pool) = (self.runtime.clone(), Arc::clone(self.runtime.pool()));
+        let result = runtime.pass(|| self.run(&pool, images, &mut s));
         self.scratch = s;
         let (out, attention) = result?;
         self.attention_time.add(attention);

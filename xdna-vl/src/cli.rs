@@ -72,10 +72,23 @@ pub struct ServeArgs {
     /// Example: --max-tokens 1024
     #[arg(long, value_name = "N", default_value_t = 2048)]
     pub max_tokens: usize,
-    /// Requests that may wait beside the running one (more: 503 with Retry-After).
+    /// Requests that may wait beside the running ones (more: 503 with Retry-After).
     /// Example: --queue 32
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub queue: usize,
+    /// Conversations answered at once, batched into the same forwards (each holds a KV cache of
+    /// --ctx tokens). 1 answers one request at a time and reuses the previous prompt's cached
+    /// rows. Default: as many as --kv-budget-mib holds, at most 8. Example: --parallel 4
+    #[arg(long, value_name = "N")]
+    pub parallel: Option<usize>,
+    /// Memory for the KV caches of the parallel conversations, in MiB. Example: --kv-budget-mib 8192
+    #[arg(long, value_name = "MIB", default_value_t = 4096)]
+    pub kv_budget_mib: usize,
+    /// Most prompt rows of one new conversation prefilled per step beside the running answers
+    /// (smaller: the others' streams pause less; larger: the new prompt is in sooner).
+    /// Example: --prefill-chunk 128
+    #[arg(long, value_name = "ROWS", default_value_t = 64)]
+    pub prefill_chunk: usize,
 }
 
 #[derive(Args)]

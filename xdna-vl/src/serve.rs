@@ -5,25 +5,81 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use engine::{Content, EngineError, FinishReason, Message, Role, SamplingParams, Session};
+use engine::{
+    Content, EngineError, FinishReason, Generation, Message, Role, SamplingParams, Scheduler,
+    SchedulerHandle, SchedulerOptions, Session,
+};
 use server::chat::{self as api, ChatEngine, ChatRequest, Completion, Finish};
 use server::{MediaPolicy, ModelInfo, ServeOptions};
 
 use crate::cli::ServeArgs;
 
-/// A session answering the server's requests one at a time.
-struct SessionEngine {
-    session: Session,
+/// What answers a request: a session (one at a time, with its prompt cache) or a handle of the
+/// scheduler (beside the others).
+trait Answerer: Send + 'static {
+    fn image(&self, name: &str, bytes: &[u8]) -> engine::Result<engine::Image>;
+    fn default_sampling(&self) -> SamplingParams;
+    fn generate(
+        &mut self,
+        messages: &[Message],
+        params: &SamplingParams,
+        on_event: &mut dyn FnMut(engine::Event<'_>) -> bool,
+    ) -> engine::Result<Generation>;
 }
 
-impl ChatEngine for SessionEngine {
+impl Answerer for Session {
+    fn image(&self, name: &str, bytes: &[u8]) -> engine::Result<engine::Image> {
+        self.image_from_bytes(name, bytes)
+    }
+    fn default_sampling(&self) -> SamplingParams {
+        Session::default_sampling(self)
+    }
+    fn generate(
+        &mut self,
+        messages: &[Message],
+        params: &SamplingParams,
+        on_event: &mut dyn FnMut(engine::Event<'_>) -> bool,
+    ) -> engine::Result<Generation> {
+        Session::generate(self, messages, params, on_event)
+    }
+}
+
+/// A scheduler handle and the pack's picture settings (pictures decode on the worker's thread).
+struct Parallel {
+    handle: SchedulerHandle,
+    images: engine::ImageSettings,
+}
+
+impl Answerer for Parallel {
+    fn image(&self, name: &str, bytes: &[u8]) -> engine::Result<engine::Image> {
+        self.images.from_bytes(name, bytes)
+    }
+    fn default_sampling(&self) -> SamplingParams {
+        self.handle.default_sampling()
+    }
+    fn generate(
+        &mut self,
+        messages: &[Message],
+        params: &SamplingParams,
+        on_event: &mut dyn FnMut(engine::Event<'_>) -> bool,
+    ) -> engine::Result<Generation> {
+        self.handle.generate(messages, params, on_event)
+    }
+}
+
+/// An answerer behind the server's engine trait.
+struct ServerEngine<A: Answerer> {
+    answerer: A,
+}
+
+impl<A: Answerer> ChatEngine for ServerEngine<A> {
     fn complete(
         &mut self,
         request: &ChatRequest,
         on_event: &mut dyn FnMut(api::Event<'_>) -> bool,
     ) -> Result<Completion, api::EngineError> {
         let messages = self.messages(request).map_err(refusal)?;
-        let params = sampling(self.session.default_sampling(), &request.sampling);
+        let params = sampling(self.answerer.default_sampling(), &request.sampling);
         let mut forward_event = |e: engine::Event<'_>| match e {
             engine::Event::Started { prompt_tokens, .. } => {
                 on_event(api::Event::Started { prompt_tokens })
@@ -31,7 +87,7 @@ impl ChatEngine for SessionEngine {
             engine::Event::Text(t) => on_event(api::Event::Text(t)),
         };
         let g = self
-            .session
+            .answerer
             .generate(&messages, &params, &mut forward_event)
             .map_err(refusal)?;
         let finish = match g.finish {
@@ -48,7 +104,7 @@ impl ChatEngine for SessionEngine {
     }
 }
 
-impl SessionEngine {
+impl<A: Answerer> ServerEngine<A> {
     /// The request's messages with their pictures decoded and preprocessed.
     fn messages(&self, request: &ChatRequest) -> engine::Result<Vec<Message>> {
         request
@@ -61,7 +117,7 @@ impl SessionEngine {
                     .map(|p| match p {
                         api::Part::Text(t) => Ok(Content::Text(t.clone())),
                         api::Part::Image { name, bytes } => {
-                            Ok(Content::Image(self.session.image_from_bytes(name, bytes)?))
+                            Ok(Content::Image(self.answerer.image(name, bytes)?))
                         }
                     })
                     .collect::<engine::Result<Vec<_>>>()?;
@@ -140,6 +196,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
         }
     }
     let session = crate::open_session(&args.model)?;
+    let parallel = parallel(args, session.kv_bytes_per_sequence())?;
     let id = match &args.model.pack {
         Some(p) => p
             .file_stem()
@@ -165,14 +222,67 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
         queue_capacity: args.queue,
     };
     let model = format!(
-        "{} ({} backend, context {})",
+        "{} ({} backend, context {}",
         info.id, info.backend, info.context
     );
-    server::serve(options, info, Box::new(SessionEngine { session }), |addr| {
+    let engines: Vec<Box<dyn ChatEngine>> = if parallel == 1 {
+        vec![Box::new(ServerEngine { answerer: session })]
+    } else {
+        let images = session.images();
+        let scheduler = SchedulerOptions {
+            parallel,
+            prefill_chunk: args.prefill_chunk,
+        };
+        let (handle, _thread) = Scheduler::start(session, scheduler).map_err(|e| e.to_string())?;
+        (0..parallel)
+            .map(|_| -> Box<dyn ChatEngine> {
+                Box::new(ServerEngine {
+                    answerer: Parallel {
+                        handle: handle.clone(),
+                        images: images.clone(),
+                    },
+                })
+            })
+            .collect()
+    };
+    let model = format!("{model}, {parallel} at once)");
+    server::serve(options, info, engines, |addr| {
         // bench_serve and the tests read the address from this line.
         eprintln!("xdna-vl serve: {model}: listening on http://{addr}");
     })
     .map_err(|e| e.to_string())?;
     eprintln!("xdna-vl serve: stopped");
     Ok(())
+}
+
+/// `--parallel`, or as many conversations as `--kv-budget-mib` holds (at most 8); refused by name
+/// when the budget cannot hold them.
+fn parallel(args: &ServeArgs, per_sequence: usize) -> Result<usize, String> {
+    if args.prefill_chunk == 0 {
+        return Err("--prefill-chunk 0: a step must prefill at least one row".into());
+    }
+    let mib = |b: usize| b.div_ceil(1 << 20);
+    let budget = args.kv_budget_mib << 20;
+    let fits = budget / per_sequence.max(1);
+    if fits == 0 {
+        return Err(format!(
+            "--kv-budget-mib {}: one conversation's KV cache of --ctx {} tokens takes {} MiB; raise \
+             --kv-budget-mib or lower --ctx",
+            args.kv_budget_mib,
+            args.model.ctx,
+            mib(per_sequence)
+        ));
+    }
+    match args.parallel {
+        Some(0) => Err("--parallel 0: at least one conversation must run".into()),
+        Some(n) if n > fits => Err(format!(
+            "--parallel {n}: {n} KV caches of --ctx {} tokens take {} MiB, over --kv-budget-mib {} \
+             (it holds {fits}); raise --kv-budget-mib, lower --ctx or --parallel",
+            args.model.ctx,
+            mib(n * per_sequence),
+            args.kv_budget_mib
+        )),
+        Some(n) => Ok(n),
+        None => Ok(fits.min(8)),
+    }
 }

@@ -6,6 +6,7 @@
 mod common;
 
 mod prompt_fixtures;
+mod scheduler;
 mod session_fixtures;
 mod stream_utf8;
 mod tower_session;

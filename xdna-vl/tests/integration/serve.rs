@@ -247,3 +247,81 @@ fn the_clients_mistakes_are_400s_and_the_server_goes_on() {
     assert_eq!(served.post(&user(vec![text("Hi.")])).status, 200);
     assert_eq!(served.terminate(), 0);
 }
+
+/// `serve` with N conversations at once: the answers of six concurrent clients (pictures, a
+/// system turn, sampled with a seed) equal the one-at-a-time server's; control: a different
+/// seed changes the sampled answer.
+#[test]
+fn parallel_conversations_answer_as_one_at_a_time() {
+    let bodies: Vec<Value> = (0..6)
+        .map(|i| {
+            let mut parts = vec![text(&format!("Question number {i}?"))];
+            if i % 2 == 0 {
+                parts.insert(0, image(&data_url("picture-1.png")));
+            }
+            let mut b = user(parts);
+            b["max_tokens"] = json!(8);
+            if i % 3 == 2 {
+                b["temperature"] = json!(0.9);
+                b["seed"] = json!(i);
+            }
+            b
+        })
+        .collect();
+    let one = Served::start(&["--parallel", "1"]);
+    let solo: Vec<String> = bodies.iter().map(|b| answer(&one.post(b))).collect();
+    let mut reseeded = bodies[2].clone();
+    reseeded["seed"] = json!(1234);
+    assert_ne!(answer(&one.post(&reseeded)), solo[2], "the seed matters");
+    assert_eq!(one.terminate(), 0);
+
+    let many = Served::start(&["--parallel", "3", "--prefill-chunk", "4"]);
+    let addr = many.addr;
+    let handles: Vec<_> = bodies
+        .iter()
+        .cloned()
+        .map(|b| {
+            std::thread::spawn(move || {
+                let reply = client::request(
+                    addr,
+                    "POST",
+                    "/v1/chat/completions",
+                    None,
+                    b.to_string().as_bytes(),
+                )
+                .unwrap();
+                answer(&reply)
+            })
+        })
+        .collect();
+    for (i, (h, want)) in handles.into_iter().zip(&solo).enumerate() {
+        assert_eq!(&h.join().unwrap(), want, "client {i}");
+    }
+    assert_eq!(many.terminate(), 0);
+}
+
+#[test]
+fn parallel_and_budget_refusals_name_the_flag() {
+    let refused = |args: &[&str], needle: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_xdna-vl"))
+            .arg("serve")
+            .arg(pack())
+            .args(["--port", "0"])
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
+    };
+    refused(&["--parallel", "0"], "--parallel 0");
+    refused(&["--prefill-chunk", "0"], "--prefill-chunk 0");
+    refused(
+        &["--kv-budget-mib", "0"],
+        "raise --kv-budget-mib or lower --ctx",
+    );
+    refused(
+        &["--parallel", "100", "--kv-budget-mib", "1", "--ctx", "512"],
+        "over --kv-budget-mib 1",
+    );
+}

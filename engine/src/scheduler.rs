@@ -1,0 +1,538 @@
+//! Several conversations answered at once on one model: continuous batching.
+//!
+//! A [`Scheduler`] thread owns the decoder and a pool of KV caches, one per parallel sequence,
+//! allocated when it starts: the memory budget is fixed then, never grown, and a running
+//! sequence is never evicted. Each step is one forward over every running sequence: one decode
+//! row for each that is answering, and the next slice of each prompt still being prefilled (at
+//! most `prefill_chunk` rows a slice), so a long prompt joins the running answers without
+//! freezing their streams. A finished, failed or cancelled sequence returns its cache at once.
+//!
+//! Callers hold a [`SchedulerHandle`] (one per server worker, so a request waits for a cache in
+//! the server's bounded queue): it renders the prompt and runs the vision tower on the caller's
+//! thread (the tower's GEMMs interleave with the decoder's on the shared runtime), then blocks on
+//! the sequence's events, as [`crate::Session::generate`] does. A sequence's answer is the one it
+//! gets alone: the decoder's rows do not depend on their neighbours (tests/tests/sequences.rs),
+//! and each sequence samples with its own sampler.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use decoder::{Decoder, HybridInputs, KvCache, Logits, SequenceStep, StepInput};
+use vision::tower::VisionOutput;
+
+use crate::decoding::{Decoding, Next};
+use crate::error::{EngineError, Result};
+use crate::format::ChatFormat;
+use crate::images::ImageEncoder;
+use crate::message::Message;
+use crate::prompt::{Prompt, PromptAblation, PromptBuilder};
+use crate::sampling::SamplingParams;
+use crate::session::{
+    encode_images, prompt_input, refuse_images, Event, FinishReason, Generation, Session, Timings,
+};
+
+/// How many sequences and how large a prefill slice.
+#[derive(Clone, Copy, Debug)]
+pub struct SchedulerOptions {
+    /// Sequences answered at once (each holds a cache of the context's slots).
+    pub parallel: usize,
+    /// Most rows of one prompt prefilled in one step.
+    pub prefill_chunk: usize,
+}
+
+/// What a sequence tells its caller.
+enum SeqEvent {
+    /// A cache was free: the prompt goes in.
+    Admitted,
+    Started {
+        prompt_tokens: usize,
+        image_tokens: usize,
+    },
+    Text(String),
+    Done(Result<Generation>),
+}
+
+/// A prompt from a caller, with its pictures' rows.
+struct Submission {
+    prompt: Prompt,
+    vision: Option<VisionOutput>,
+    params: SamplingParams,
+    timings: Timings,
+    start: Instant,
+    events: Sender<SeqEvent>,
+}
+
+/// A sequence being answered.
+struct Running {
+    cache: KvCache,
+    prompt_tokens: usize,
+    image_tokens: usize,
+    /// The prompt's input rows, in slices; `fed` of them are in the cache.
+    slices: Vec<(Vec<f32>, HybridInputs)>,
+    fed: usize,
+    decoding: Decoding,
+    next_token: u32,
+    next_rotary_pos: i64,
+    timings: Timings,
+    start: Instant,
+    prefill_start: Instant,
+    decode_start: Option<Instant>,
+    events: Sender<SeqEvent>,
+}
+
+/// What the handles share.
+struct Shared {
+    inbox: Mutex<Sender<Submission>>,
+    format: Arc<ChatFormat>,
+    /// The tower (one encode at a time).
+    encoder: Option<Mutex<Box<dyn ImageEncoder>>>,
+    merge: usize,
+    /// The decoder's hidden size (the tower's rows are checked against it).
+    hidden: usize,
+    no_encoder: String,
+    ablation: PromptAblation,
+    context: usize,
+    free_count: Arc<AtomicUsize>,
+    most_at_once: Arc<AtomicUsize>,
+    parallel: usize,
+}
+
+/// A caller's way to the scheduler; clone one per worker.
+#[derive(Clone)]
+pub struct SchedulerHandle {
+    shared: Arc<Shared>,
+}
+
+/// The thread that owns the decoder and steps the running sequences.
+pub struct Scheduler {
+    decoder: Decoder,
+    format: Arc<ChatFormat>,
+    /// Caches not held by a sequence.
+    free: Vec<KvCache>,
+    running: Vec<Running>,
+    /// Submissions waiting for a free cache, first come first served.
+    waiting: VecDeque<Submission>,
+    inbox: Receiver<Submission>,
+    prefill_chunk: usize,
+    context: usize,
+    /// Free caches, as the handles see it.
+    free_count: Arc<AtomicUsize>,
+    /// The most sequences one step has run.
+    most_at_once: Arc<AtomicUsize>,
+}
+
+impl Scheduler {
+    /// Takes `session`'s model (decoder, tower, chat format), allocates `options.parallel` caches
+    /// of the session's context and starts the scheduler thread. The thread ends when every
+    /// handle is dropped.
+    pub fn start(
+        session: Session,
+        options: SchedulerOptions,
+    ) -> Result<(SchedulerHandle, JoinHandle<()>)> {
+        if options.parallel == 0 || options.prefill_chunk == 0 {
+            return Err(EngineError::Prompt(format!(
+                "parallel {} and prefill chunk {}: both must be at least 1",
+                options.parallel, options.prefill_chunk
+            )));
+        }
+        let mut parts = session.into_parts();
+        let dtype = parts.decoder.kv().dtype();
+        // The decoder's own cache is not used here: its memory goes back.
+        parts.decoder.release_cache();
+        let free = (0..options.parallel)
+            .map(|_| parts.decoder.new_cache(parts.context, dtype))
+            .collect();
+        let (sender, inbox) = channel();
+        let format = Arc::new(parts.format);
+        let free_count = Arc::new(AtomicUsize::new(options.parallel));
+        let most_at_once = Arc::new(AtomicUsize::new(0));
+        let merge = parts.encoder.as_ref().map_or(2, |e| e.merge_size());
+        let shared = Arc::new(Shared {
+            inbox: Mutex::new(sender),
+            format: format.clone(),
+            encoder: parts.encoder.map(Mutex::new),
+            merge,
+            hidden: parts.decoder.semantics().hidden_size,
+            no_encoder: parts.no_encoder,
+            ablation: parts.ablation,
+            context: parts.context,
+            free_count: free_count.clone(),
+            most_at_once: most_at_once.clone(),
+            parallel: options.parallel,
+        });
+        let scheduler = Scheduler {
+            decoder: parts.decoder,
+            format,
+            free,
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            inbox,
+            free_count,
+            most_at_once,
+            prefill_chunk: options.prefill_chunk,
+            context: parts.context,
+        };
+        let thread = std::thread::Builder::new()
+            .name("xdna-vl-scheduler".into())
+            .spawn(move || scheduler.run())
+            .map_err(|e| EngineError::Prompt(format!("cannot start the scheduler: {e}")))?;
+        Ok((SchedulerHandle { shared }, thread))
+    }
+
+    fn run(mut self) {
+        loop {
+            // Idle: wait for work; busy: take what arrived and step.
+            if self.running.is_empty() && self.waiting.is_empty() {
+                match self.inbox.recv() {
+                    Ok(s) => self.waiting.push_back(s),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(s) = self.inbox.try_recv() {
+                self.waiting.push_back(s);
+            }
+            // What fits starts; the rest waits for a cache (never one taken from a runner).
+            while !self.free.is_empty() {
+                let Some(s) = self.waiting.pop_front() else {
+                    break;
+                };
+                self.admit(s);
+            }
+            self.free_count.store(self.free.len(), Ordering::SeqCst);
+            if !self.running.is_empty() {
+                self.step();
+            }
+            self.free_count.store(self.free.len(), Ordering::SeqCst);
+        }
+    }
+
+    /// A submission becomes a running sequence with a free cache (the caller checks one is).
+    fn admit(&mut self, s: Submission) {
+        if s.events.send(SeqEvent::Admitted).is_err() {
+            return; // the caller left while it waited
+        }
+        let Some(mut cache) = self.free.pop() else {
+            unreachable!("admit is called with a free cache")
+        };
+        cache.reset();
+        let decoding = match Decoding::new(s.params, &s.prompt.ids) {
+            Ok(d) => d,
+            Err(e) => {
+                self.free.push(cache);
+                let _ = s.events.send(SeqEvent::Done(Err(e)));
+                return;
+            }
+        };
+        let (embeds, hybrid) = prompt_input(&self.decoder, &s.prompt, 0, s.vision.as_ref());
+        let rows = s.prompt.rows();
+        let hidden = self.decoder.semantics().hidden_size;
+        let slices = (0..rows)
+            .step_by(self.prefill_chunk)
+            .map(|first| {
+                let n = self.prefill_chunk.min(rows - first);
+                (
+                    embeds[first * hidden..(first + n) * hidden].to_vec(),
+                    hybrid.slice_rows(first, n, rows, hidden),
+                )
+            })
+            .collect();
+        self.running.push(Running {
+            cache,
+            prompt_tokens: rows,
+            image_tokens: s.prompt.image_tokens(),
+            slices,
+            fed: 0,
+            decoding,
+            next_token: 0,
+            next_rotary_pos: s.prompt.next_rotary_pos(),
+            timings: s.timings,
+            start: s.start,
+            prefill_start: Instant::now(),
+            decode_start: None,
+            events: s.events,
+        });
+    }
+
+    /// One forward over every running sequence, then each samples (if its prompt is in) and
+    /// hears its events; finished sequences leave.
+    fn step(&mut self) {
+        let vocab = self.decoder.semantics().vocab_size;
+        self.most_at_once
+            .fetch_max(self.running.len(), Ordering::SeqCst);
+        let result = {
+            let mut steps: Vec<SequenceStep<'_>> = self
+                .running
+                .iter_mut()
+                .map(|r| {
+                    let Running {
+                        cache,
+                        slices,
+                        fed,
+                        next_token,
+                        next_rotary_pos,
+                        ..
+                    } = r;
+                    let input = match slices.get(*fed) {
+                        Some((embeds, hybrid)) => StepInput::Embeds { embeds, hybrid },
+                        None => StepInput::Tokens {
+                            tokens: std::slice::from_ref(next_token),
+                            start_pos: *next_rotary_pos,
+                        },
+                    };
+                    SequenceStep {
+                        cache,
+                        input,
+                        logits: Logits::LastRow,
+                    }
+                })
+                .collect();
+            self.decoder.step_sequences(&mut steps).map(|out| {
+                (0..out.len())
+                    .map(|i| out.of(i).to_vec())
+                    .collect::<Vec<_>>()
+            })
+        };
+        let logits = match result {
+            Ok(l) => l,
+            Err(decoder::DecoderError::InSequence { index, source }) => {
+                // One sequence's rows were refused: it fails, the others step again.
+                let r = self.running.remove(index);
+                self.finish(r, Err(EngineError::Decoder(*source)));
+                return;
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                for r in std::mem::take(&mut self.running) {
+                    self.finish(r, Err(EngineError::Prompt(msg.clone())));
+                }
+                return;
+            }
+        };
+        debug_assert!(logits.iter().all(|l| l.len() == vocab));
+        let mut done = Vec::new();
+        for (i, (r, mut l)) in self.running.iter_mut().zip(logits).enumerate() {
+            if let Some(outcome) = advance(r, &mut l, &self.format, self.context) {
+                done.push((i, outcome));
+            }
+        }
+        for (i, outcome) in done.into_iter().rev() {
+            let r = self.running.remove(i);
+            self.finish(r, outcome);
+        }
+    }
+
+    /// The sequence leaves: its cache goes back to the pool, its caller hears the end.
+    fn finish(&mut self, r: Running, outcome: Result<FinishReason>) {
+        let Running {
+            cache,
+            decoding,
+            events,
+            mut timings,
+            decode_start,
+            prompt_tokens,
+            image_tokens,
+            ..
+        } = r;
+        self.free.push(cache);
+        let result = outcome.and_then(|finish| {
+            if let Some(t) = decode_start {
+                timings.decode = t.elapsed();
+            }
+            let mut on_text = |t: &str| events.send(SeqEvent::Text(t.to_string())).is_ok();
+            let (text, ids) = decoding.finish(&finish, &self.format.tokenizer, &mut on_text)?;
+            Ok(Generation {
+                text,
+                ids,
+                finish,
+                prompt_tokens,
+                image_tokens,
+                reused_tokens: 0,
+                timings,
+            })
+        });
+        let _ = events.send(SeqEvent::Done(result));
+    }
+}
+
+/// A sequence after a step: its prompt slice is in, or it samples its next token. Returns how it
+/// ended, if it did.
+fn advance(
+    r: &mut Running,
+    logits: &mut [f32],
+    format: &ChatFormat,
+    context: usize,
+) -> Option<Result<FinishReason>> {
+    if r.fed < r.slices.len() {
+        r.fed += 1;
+        if r.fed < r.slices.len() {
+            return None;
+        }
+        // The prompt is in: sampling starts.
+        r.timings.prefill = r.prefill_start.elapsed();
+        r.timings.prefilled_tokens = r.prompt_tokens;
+        r.slices = Vec::new();
+        let started = SeqEvent::Started {
+            prompt_tokens: r.prompt_tokens,
+            image_tokens: r.image_tokens,
+        };
+        if r.events.send(started).is_err() {
+            return Some(Ok(FinishReason::Cancelled));
+        }
+        r.decode_start = Some(Instant::now());
+    } else {
+        r.timings.decode_steps += 1;
+    }
+    let events = &r.events;
+    let mut on_text = |t: &str| events.send(SeqEvent::Text(t.to_string())).is_ok();
+    let cache_full = r.cache.len() >= context;
+    let next = r
+        .decoding
+        .next(logits, &format.tokenizer, cache_full, &mut on_text);
+    if r.decoding.ids().len() == 1 {
+        r.timings.time_to_first_token = r.start.elapsed();
+    }
+    match next {
+        Ok(Next::Feed(token)) => {
+            r.next_token = token;
+            if r.decoding.ids().len() > 1 {
+                r.next_rotary_pos += 1;
+            }
+            None
+        }
+        Ok(Next::Done(f)) => Some(Ok(f)),
+        Err(e) => Some(Err(e)),
+    }
+}
+
+impl SchedulerHandle {
+    /// The checkpoint's recommended sampling (generation config) with its eos ids.
+    pub fn default_sampling(&self) -> SamplingParams {
+        self.shared.format.default_sampling()
+    }
+
+    pub fn format(&self) -> &ChatFormat {
+        &self.shared.format
+    }
+
+    pub fn context(&self) -> usize {
+        self.shared.context
+    }
+
+    /// Conversations answered at once (caches in the pool).
+    pub fn parallel(&self) -> usize {
+        self.shared.parallel
+    }
+
+    /// The most conversations one forward has run so far.
+    pub fn most_at_once(&self) -> usize {
+        self.shared.most_at_once.load(Ordering::SeqCst)
+    }
+
+    /// Caches not held by a running conversation (as of the scheduler's last step).
+    pub fn free_caches(&self) -> usize {
+        self.shared.free_count.load(Ordering::SeqCst)
+    }
+
+    /// Answers `messages` as [`Session::generate`] does (without reusing an earlier prompt's
+    /// rows), beside whatever else the scheduler is answering.
+    pub fn generate(
+        &self,
+        messages: &[Message],
+        params: &SamplingParams,
+        on_event: &mut dyn FnMut(Event<'_>) -> bool,
+    ) -> Result<Generation> {
+        let start = Instant::now();
+        let mut params = params.clone();
+        if params.eos_ids.is_empty() {
+            params.eos_ids = self.shared.format.eos_ids();
+        }
+        params.validate()?;
+        let sh = &self.shared;
+        let prompt = PromptBuilder {
+            tokenizer: &sh.format.tokenizer,
+            template: &sh.format.template,
+            merge: sh.merge,
+            ablation: sh.ablation,
+        }
+        .build(messages)?;
+        let rows = prompt.rows();
+        if rows == 0 {
+            return Err(EngineError::Prompt(
+                "the chat template rendered an empty prompt".into(),
+            ));
+        }
+        if rows > sh.context {
+            return Err(EngineError::OverContext {
+                prompt: rows,
+                context: sh.context,
+            });
+        }
+        let mut timings = Timings::default();
+        let vision = match &sh.encoder {
+            Some(encoder) => {
+                let mut encoder = encoder.lock().unwrap_or_else(|p| p.into_inner());
+                encode_images(encoder.as_mut(), &prompt, 0, sh.hidden, &mut timings.tower)?
+            }
+            None => refuse_images(&prompt, 0, &sh.no_encoder)?,
+        };
+        let (events, receiver) = channel();
+        let submission = Submission {
+            prompt,
+            vision,
+            params,
+            timings,
+            start,
+            events,
+        };
+        sh.inbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(submission)
+            .map_err(|_| EngineError::Prompt("the scheduler has stopped".into()))?;
+        // Dropping `receiver` (on a cancel) tells the scheduler the caller went away.
+        for event in receiver {
+            match event {
+                SeqEvent::Admitted => {}
+                SeqEvent::Started {
+                    prompt_tokens,
+                    image_tokens,
+                } => {
+                    let go_on = on_event(Event::Started {
+                        prompt_tokens,
+                        image_tokens,
+                        reused_tokens: 0,
+                    });
+                    if !go_on {
+                        return Ok(cancelled(prompt_tokens, image_tokens));
+                    }
+                }
+                SeqEvent::Text(t) => {
+                    if !on_event(Event::Text(&t)) {
+                        return Ok(cancelled(rows, 0));
+                    }
+                }
+                SeqEvent::Done(result) => return result,
+            }
+        }
+        Err(EngineError::Prompt(
+            "the scheduler stopped before the answer ended".into(),
+        ))
+    }
+}
+
+/// The answer of a caller that stopped listening.
+fn cancelled(prompt_tokens: usize, image_tokens: usize) -> Generation {
+    Generation {
+        text: String::new(),
+        ids: Vec::new(),
+        finish: FinishReason::Cancelled,
+        prompt_tokens,
+        image_tokens,
+        reused_tokens: 0,
+        timings: Timings::default(),
+    }
+}

@@ -1,0 +1,179 @@
+//! The scheduler answers several conversations at once, each exactly as a session answers it
+//! alone: pictures (the Rust tower), a system turn, a multi-turn chat, greedy and seeded
+//! sampling, started at different moments so prompts prefill (in 4-row slices) between the
+//! others' decode rows. Clients that go away at random moments cost the others nothing, and the
+//! pool gets every cache back. Controls: a different seed changes a sampled answer; the alone
+//! answers are transformers' where the fixture has its ids.
+
+use crate::common;
+
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use common::*;
+use engine::{
+    Event, FinishReason, Message, SamplingParams, Scheduler, SchedulerHandle, SchedulerOptions,
+    Session, SessionOptions,
+};
+
+fn session() -> Session {
+    let options = SessionOptions {
+        context: 256,
+        runtime: compute::RuntimeOptions::host(2),
+        ..SessionOptions::default()
+    };
+    Session::new(&pack(), &assets(), &options).unwrap()
+}
+
+fn greedy() -> SamplingParams {
+    SamplingParams {
+        max_tokens: 12,
+        ..SamplingParams::default()
+    }
+}
+
+fn sampled(seed: u64) -> SamplingParams {
+    SamplingParams {
+        max_tokens: 12,
+        temperature: 0.9,
+        top_k: 40,
+        seed,
+        ..SamplingParams::default()
+    }
+}
+
+/// Every fixture conversation, greedy and sampled.
+fn conversations() -> Vec<(String, Vec<Message>, SamplingParams)> {
+    let mut out = Vec::new();
+    for name in ["text", "one_image", "two_images", "system", "chat"] {
+        let m = messages(&cases()["cases"][name]);
+        out.push((format!("{name} greedy"), m.clone(), greedy()));
+        out.push((format!("{name} sampled"), m, sampled(7)));
+    }
+    out
+}
+
+/// (ids, text) of each conversation answered alone by a fresh session.
+fn alone(convs: &[(String, Vec<Message>, SamplingParams)]) -> Vec<(Vec<u32>, String)> {
+    let mut s = session();
+    convs
+        .iter()
+        .map(|(_, m, p)| {
+            s.reset();
+            let g = s.generate(m, p, &mut |_| true).unwrap();
+            (g.ids, g.text)
+        })
+        .collect()
+}
+
+fn start(parallel: usize) -> SchedulerHandle {
+    let options = SchedulerOptions {
+        parallel,
+        prefill_chunk: 4,
+    };
+    Scheduler::start(session(), options).unwrap().0
+}
+
+/// Answers every conversation on its own thread, thread i starting `i * stagger` ms late.
+fn together(
+    h: &SchedulerHandle,
+    convs: &[(String, Vec<Message>, SamplingParams)],
+    stagger: u64,
+) -> Vec<(Vec<u32>, String)> {
+    let barrier = Arc::new(Barrier::new(convs.len()));
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = convs
+            .iter()
+            .enumerate()
+            .map(|(i, (_, m, p))| {
+                let (h, barrier) = (h.clone(), barrier.clone());
+                scope.spawn(move || {
+                    barrier.wait();
+                    std::thread::sleep(Duration::from_millis(i as u64 * stagger));
+                    let g = h.generate(m, p, &mut |_| true).unwrap();
+                    (g.ids, g.text)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn every_conversation_beside_others_is_its_answer_alone() {
+    let convs = conversations();
+    let want = alone(&convs);
+    // Anchors: the alone answers are transformers' where the fixture has them.
+    let runs = &cases()["runs"];
+    assert_eq!(want[0].0, ids(&runs["text"]["greedy_ids"]));
+    assert_eq!(want[4].0, ids(&runs["two_images"]["greedy_ids"]));
+    // Control: the seed matters (a sampled answer is not the greedy one by accident).
+    assert_ne!(want[0].0, want[1].0, "text: sampled equals greedy");
+    let h = start(3);
+    for stagger in [0, 7] {
+        let got = together(&h, &convs, stagger);
+        for ((name, _, _), (w, g)) in convs.iter().zip(want.iter().zip(&got)) {
+            assert_eq!(w, g, "{name} (stagger {stagger} ms)");
+        }
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(h.free_caches(), 3, "every cache back in the pool");
+    assert_eq!(
+        h.most_at_once(),
+        3,
+        "the forwards ran three conversations at once"
+    );
+}
+
+#[test]
+fn clients_that_leave_cost_the_others_nothing() {
+    let convs = conversations();
+    let want = alone(&convs);
+    let h = start(4);
+    // Round 1: every other client leaves after a few pieces of text (0..3, by index), or at the
+    // start; the rest must still get their alone answers.
+    let barrier = Arc::new(Barrier::new(convs.len()));
+    let outcomes: Vec<Option<(Vec<u32>, String)>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = convs
+            .iter()
+            .enumerate()
+            .map(|(i, (_, m, p))| {
+                let (h, barrier) = (h.clone(), barrier.clone());
+                scope.spawn(move || {
+                    barrier.wait();
+                    std::thread::sleep(Duration::from_millis((i as u64 * 5) % 17));
+                    let leave_after = (i % 2 == 1).then_some(i % 4);
+                    let mut pieces = 0;
+                    let g = h
+                        .generate(m, p, &mut |e| match (e, leave_after) {
+                            (Event::Text(_), Some(n)) => {
+                                pieces += 1;
+                                pieces <= n
+                            }
+                            (Event::Started { .. }, Some(0)) => false,
+                            _ => true,
+                        })
+                        .unwrap();
+                    match leave_after {
+                        Some(_) => {
+                            assert_eq!(g.finish, FinishReason::Cancelled, "client {i}");
+                            None
+                        }
+                        None => Some((g.ids, g.text)),
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for (i, o) in outcomes.iter().enumerate() {
+        if let Some(got) = o {
+            assert_eq!(got, &want[i], "{} beside leaving clients", convs[i].0);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(h.free_caches(), 4, "the pool has all its caches back");
+    // Round 2: afterwards every answer is still its alone answer.
+    let got = together(&h, &convs, 3);
+    assert_eq!(got, want);
+}

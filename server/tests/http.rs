@@ -405,3 +405,78 @@ fn remote_images_only_when_allowed_and_within_the_size_limit() {
         .contains(&url));
     server.stop().unwrap();
 }
+
+#[test]
+fn the_web_chat_is_served_without_the_key_and_the_api_still_needs_it() {
+    let options = ServeOptions {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        api_key: Some("sesame".into()),
+        ..ServeOptions::default()
+    };
+    let server = Running::start(options, Duration::ZERO);
+    for (path, content_type, body) in [
+        ("/", "text/html; charset=utf-8", server::web::INDEX_HTML),
+        (
+            "/web/chat.js",
+            "text/javascript; charset=utf-8",
+            server::web::CHAT_JS,
+        ),
+        (
+            "/web/chat.css",
+            "text/css; charset=utf-8",
+            server::web::CHAT_CSS,
+        ),
+    ] {
+        let r = request(server.addr, "GET", path, None, b"");
+        assert_eq!(r.status, 200, "{path}");
+        assert_eq!(r.header("content-type"), Some(content_type), "{path}");
+        assert_eq!(r.body, body.as_bytes(), "{path}");
+        assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
+        assert!(r
+            .header("content-security-policy")
+            .unwrap()
+            .contains("default-src 'none'"));
+        let head = request(server.addr, "HEAD", path, None, b"");
+        assert_eq!((head.status, head.body.len()), (200, 0), "HEAD {path}");
+    }
+    let page = request(server.addr, "GET", "/", None, b"");
+    let html = String::from_utf8(page.body).unwrap();
+    assert!(html.contains(r#"<label for="prompt""#) && html.contains(r#"<textarea id="prompt""#));
+    assert!(html.contains(r#"<script src="/web/chat.js""#));
+
+    // Controls: everything else still needs the key — the API, other paths under /web/, and
+    // other methods on the page's path.
+    let chat_body = user("hi").to_string();
+    for (method, path, body) in [
+        ("GET", "/v1/models", &b""[..]),
+        ("POST", "/v1/chat/completions", chat_body.as_bytes()),
+        ("GET", "/web/other.js", b""),
+        ("GET", "/web/chat.js/", b""),
+        ("POST", "/", chat_body.as_bytes()),
+    ] {
+        let r = request(server.addr, method, path, None, body);
+        assert_eq!(r.status, 401, "{method} {path}");
+        assert_eq!(r.json()["error"]["type"], "authentication_error");
+    }
+    let with_key = |method, path, body| request(server.addr, method, path, Some("sesame"), body);
+    assert_eq!(with_key("GET", "/v1/models", &b""[..]).status, 200);
+    assert_eq!(
+        with_key("POST", "/v1/chat/completions", chat_body.as_bytes()).status,
+        200
+    );
+    assert_eq!(with_key("GET", "/web/other.js", b"").status, 404);
+    server.stop().unwrap();
+
+    // Without --api-key the page is there too.
+    let open = Running::start(
+        ServeOptions {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            ..ServeOptions::default()
+        },
+        Duration::ZERO,
+    );
+    let r = request(open.addr, "GET", "/", None, b"");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, server::web::INDEX_HTML.as_bytes());
+    open.stop().unwrap();
+}

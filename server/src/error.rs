@@ -54,7 +54,7 @@ impl ApiError {
         ApiError {
             status: StatusCode::NOT_FOUND,
             message: format!(
-                "no route {method} {path}: this server has POST /v1/chat/completions, GET /v1/models and GET /health"
+                "no route {method} {path}: this server has POST /v1/chat/completions, GET /v1/models, GET /health and the web chat at GET /"
             ),
             kind: "invalid_request_error",
             param: None,

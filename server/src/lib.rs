@@ -3,7 +3,7 @@
 //! One model is loaded at start; requests wait first come first served in a bounded queue and run
 //! on worker threads, one per engine handle (`queue`: one worker is one request at a time); the HTTP side (`routes`) reads
 //! and checks requests (`api`), fetches their images (`media`) and streams answers as server-sent
-//! events. Errors are OpenAI-shaped (`error`).
+//! events. Errors are OpenAI-shaped (`error`). `web` is the chat page served at `/`.
 
 pub mod api;
 pub mod chat;
@@ -12,6 +12,7 @@ pub mod error;
 pub mod media;
 pub mod queue;
 pub mod routes;
+pub mod web;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -24,7 +25,8 @@ pub use media::MediaPolicy;
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
     pub addr: SocketAddr,
-    /// Checked as `Authorization: Bearer <key>` on every route but `/health`.
+    /// Checked as `Authorization: Bearer <key>` on every route but `/health` and the web chat's
+    /// page and assets (the page asks for the key and sends it).
     pub api_key: Option<String>,
     pub media: MediaPolicy,
     /// The largest request body, in bytes (413 past it).

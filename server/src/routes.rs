@@ -1,5 +1,6 @@
 //! The HTTP routes: `POST /v1/chat/completions` (whole or streamed as server-sent events),
-//! `GET /v1/models`, `GET /health`; a bearer key on all but `/health`; OpenAI-shaped errors.
+//! `GET /v1/models`, `GET /health`, the web chat at `GET /` (`web`); a bearer key on all but
+//! `/health` and the web chat's page and assets; OpenAI-shaped errors.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +24,7 @@ use crate::chat::{ChatRequest, Completion, EngineError, Message, ModelInfo, Part
 use crate::error::ApiError;
 use crate::media::{self, MediaPolicy};
 use crate::queue::{Job, JobEvent, Queue};
+use crate::web;
 
 pub struct AppState {
     pub queue: Queue,
@@ -39,6 +41,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
+        .merge(web::routes())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
@@ -46,7 +49,8 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     if let Some(key) = &state.api_key {
-        if request.uri().path() != "/health" {
+        let path = request.uri().path();
+        if path != "/health" && !web::is_public(request.method(), path) {
             let given = request
                 .headers()
                 .get(header::AUTHORIZATION)

@@ -2,144 +2,17 @@
 //! product's own engine is tested through `xdna-vl serve` in xdna-vl/tests): the OpenAI shapes,
 //! streaming, images, the key, the limits, the queue, cancellation and shutdown.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use common::Running;
 use serde_json::{json, Value};
-use server::chat::{ChatEngine, ChatRequest, Completion, EngineError, Event, Finish, Part};
 use server::client::{self, Reply};
-use server::{MediaPolicy, ModelInfo, ServeOptions};
-
-/// Answers "echo: <last user text>" one character per token, `delay` per token. A prompt of
-/// more than 400 characters is "over the context"; an image must start with the PNG magic.
-struct ScriptedEngine {
-    delay: Duration,
-    cancels: Arc<AtomicUsize>,
-}
-
-impl ChatEngine for ScriptedEngine {
-    fn complete(
-        &mut self,
-        request: &ChatRequest,
-        on_event: &mut dyn FnMut(Event<'_>) -> bool,
-    ) -> Result<Completion, EngineError> {
-        let mut prompt = 0;
-        let mut last_text = String::new();
-        let mut images = 0;
-        for m in &request.messages {
-            for p in &m.parts {
-                match p {
-                    Part::Text(t) => {
-                        prompt += t.chars().count();
-                        last_text = t.clone();
-                    }
-                    Part::Image { name, bytes } => {
-                        if !bytes.starts_with(b"\x89PNG") {
-                            return Err(EngineError::Invalid(format!("{name}: not an image")));
-                        }
-                        images += 1;
-                        prompt += 10;
-                    }
-                }
-            }
-        }
-        if prompt > 400 {
-            return Err(EngineError::Invalid(format!(
-                "the prompt has {prompt} tokens, over the context of 400"
-            )));
-        }
-        if !on_event(Event::Started {
-            prompt_tokens: prompt,
-        }) {
-            return Err(EngineError::Cancelled);
-        }
-        let answer = format!("echo({images}): {last_text}");
-        let max = request.sampling.max_tokens.unwrap_or(usize::MAX);
-        let mut text = String::new();
-        for (n, c) in answer.chars().enumerate() {
-            if n == max {
-                return Ok(Completion {
-                    text,
-                    prompt_tokens: prompt,
-                    completion_tokens: n,
-                    finish: Finish::Length,
-                });
-            }
-            std::thread::sleep(self.delay);
-            let s = c.to_string();
-            if !on_event(Event::Text(&s)) {
-                self.cancels.fetch_add(1, Ordering::SeqCst);
-                return Err(EngineError::Cancelled);
-            }
-            text.push(c);
-        }
-        Ok(Completion {
-            completion_tokens: answer.chars().count(),
-            text,
-            prompt_tokens: prompt,
-            finish: Finish::Stop,
-        })
-    }
-}
-
-struct Running {
-    addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    join: Option<std::thread::JoinHandle<Result<(), server::ServeError>>>,
-    cancels: Arc<AtomicUsize>,
-}
-
-impl Running {
-    fn start(options: ServeOptions, delay: Duration) -> Running {
-        let cancels = Arc::new(AtomicUsize::new(0));
-        let engine = ScriptedEngine {
-            delay,
-            cancels: cancels.clone(),
-        };
-        let (addr_tx, addr_rx) = mpsc::channel();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let info = ModelInfo {
-            id: "tiny".into(),
-            backend: "host".into(),
-            context: 400,
-        };
-        let join = std::thread::spawn(move || {
-            server::serve_until(
-                options,
-                info,
-                Box::new(engine),
-                move |a| addr_tx.send(a).unwrap(),
-                async move {
-                    let _ = stop_rx.await;
-                },
-            )
-        });
-        let addr = addr_rx.recv_timeout(Duration::from_secs(10)).unwrap();
-        Running {
-            addr,
-            stop: Some(stop_tx),
-            join: Some(join),
-            cancels,
-        }
-    }
-
-    /// Shuts down gracefully; the server returns Ok.
-    fn stop(mut self) -> Result<(), server::ServeError> {
-        let _ = self.stop.take().unwrap().send(());
-        self.join.take().unwrap().join().unwrap()
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-    }
-}
+use server::{MediaPolicy, ServeOptions};
 
 fn request(addr: SocketAddr, method: &str, path: &str, key: Option<&str>, body: &[u8]) -> Reply {
     client::request(addr, method, path, key, body).unwrap()
@@ -531,4 +404,79 @@ fn remote_images_only_when_allowed_and_within_the_size_limit() {
         .unwrap()
         .contains(&url));
     server.stop().unwrap();
+}
+
+#[test]
+fn the_web_chat_is_served_without_the_key_and_the_api_still_needs_it() {
+    let options = ServeOptions {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        api_key: Some("sesame".into()),
+        ..ServeOptions::default()
+    };
+    let server = Running::start(options, Duration::ZERO);
+    for (path, content_type, body) in [
+        ("/", "text/html; charset=utf-8", server::web::INDEX_HTML),
+        (
+            "/web/chat.js",
+            "text/javascript; charset=utf-8",
+            server::web::CHAT_JS,
+        ),
+        (
+            "/web/chat.css",
+            "text/css; charset=utf-8",
+            server::web::CHAT_CSS,
+        ),
+    ] {
+        let r = request(server.addr, "GET", path, None, b"");
+        assert_eq!(r.status, 200, "{path}");
+        assert_eq!(r.header("content-type"), Some(content_type), "{path}");
+        assert_eq!(r.body, body.as_bytes(), "{path}");
+        assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
+        assert!(r
+            .header("content-security-policy")
+            .unwrap()
+            .contains("default-src 'none'"));
+        let head = request(server.addr, "HEAD", path, None, b"");
+        assert_eq!((head.status, head.body.len()), (200, 0), "HEAD {path}");
+    }
+    let page = request(server.addr, "GET", "/", None, b"");
+    let html = String::from_utf8(page.body).unwrap();
+    assert!(html.contains(r#"<label for="prompt""#) && html.contains(r#"<textarea id="prompt""#));
+    assert!(html.contains(r#"<script src="/web/chat.js""#));
+
+    // Controls: everything else still needs the key — the API, other paths under /web/, and
+    // other methods on the page's path.
+    let chat_body = user("hi").to_string();
+    for (method, path, body) in [
+        ("GET", "/v1/models", &b""[..]),
+        ("POST", "/v1/chat/completions", chat_body.as_bytes()),
+        ("GET", "/web/other.js", b""),
+        ("GET", "/web/chat.js/", b""),
+        ("POST", "/", chat_body.as_bytes()),
+    ] {
+        let r = request(server.addr, method, path, None, body);
+        assert_eq!(r.status, 401, "{method} {path}");
+        assert_eq!(r.json()["error"]["type"], "authentication_error");
+    }
+    let with_key = |method, path, body| request(server.addr, method, path, Some("sesame"), body);
+    assert_eq!(with_key("GET", "/v1/models", &b""[..]).status, 200);
+    assert_eq!(
+        with_key("POST", "/v1/chat/completions", chat_body.as_bytes()).status,
+        200
+    );
+    assert_eq!(with_key("GET", "/web/other.js", b"").status, 404);
+    server.stop().unwrap();
+
+    // Without --api-key the page is there too.
+    let open = Running::start(
+        ServeOptions {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            ..ServeOptions::default()
+        },
+        Duration::ZERO,
+    );
+    let r = request(open.addr, "GET", "/", None, b"");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, server::web::INDEX_HTML.as_bytes());
+    open.stop().unwrap();
 }

@@ -33,7 +33,8 @@ pub enum Command {
     /// message, /reset forgets the conversation, /exit (or end of input) leaves.
     Chat(ChatArgs),
     /// Serve the model over an OpenAI-compatible HTTP API (POST /v1/chat/completions with images
-    /// and streaming, GET /v1/models, GET /health). One model, requests answered first come first
+    /// and streaming, GET /v1/models, GET /health) and a web chat at / (open
+    /// http://127.0.0.1:8080/ in a browser). One model, requests answered first come first
     /// served; Ctrl-C or SIGTERM lets the running requests finish, then exits.
     Serve(ServeArgs),
 }
@@ -48,8 +49,9 @@ pub struct ServeArgs {
     /// The port (0 picks a free one; the address is printed on stderr). Example: --port 8080
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on every route but /health (or set XDNA_VL_API_KEY,
-    /// which keeps the key out of the process list). Example: --api-key s3cret
+    /// Require `Authorization: Bearer KEY` on every route but /health and the web chat's page
+    /// (which asks for the key) (or set XDNA_VL_API_KEY, which keeps the key out of the process
+    /// list). Example: --api-key s3cret
     #[arg(long, value_name = "KEY", env = "XDNA_VL_API_KEY")]
     pub api_key: Option<String>,
     /// Let requests name image files (a path or file://) under this directory; without it only

@@ -23,6 +23,7 @@ mod random_pack;
 mod report;
 mod roofline;
 mod steps;
+mod streams;
 mod tower;
 
 use clap::{Parser, Subcommand};
@@ -83,6 +84,17 @@ enum Mode {
         kv: Vec<String>,
         /// Timed decode steps per context (the median counts).
         #[arg(long, default_value_t = 16)]
+        steps: usize,
+    },
+    /// Several conversations decoded in one forward: per stream count, ms per step, aggregate
+    /// and per-stream tok/s, the share of the read roofline (the weights read once per step for
+    /// all streams, plus their KV rows) and the aggregate against one stream's.
+    Streams {
+        /// Stream counts, comma separated.
+        #[arg(long, default_value = "1,2,4,8", value_delimiter = ',')]
+        streams: Vec<String>,
+        /// Timed decode steps per stream count (the median counts).
+        #[arg(long, default_value_t = 12)]
         steps: usize,
     },
     /// Each GEMM of the shape alone: GEMV (1 row) and GEMMs (`--rows`), GB/s and GMAC/s, per
@@ -186,6 +198,7 @@ fn main() {
         }) => tower::run(c, &shape, &kinds, images, *prompt, *reps),
         Some(Mode::Decode { ctx, kv, steps }) => decode::run(c, &shape, &kinds, ctx, kv, *steps),
         Some(Mode::Gemm { rows, isa }) => gemm::run(c, &shape, &kinds, rows, isa),
+        Some(Mode::Streams { streams, steps }) => streams::run(c, &shape, &kinds, streams, *steps),
     };
     if c.json {
         println!("{}", serde_json::to_string_pretty(&report).expect("json"));

@@ -15,6 +15,10 @@ use server::{MediaPolicy, ModelInfo, ServeOptions};
 
 /// Answers "echo: <last user text>" one character per token, `delay` per token. A prompt of
 /// more than 400 characters is "over the context"; an image must start with the PNG magic.
+/// The times the scripted engine says it spent on every prompt and answer.
+const PROMPT_TIME: Duration = Duration::from_millis(3);
+const ANSWER_TIME: Duration = Duration::from_millis(7);
+
 struct ScriptedEngine {
     delay: Duration,
     cancels: Arc<AtomicUsize>,
@@ -66,6 +70,8 @@ impl ChatEngine for ScriptedEngine {
                     prompt_tokens: prompt,
                     completion_tokens: n,
                     finish: Finish::Length,
+                    prompt_time: PROMPT_TIME,
+                    answer_time: ANSWER_TIME,
                 });
             }
             std::thread::sleep(self.delay);
@@ -81,6 +87,8 @@ impl ChatEngine for ScriptedEngine {
             text,
             prompt_tokens: prompt,
             finish: Finish::Stop,
+            prompt_time: PROMPT_TIME,
+            answer_time: ANSWER_TIME,
         })
     }
 }
@@ -105,6 +113,10 @@ impl Running {
             id: "tiny".into(),
             backend: "host".into(),
             context: 400,
+            family: "qwen3_vl".into(),
+            vision: true,
+            size: Some(1234),
+            modified: Some(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
         };
         let join = std::thread::spawn(move || {
             server::serve_until(

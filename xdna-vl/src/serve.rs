@@ -44,6 +44,8 @@ impl ChatEngine for SessionEngine {
             prompt_tokens: g.prompt_tokens,
             completion_tokens: g.ids.len(),
             finish,
+            prompt_time: g.timings.tower + g.timings.prefill,
+            answer_time: g.timings.decode,
         })
     }
 }
@@ -146,10 +148,15 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
             .map_or("model".into(), |s| s.to_string_lossy().into_owned()),
         None => "xdna-vl-bundled-tiny".into(),
     };
+    let file = std::fs::metadata(session.forward().pack().path()).ok();
     let info = ModelInfo {
         id,
         backend: session.runtime().backend_name().to_string(),
         context: session.context(),
+        family: session.forward().semantics().architecture.clone(),
+        vision: session.takes_images(),
+        size: file.as_ref().map(|m| m.len()),
+        modified: file.and_then(|m| m.modified().ok()),
     };
     let options = ServeOptions {
         addr: SocketAddr::new(host, args.port),

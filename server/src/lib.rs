@@ -3,8 +3,10 @@
 //! One model is loaded at start; requests wait first come first served in a bounded queue and run
 //! one at a time on a worker thread that owns the engine (`queue`); the HTTP side (`routes`) reads
 //! and checks requests (`api`), fetches their images (`media`) and streams answers as server-sent
-//! events. Errors are OpenAI-shaped (`error`).
+//! events, through the path from request to engine and back (`answer`). Errors are OpenAI-shaped
+//! (`error`).
 
+pub mod answer;
 pub mod api;
 pub mod chat;
 pub mod client;

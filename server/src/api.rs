@@ -133,25 +133,7 @@ fn parse_message(i: usize, m: &Value) -> Result<RequestMessage, ApiError> {
     let Value::Object(m) = m else {
         return Err(bad(format!("{at} must be an object"), &at));
     };
-    let role = match m.get("role").and_then(Value::as_str) {
-        Some("system") | Some("developer") => Role::System,
-        Some("user") => Role::User,
-        Some("assistant") => Role::Assistant,
-        Some(other) => {
-            return Err(bad(
-                format!(
-                    "{at}.role {other:?} is not supported (system, developer, user, assistant)"
-                ),
-                &format!("{at}.role"),
-            ))
-        }
-        None => {
-            return Err(bad(
-                format!("{at}.role is required (a string)"),
-                &format!("{at}.role"),
-            ))
-        }
-    };
+    let role = parse_role(m, &at)?;
     let parts = match m.get("content") {
         None | Some(Value::Null) if role == Role::Assistant => Vec::new(),
         Some(Value::String(s)) => vec![RequestPart::Text(s.clone())],
@@ -177,6 +159,21 @@ fn parse_message(i: usize, m: &Value) -> Result<RequestMessage, ApiError> {
         }
     };
     Ok(RequestMessage { role, parts })
+}
+
+/// A message's `role` (`at` names the message); tools are not implemented, so no `tool` role.
+pub(crate) fn parse_role(m: &Map<String, Value>, at: &str) -> Result<Role, ApiError> {
+    let param = format!("{at}.role");
+    match m.get("role").and_then(Value::as_str) {
+        Some("system") | Some("developer") => Ok(Role::System),
+        Some("user") => Ok(Role::User),
+        Some("assistant") => Ok(Role::Assistant),
+        Some(other) => Err(bad(
+            format!("{param} {other:?} is not supported (system, developer, user, assistant)"),
+            &param,
+        )),
+        None => Err(bad(format!("{param} is required (a string)"), &param)),
+    }
 }
 
 fn parse_part(at: &str, role: Role, p: &Value) -> Result<RequestPart, ApiError> {

@@ -3,8 +3,9 @@
 //! One model is loaded at start; requests wait first come first served in a bounded queue and run
 //! one at a time on a worker thread that owns the engine (`queue`); the HTTP side (`routes`) reads
 //! and checks requests (`api`), fetches their images (`media`) and streams answers as server-sent
-//! events, through the path from request to engine and back (`answer`). Errors are OpenAI-shaped
-//! (`error`).
+//! events, through the path both APIs share (`answer`). Ollama's API (`ollama`) is served beside
+//! OpenAI's, for clients that speak only Ollama. Errors are OpenAI-shaped, or Ollama-shaped on
+//! Ollama's routes (`error`).
 
 pub mod answer;
 pub mod api;
@@ -12,6 +13,7 @@ pub mod chat;
 pub mod client;
 pub mod error;
 pub mod media;
+pub mod ollama;
 pub mod queue;
 pub mod routes;
 

@@ -1,5 +1,6 @@
 //! The HTTP routes: `POST /v1/chat/completions` (whole or streamed as server-sent events),
-//! `GET /v1/models`, `GET /health`; a bearer key on all but `/health`; OpenAI-shaped errors.
+//! `GET /v1/models`, `GET /health`, and Ollama's under `/api/` (`ollama`); a bearer key on all but
+//! `/health`; errors in OpenAI's shape, or in Ollama's under `/api/`.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,8 +21,9 @@ use tokio_stream::{self as stream, StreamExt};
 use crate::answer;
 use crate::api::{self, ChatBody};
 use crate::chat::{Completion, ModelInfo};
-use crate::error::ApiError;
+use crate::error::{ApiError, OllamaError};
 use crate::media::MediaPolicy;
+use crate::ollama;
 use crate::queue::Queue;
 
 pub struct AppState {
@@ -39,6 +41,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/version", get(ollama::version))
+        .route("/api/show", post(ollama::show))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
@@ -53,15 +60,24 @@ async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: N
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.strip_prefix("Bearer "));
             if given != Some(key.as_str()) {
-                return ApiError::unauthorized().into_response();
+                return in_shape(request.uri(), ApiError::unauthorized());
             }
         }
     }
     next.run(request).await
 }
 
-async fn not_found(method: Method, uri: Uri) -> ApiError {
-    ApiError::not_found(method.as_str(), uri.path())
+/// An error in the shape of the API the path belongs to: Ollama's under `/api/`, else OpenAI's.
+fn in_shape(uri: &Uri, e: ApiError) -> Response {
+    if uri.path().starts_with("/api/") {
+        OllamaError(e).into_response()
+    } else {
+        e.into_response()
+    }
+}
+
+async fn not_found(method: Method, uri: Uri) -> Response {
+    in_shape(&uri, ApiError::not_found(method.as_str(), uri.path()))
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Json<Value> {

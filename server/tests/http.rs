@@ -2,160 +2,17 @@
 //! product's own engine is tested through `xdna-vl serve` in xdna-vl/tests): the OpenAI shapes,
 //! streaming, images, the key, the limits, the queue, cancellation and shutdown.
 
+mod common;
+
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use common::{request, Running, PNG};
 use serde_json::{json, Value};
-use server::chat::{ChatEngine, ChatRequest, Completion, EngineError, Event, Finish, Part};
-use server::client::{self, Reply};
-use server::{MediaPolicy, ModelInfo, ServeOptions};
-
-/// Answers "echo: <last user text>" one character per token, `delay` per token. A prompt of
-/// more than 400 characters is "over the context"; an image must start with the PNG magic.
-/// The times the scripted engine says it spent on every prompt and answer.
-const PROMPT_TIME: Duration = Duration::from_millis(3);
-const ANSWER_TIME: Duration = Duration::from_millis(7);
-
-struct ScriptedEngine {
-    delay: Duration,
-    cancels: Arc<AtomicUsize>,
-}
-
-impl ChatEngine for ScriptedEngine {
-    fn complete(
-        &mut self,
-        request: &ChatRequest,
-        on_event: &mut dyn FnMut(Event<'_>) -> bool,
-    ) -> Result<Completion, EngineError> {
-        let mut prompt = 0;
-        let mut last_text = String::new();
-        let mut images = 0;
-        for m in &request.messages {
-            for p in &m.parts {
-                match p {
-                    Part::Text(t) => {
-                        prompt += t.chars().count();
-                        last_text = t.clone();
-                    }
-                    Part::Image { name, bytes } => {
-                        if !bytes.starts_with(b"\x89PNG") {
-                            return Err(EngineError::Invalid(format!("{name}: not an image")));
-                        }
-                        images += 1;
-                        prompt += 10;
-                    }
-                }
-            }
-        }
-        if prompt > 400 {
-            return Err(EngineError::Invalid(format!(
-                "the prompt has {prompt} tokens, over the context of 400"
-            )));
-        }
-        if !on_event(Event::Started {
-            prompt_tokens: prompt,
-        }) {
-            return Err(EngineError::Cancelled);
-        }
-        let answer = format!("echo({images}): {last_text}");
-        let max = request.sampling.max_tokens.unwrap_or(usize::MAX);
-        let mut text = String::new();
-        for (n, c) in answer.chars().enumerate() {
-            if n == max {
-                return Ok(Completion {
-                    text,
-                    prompt_tokens: prompt,
-                    completion_tokens: n,
-                    finish: Finish::Length,
-                    prompt_time: PROMPT_TIME,
-                    answer_time: ANSWER_TIME,
-                });
-            }
-            std::thread::sleep(self.delay);
-            let s = c.to_string();
-            if !on_event(Event::Text(&s)) {
-                self.cancels.fetch_add(1, Ordering::SeqCst);
-                return Err(EngineError::Cancelled);
-            }
-            text.push(c);
-        }
-        Ok(Completion {
-            completion_tokens: answer.chars().count(),
-            text,
-            prompt_tokens: prompt,
-            finish: Finish::Stop,
-            prompt_time: PROMPT_TIME,
-            answer_time: ANSWER_TIME,
-        })
-    }
-}
-
-struct Running {
-    addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    join: Option<std::thread::JoinHandle<Result<(), server::ServeError>>>,
-    cancels: Arc<AtomicUsize>,
-}
-
-impl Running {
-    fn start(options: ServeOptions, delay: Duration) -> Running {
-        let cancels = Arc::new(AtomicUsize::new(0));
-        let engine = ScriptedEngine {
-            delay,
-            cancels: cancels.clone(),
-        };
-        let (addr_tx, addr_rx) = mpsc::channel();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let info = ModelInfo {
-            id: "tiny".into(),
-            backend: "host".into(),
-            context: 400,
-            family: "qwen3_vl".into(),
-            vision: true,
-            size: Some(1234),
-            modified: Some(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
-        };
-        let join = std::thread::spawn(move || {
-            server::serve_until(
-                options,
-                info,
-                Box::new(engine),
-                move |a| addr_tx.send(a).unwrap(),
-                async move {
-                    let _ = stop_rx.await;
-                },
-            )
-        });
-        let addr = addr_rx.recv_timeout(Duration::from_secs(10)).unwrap();
-        Running {
-            addr,
-            stop: Some(stop_tx),
-            join: Some(join),
-            cancels,
-        }
-    }
-
-    /// Shuts down gracefully; the server returns Ok.
-    fn stop(mut self) -> Result<(), server::ServeError> {
-        let _ = self.stop.take().unwrap().send(());
-        self.join.take().unwrap().join().unwrap()
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-    }
-}
-
-fn request(addr: SocketAddr, method: &str, path: &str, key: Option<&str>, body: &[u8]) -> Reply {
-    client::request(addr, method, path, key, body).unwrap()
-}
+use server::client::Reply;
+use server::{MediaPolicy, ServeOptions};
 
 fn chat(addr: SocketAddr, body: Value) -> Reply {
     request(
@@ -188,8 +45,6 @@ fn streamed_text(reply: &Reply) -> (String, Vec<Value>) {
         .collect();
     (text, chunks)
 }
-
-const PNG: &[u8] = b"\x89PNG\r\n\x1a\nrest";
 
 #[test]
 fn answers_whole_and_streamed_alike_with_usage() {
@@ -443,12 +298,7 @@ fn concurrent_clients_queue_overflow_and_a_client_that_leaves() {
     // is answered.
     let mut long = user(&"z".repeat(300));
     long["stream"] = json!(true);
-    let body = long.to_string();
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-    let mut first = [0u8; 256];
-    let _ = s.read(&mut first).unwrap();
-    drop(s);
+    common::leave_early(addr, "/v1/chat/completions", &long, true);
     let started = Instant::now();
     let next = chat(addr, user("after"));
     assert_eq!(next.status, 200);
@@ -468,24 +318,8 @@ fn concurrent_clients_queue_overflow_and_a_client_that_leaves() {
 
 #[test]
 fn a_full_queue_answers_503_with_retry_after() {
-    let options = ServeOptions {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        queue_capacity: 1,
-        ..ServeOptions::default()
-    };
-    let server = Running::start(options, Duration::from_millis(5));
-    let addr = server.addr;
-    let handles: Vec<_> = (0..6)
-        .map(|_| std::thread::spawn(move || chat(addr, user(&"w".repeat(100)))))
-        .collect();
-    let replies: Vec<Reply> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    let busy: Vec<&Reply> = replies.iter().filter(|r| r.status == 503).collect();
-    let ok = replies.iter().filter(|r| r.status == 200).count();
-    assert!(!busy.is_empty() && ok >= 1, "ok {ok}, busy {}", busy.len());
-    assert_eq!(ok + busy.len(), 6);
-    assert_eq!(busy[0].header("retry-after"), Some("1"));
+    let busy = common::overflow_the_queue(|addr| chat(addr, user(&"w".repeat(100))));
     assert_eq!(busy[0].json()["error"]["type"], "server_error");
-    server.stop().unwrap();
 }
 
 /// Serves `body` to one HTTP request on a loopback port (a stand-in for a remote image host).

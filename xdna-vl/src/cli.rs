@@ -33,8 +33,9 @@ pub enum Command {
     /// message, /reset forgets the conversation, /exit (or end of input) leaves.
     Chat(ChatArgs),
     /// Serve the model over an OpenAI-compatible HTTP API (POST /v1/chat/completions with images
-    /// and streaming, GET /v1/models, GET /health). One model, requests answered first come first
-    /// served; Ctrl-C or SIGTERM lets the running requests finish, then exits.
+    /// and streaming, GET /v1/models, GET /health) and Ollama's beside it (POST /api/chat,
+    /// /api/generate, /api/show, GET /api/tags, /api/version). One model, requests answered first
+    /// come first served; Ctrl-C or SIGTERM lets the running requests finish, then exits.
     Serve(ServeArgs),
 }
 

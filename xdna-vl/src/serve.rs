@@ -1,6 +1,6 @@
-//! `xdna-vl serve`: the engine's session behind the OpenAI-compatible server. The server owns the
-//! HTTP side and the queue; this file only maps its requests onto `Session::generate` (the one
-//! generate loop) and the session's answers back.
+//! `xdna-vl serve`: the engine's session behind the server (OpenAI's API and Ollama's). The
+//! server owns the HTTP side and the queue; this file only maps its requests onto
+//! `Session::generate` (the one generate loop) and the session's answers back.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;

@@ -89,6 +89,18 @@ fn run_json(args: &[&str]) -> (String, u64, usize) {
     )
 }
 
+/// `xdna-vl run --json` on the bundled question: its two pictures, "Describe these pictures.".
+fn run_bundled_question() -> (String, u64, usize) {
+    run_json(&[
+        "--image",
+        chat_dir().join("picture-1.png").to_str().unwrap(),
+        "--image",
+        chat_dir().join("picture-2.png").to_str().unwrap(),
+        "--prompt",
+        "Describe these pictures.",
+    ])
+}
+
 fn data_url(file: &str) -> String {
     let bytes = std::fs::read(chat_dir().join(file)).unwrap();
     format!(
@@ -145,14 +157,7 @@ fn answers_equal_xdna_vl_run_and_usage_the_engines() {
         text("Describe these pictures."),
     ]);
     let r = served.post(&body);
-    let (run_text, run_prompt, run_ids) = run_json(&[
-        "--image",
-        chat_dir().join("picture-1.png").to_str().unwrap(),
-        "--image",
-        chat_dir().join("picture-2.png").to_str().unwrap(),
-        "--prompt",
-        "Describe these pictures.",
-    ]);
+    let (run_text, run_prompt, run_ids) = run_bundled_question();
     assert_eq!(answer(&r), run_text);
     // transformers' answer on this checkpoint (tests/fixtures/chat/answer.json).
     assert_eq!(run_text, "anksson\u{FFFD}ud");
@@ -262,14 +267,7 @@ fn ollama_routes_answer_as_xdna_vl_run_does() {
             base64::engine::general_purpose::STANDARD.encode(bytes)
         })
         .collect();
-    let (run_text, run_prompt, run_ids) = run_json(&[
-        "--image",
-        chat_dir().join("picture-1.png").to_str().unwrap(),
-        "--image",
-        chat_dir().join("picture-2.png").to_str().unwrap(),
-        "--prompt",
-        "Describe these pictures.",
-    ]);
+    let (run_text, run_prompt, run_ids) = run_bundled_question();
     let whole = post(
         "/api/chat",
         json!({"model": "chat-f32", "stream": false, "options": {"temperature": 0},

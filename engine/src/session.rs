@@ -249,6 +249,12 @@ impl Session {
         }
     }
 
+    /// Whether prompts may hold images: the pack has a vision tower and its preprocessing
+    /// settings.
+    pub fn takes_images(&self) -> bool {
+        self.encoder.is_some() && self.forward.semantics().preprocess.is_some()
+    }
+
     /// The runtime the decoder and the tower run on.
     pub fn runtime(&self) -> &Runtime {
         self.forward.runtime()

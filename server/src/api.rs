@@ -21,6 +21,11 @@ pub enum RequestPart {
         url: String,
         param: String,
     },
+    /// An image as base64 (Ollama's `images`).
+    ImageBase64 {
+        data: String,
+        param: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -32,21 +37,14 @@ pub struct ChatBody {
     pub include_usage: bool,
 }
 
-fn bad(message: String, param: &str) -> ApiError {
+pub(crate) fn bad(message: String, param: &str) -> ApiError {
     ApiError::bad_request(message, Some(param.to_string()))
 }
 
 /// Parses and checks a request body. `max_tokens_cap` is the server's `--max-tokens`: a request
 /// asking for more gets the cap, none asking gets the cap too.
 pub fn parse_chat_body(body: &[u8], max_tokens_cap: usize) -> Result<ChatBody, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}"), None))?;
-    let Value::Object(obj) = value else {
-        return Err(ApiError::bad_request(
-            "the body must be a JSON object",
-            None,
-        ));
-    };
+    let obj = parse_object(body)?;
     let model = match obj.get("model") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
@@ -98,7 +96,20 @@ pub fn parse_chat_body(body: &[u8], max_tokens_cap: usize) -> Result<ChatBody, A
     })
 }
 
-fn kind_of(v: &Value) -> &'static str {
+/// The body as a JSON object.
+pub(crate) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}"), None))?;
+    match value {
+        Value::Object(obj) => Ok(obj),
+        _ => Err(ApiError::bad_request(
+            "the body must be a JSON object",
+            None,
+        )),
+    }
+}
+
+pub(crate) fn kind_of(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -109,7 +120,7 @@ fn kind_of(v: &Value) -> &'static str {
     }
 }
 
-fn flag(obj: &Map<String, Value>, key: &str) -> Result<bool, ApiError> {
+pub(crate) fn flag(obj: &Map<String, Value>, key: &str) -> Result<bool, ApiError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
@@ -122,25 +133,7 @@ fn parse_message(i: usize, m: &Value) -> Result<RequestMessage, ApiError> {
     let Value::Object(m) = m else {
         return Err(bad(format!("{at} must be an object"), &at));
     };
-    let role = match m.get("role").and_then(Value::as_str) {
-        Some("system") | Some("developer") => Role::System,
-        Some("user") => Role::User,
-        Some("assistant") => Role::Assistant,
-        Some(other) => {
-            return Err(bad(
-                format!(
-                    "{at}.role {other:?} is not supported (system, developer, user, assistant)"
-                ),
-                &format!("{at}.role"),
-            ))
-        }
-        None => {
-            return Err(bad(
-                format!("{at}.role is required (a string)"),
-                &format!("{at}.role"),
-            ))
-        }
-    };
+    let role = parse_role(m, &at)?;
     let parts = match m.get("content") {
         None | Some(Value::Null) if role == Role::Assistant => Vec::new(),
         Some(Value::String(s)) => vec![RequestPart::Text(s.clone())],
@@ -166,6 +159,21 @@ fn parse_message(i: usize, m: &Value) -> Result<RequestMessage, ApiError> {
         }
     };
     Ok(RequestMessage { role, parts })
+}
+
+/// A message's `role` (`at` names the message); tools are not implemented, so no `tool` role.
+pub(crate) fn parse_role(m: &Map<String, Value>, at: &str) -> Result<Role, ApiError> {
+    let param = format!("{at}.role");
+    match m.get("role").and_then(Value::as_str) {
+        Some("system") | Some("developer") => Ok(Role::System),
+        Some("user") => Ok(Role::User),
+        Some("assistant") => Ok(Role::Assistant),
+        Some(other) => Err(bad(
+            format!("{param} {other:?} is not supported (system, developer, user, assistant)"),
+            &param,
+        )),
+        None => Err(bad(format!("{param} is required (a string)"), &param)),
+    }
 }
 
 fn parse_part(at: &str, role: Role, p: &Value) -> Result<RequestPart, ApiError> {
@@ -218,47 +226,16 @@ fn parse_part(at: &str, role: Role, p: &Value) -> Result<RequestPart, ApiError> 
 }
 
 fn parse_sampling(obj: &Map<String, Value>, max_tokens_cap: usize) -> Result<Sampling, ApiError> {
-    let number = |key: &str, lo: f64, hi: f64| -> Result<Option<f32>, ApiError> {
-        match obj.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => match v.as_f64() {
-                Some(x) if x >= lo && x <= hi => Ok(Some(x as f32)),
-                _ => Err(bad(
-                    format!("{key} must be a number in [{lo}, {hi}], got {v}"),
-                    key,
-                )),
-            },
-        }
-    };
-    let count = |key: &str| -> Result<Option<u64>, ApiError> {
-        match obj.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-                bad(
-                    format!("{key} must be a non-negative integer, got {v}"),
-                    key,
-                )
-            }),
-        }
-    };
-    let max_tokens = match (count("max_completion_tokens")?, count("max_tokens")?) {
+    let max_tokens = match (
+        count(obj.get("max_completion_tokens"), "max_completion_tokens")?,
+        count(obj.get("max_tokens"), "max_tokens")?,
+    ) {
         (Some(0), _) | (None, Some(0)) => {
             return Err(bad("max_tokens must be at least 1".into(), "max_tokens"))
         }
         (Some(n), _) | (None, Some(n)) => n.min(max_tokens_cap as u64) as usize,
         (None, None) => max_tokens_cap,
     };
-    let top_p = number("top_p", 0.0, 1.0)?;
-    if top_p == Some(0.0) {
-        return Err(bad("top_p must be in (0, 1], got 0".into(), "top_p"));
-    }
-    let repetition_penalty = number("repetition_penalty", 0.0, 100.0)?;
-    if repetition_penalty == Some(0.0) {
-        return Err(bad(
-            "repetition_penalty must be > 0 (1 is none), got 0".into(),
-            "repetition_penalty",
-        ));
-    }
     let seed = match obj.get("seed") {
         None | Some(Value::Null) => None,
         // OpenAI seeds are signed 64-bit: keep their bits.
@@ -268,36 +245,109 @@ fn parse_sampling(obj: &Map<String, Value>, max_tokens_cap: usize) -> Result<Sam
                 .ok_or_else(|| bad(format!("seed must be an integer, got {v}"), "seed"))?,
         ),
     };
-    let stop = match obj.get("stop") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(list)) if list.len() <= 4 => list
-            .iter()
-            .map(|s| s.as_str().map(str::to_string))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| bad("stop must hold strings".into(), "stop"))?,
-        Some(v) => {
-            return Err(bad(
-                format!("stop must be a string or up to 4 strings, got {v}"),
-                "stop",
-            ))
-        }
-    };
-    if stop.iter().any(String::is_empty) {
-        return Err(bad("stop strings must not be empty".into(), "stop"));
-    }
+    let stop = stop_strings(obj.get("stop"), "stop", Some(4))?;
+    let sampling = shared_sampling(|name| (obj.get(name), name.to_string()))?;
     Ok(Sampling {
         max_tokens: Some(max_tokens),
+        seed,
+        stop,
+        ..sampling
+    })
+}
+
+/// The sampling fields both APIs take alike (all but the answer's length, the seed and the stop
+/// strings), each with the same checks: `field(name)` is the request's value for our field
+/// `name` and the name to give it in errors (the APIs name some differently).
+pub(crate) fn shared_sampling<'a>(
+    field: impl Fn(&'static str) -> (Option<&'a Value>, String),
+) -> Result<Sampling, ApiError> {
+    let number = |name: &'static str, lo: f64, hi: f64| {
+        let (v, param) = field(name);
+        number(v, &param, lo, hi)
+    };
+    let top_p = number("top_p", 0.0, 1.0)?;
+    if top_p == Some(0.0) {
+        return Err(bad(
+            "top_p must be in (0, 1], got 0".into(),
+            &field("top_p").1,
+        ));
+    }
+    let repetition_penalty = number("repetition_penalty", 0.0, 100.0)?;
+    if repetition_penalty == Some(0.0) {
+        let param = field("repetition_penalty").1;
+        return Err(bad(
+            format!("{param} must be > 0 (1 is none), got 0"),
+            &param,
+        ));
+    }
+    let (top_k, param) = field("top_k");
+    Ok(Sampling {
+        max_tokens: None,
         temperature: number("temperature", 0.0, 2.0)?,
         top_p,
-        top_k: count("top_k")?.map(|k| k.min(u32::MAX as u64) as usize),
+        top_k: count(top_k, &param)?.map(|k| k.min(u32::MAX as u64) as usize),
         min_p: number("min_p", 0.0, 1.0)?,
         repetition_penalty,
         frequency_penalty: number("frequency_penalty", -2.0, 2.0)?,
         presence_penalty: number("presence_penalty", -2.0, 2.0)?,
-        seed,
-        stop,
+        seed: None,
+        stop: Vec::new(),
     })
+}
+
+/// A number in `[lo, hi]`, or none.
+fn number(v: Option<&Value>, param: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_f64() {
+            Some(x) if x >= lo && x <= hi => Ok(Some(x as f32)),
+            _ => Err(bad(
+                format!("{param} must be a number in [{lo}, {hi}], got {v}"),
+                param,
+            )),
+        },
+    }
+}
+
+/// A non-negative integer, or none.
+pub(crate) fn count(v: Option<&Value>, param: &str) -> Result<Option<u64>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            bad(
+                format!("{param} must be a non-negative integer, got {v}"),
+                param,
+            )
+        }),
+    }
+}
+
+/// A non-empty stop string or an array of them (at most `most`), or none.
+pub(crate) fn stop_strings(
+    v: Option<&Value>,
+    param: &str,
+    most: Option<usize>,
+) -> Result<Vec<String>, ApiError> {
+    let stop = match v {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(list)) if !matches!(most, Some(m) if list.len() > m) => list
+            .iter()
+            .map(|s| s.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad(format!("{param} must hold strings"), param))?,
+        Some(v) => {
+            let most = most.map_or(String::new(), |m| format!(" (at most {m})"));
+            return Err(bad(
+                format!("{param} must be a string or an array of strings{most}, got {v}"),
+                param,
+            ));
+        }
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(bad(format!("{param} strings must not be empty"), param));
+    }
+    Ok(stop)
 }
 
 /// `usage` of a completion.

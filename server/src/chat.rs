@@ -1,6 +1,8 @@
 //! What the server asks of the engine: one chat completion at a time, events streamed out. The
 //! server owns no generate loop; `xdna-vl serve` plugs the engine's session in behind this trait.
 
+use std::time::{Duration, SystemTime};
+
 /// Who speaks a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -71,6 +73,10 @@ pub struct Completion {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub finish: Finish,
+    /// The time the engine spent on the prompt (its images and prefill) and on the answer (its
+    /// decode steps), as it measured them (Ollama's `prompt_eval_duration` and `eval_duration`).
+    pub prompt_time: Duration,
+    pub answer_time: Duration,
 }
 
 /// What the engine reports while it works.
@@ -105,7 +111,7 @@ pub trait ChatEngine: Send + 'static {
     ) -> Result<Completion, EngineError>;
 }
 
-/// What `/v1/models` and `/health` say about the model.
+/// What `/v1/models`, `/health` and Ollama's `/api/tags` and `/api/show` say about the model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelInfo {
     pub id: String,
@@ -113,4 +119,11 @@ pub struct ModelInfo {
     pub backend: String,
     /// KV cache slots.
     pub context: usize,
+    /// The architecture, as the checkpoint's `model_type` names it ("qwen3_vl").
+    pub family: String,
+    /// The model takes images (its pack has the vision tower).
+    pub vision: bool,
+    /// The model file's size in bytes and when it last changed, when known.
+    pub size: Option<u64>,
+    pub modified: Option<SystemTime>,
 }

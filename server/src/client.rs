@@ -1,6 +1,7 @@
 //! A minimal blocking HTTP/1.1 client over `TcpStream`, for the tests and `bench_serve`: they talk
-//! to the server byte for byte (status, headers, chunked bodies, server-sent events), so what
-//! they check is what goes over the wire, with no client library in between.
+//! to the server byte for byte (status, headers, chunked bodies, server-sent events,
+//! newline-delimited JSON), so what they check is what goes over the wire, with no client library
+//! in between.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -26,6 +27,16 @@ impl Reply {
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// The body's lines as JSON values (newline-delimited JSON, as Ollama streams; panics with
+    /// the line if one is not JSON: for tests).
+    pub fn ndjson(&self) -> Vec<serde_json::Value> {
+        String::from_utf8_lossy(&self.body)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
     }
 
     /// The server-sent events' `data:` payloads.

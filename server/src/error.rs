@@ -1,5 +1,6 @@
-//! Errors in OpenAI's JSON shape (`{"error": {"message", "type", "param", "code"}}`) with their
-//! HTTP status: every refusal reaches the client as one of these, never a dropped connection.
+//! Errors with their HTTP status, in OpenAI's JSON shape (`{"error": {"message", "type", "param",
+//! "code"}}`) or, on Ollama's `/api/*` routes, in Ollama's (`{"error": "message"}`): every refusal
+//! reaches the client as one of these, never a dropped connection.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -54,7 +55,9 @@ impl ApiError {
         ApiError {
             status: StatusCode::NOT_FOUND,
             message: format!(
-                "no route {method} {path}: this server has POST /v1/chat/completions, GET /v1/models, GET /health and the web chat at GET /"
+                "no route {method} {path}: this server has POST /v1/chat/completions, GET /v1/models, \
+                 GET /health, Ollama's GET /api/tags, GET /api/version, POST /api/show, \
+                 POST /api/chat and POST /api/generate, and the web chat at GET /"
             ),
             kind: "invalid_request_error",
             param: None,
@@ -84,7 +87,7 @@ impl ApiError {
         }
     }
 
-    /// The JSON body.
+    /// The JSON body in OpenAI's shape.
     pub fn body(&self) -> serde_json::Value {
         json!({ "error": {
             "message": self.message,
@@ -93,16 +96,41 @@ impl ApiError {
             "code": self.status.as_u16().to_string(),
         }})
     }
-}
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response = (self.status, axum::Json(self.body())).into_response();
+    /// The JSON body in Ollama's shape.
+    pub fn ollama_body(&self) -> serde_json::Value {
+        json!({ "error": self.message })
+    }
+
+    fn respond(&self, body: serde_json::Value) -> Response {
+        let mut response = (self.status, axum::Json(body)).into_response();
         if let Some(secs) = self.retry_after {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        self.respond(self.body())
+    }
+}
+
+/// An [`ApiError`] answered in Ollama's shape, with the same status and `Retry-After`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OllamaError(pub ApiError);
+
+impl From<ApiError> for OllamaError {
+    fn from(e: ApiError) -> OllamaError {
+        OllamaError(e)
+    }
+}
+
+impl IntoResponse for OllamaError {
+    fn into_response(self) -> Response {
+        self.0.respond(self.0.ollama_body())
     }
 }

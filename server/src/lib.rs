@@ -3,13 +3,17 @@
 //! One model is loaded at start; requests wait first come first served in a bounded queue and run
 //! on worker threads, one per engine handle (`queue`: one worker is one request at a time); the HTTP side (`routes`) reads
 //! and checks requests (`api`), fetches their images (`media`) and streams answers as server-sent
-//! events. Errors are OpenAI-shaped (`error`). `web` is the chat page served at `/`.
+//! events, through the path both APIs share (`answer`). Ollama's API (`ollama`) is served beside
+//! OpenAI's, for clients that speak only Ollama. Errors are OpenAI-shaped, or Ollama-shaped on
+//! Ollama's routes (`error`). `web` is the chat page served at `/`.
 
+pub mod answer;
 pub mod api;
 pub mod chat;
 pub mod client;
 pub mod error;
 pub mod media;
+pub mod ollama;
 pub mod queue;
 pub mod routes;
 pub mod web;

@@ -1,4 +1,5 @@
-//! An `image_url` to the image's bytes: `data:image/...;base64,` URLs always; files (a path or
+//! An `image_url` to the image's bytes: `data:image/...;base64,` URLs (and Ollama's bare base64
+//! `images`) always, within the size limit; files (a path or
 //! `file://`) only under the directory the operator allows with `--media-dir`; http(s) only with
 //! `--allow-remote-media`, with a size and a time limit. Decoding the bytes is the engine's job.
 
@@ -48,9 +49,7 @@ pub fn fetch(url: &str, param: &str, policy: &MediaPolicy) -> Result<(String, Ve
         if !mime.starts_with("image/") {
             return Err(bad(format!("{param}: {mime:?} is not an image type")));
         }
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(data.trim())
-            .map_err(|e| bad(format!("{param}: the base64 data does not decode: {e}")))?;
+        let bytes = decode_base64(data, param, policy)?;
         return Ok((format!("{param} ({mime})"), bytes));
     }
     if url.starts_with("http://") || url.starts_with("https://") {
@@ -74,6 +73,22 @@ pub fn fetch(url: &str, param: &str, policy: &MediaPolicy) -> Result<(String, Ve
     let bytes = read_under(root, Path::new(path), policy.max_bytes)
         .map_err(|what| bad(format!("{param}: {path}: {what}")))?;
     Ok((path.to_string(), bytes))
+}
+
+/// An image sent as base64 (a data URL's data, or Ollama's `images`), within the size limit.
+pub fn decode_base64(data: &str, param: &str, policy: &MediaPolicy) -> Result<Vec<u8>, ApiError> {
+    let bad = |what: String| ApiError::bad_request(format!("{param}: {what}"), Some(param.into()));
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .map_err(|e| bad(format!("the base64 data does not decode: {e}")))?;
+    if bytes.len() > policy.max_bytes {
+        return Err(bad(format!(
+            "{} bytes, more than the {} an image may have",
+            bytes.len(),
+            policy.max_bytes
+        )));
+    }
+    Ok(bytes)
 }
 
 /// Reads `path` (relative to `root`, or absolute) if it resolves to a file under `root`.
@@ -128,6 +143,21 @@ mod tests {
         let policy = MediaPolicy::default();
         let (_, bytes) = fetch("data:image/png;base64,AAEC", "p", &policy).unwrap();
         assert_eq!(bytes, vec![0, 1, 2]);
+        // Within --max-image-mib like any image; control: the same data one byte over is refused.
+        let small = MediaPolicy {
+            max_bytes: 3,
+            ..MediaPolicy::default()
+        };
+        assert_eq!(
+            fetch("data:image/png;base64,AAEC", "p", &small).unwrap().1,
+            vec![0, 1, 2]
+        );
+        let e = fetch("data:image/png;base64,AAECAw==", "p", &small).unwrap_err();
+        assert!(
+            e.message.contains("4 bytes, more than the 3"),
+            "{}",
+            e.message
+        );
         for url in [
             "data:image/png;base64",
             "data:text/plain;base64,AAEC",

@@ -5,18 +5,14 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::Running;
+use common::{request, Running, PNG};
 use serde_json::{json, Value};
-use server::client::{self, Reply};
+use server::client::Reply;
 use server::{MediaPolicy, ServeOptions};
-
-fn request(addr: SocketAddr, method: &str, path: &str, key: Option<&str>, body: &[u8]) -> Reply {
-    client::request(addr, method, path, key, body).unwrap()
-}
 
 fn chat(addr: SocketAddr, body: Value) -> Reply {
     request(
@@ -49,8 +45,6 @@ fn streamed_text(reply: &Reply) -> (String, Vec<Value>) {
         .collect();
     (text, chunks)
 }
-
-const PNG: &[u8] = b"\x89PNG\r\n\x1a\nrest";
 
 #[test]
 fn answers_whole_and_streamed_alike_with_usage() {
@@ -304,12 +298,7 @@ fn concurrent_clients_queue_overflow_and_a_client_that_leaves() {
     // is answered.
     let mut long = user(&"z".repeat(300));
     long["stream"] = json!(true);
-    let body = long.to_string();
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-    let mut first = [0u8; 256];
-    let _ = s.read(&mut first).unwrap();
-    drop(s);
+    common::leave_early(addr, "/v1/chat/completions", &long, true);
     let started = Instant::now();
     let next = chat(addr, user("after"));
     assert_eq!(next.status, 200);
@@ -329,24 +318,8 @@ fn concurrent_clients_queue_overflow_and_a_client_that_leaves() {
 
 #[test]
 fn a_full_queue_answers_503_with_retry_after() {
-    let options = ServeOptions {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        queue_capacity: 1,
-        ..ServeOptions::default()
-    };
-    let server = Running::start(options, Duration::from_millis(5));
-    let addr = server.addr;
-    let handles: Vec<_> = (0..6)
-        .map(|_| std::thread::spawn(move || chat(addr, user(&"w".repeat(100)))))
-        .collect();
-    let replies: Vec<Reply> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    let busy: Vec<&Reply> = replies.iter().filter(|r| r.status == 503).collect();
-    let ok = replies.iter().filter(|r| r.status == 200).count();
-    assert!(!busy.is_empty() && ok >= 1, "ok {ok}, busy {}", busy.len());
-    assert_eq!(ok + busy.len(), 6);
-    assert_eq!(busy[0].header("retry-after"), Some("1"));
+    let busy = common::overflow_the_queue(|addr| chat(addr, user(&"w".repeat(100))));
     assert_eq!(busy[0].json()["error"]["type"], "server_error");
-    server.stop().unwrap();
 }
 
 /// Serves `body` to one HTTP request on a loopback port (a stand-in for a remote image host).

@@ -33,9 +33,11 @@ pub enum Command {
     /// message, /reset forgets the conversation, /exit (or end of input) leaves.
     Chat(ChatArgs),
     /// Serve the model over an OpenAI-compatible HTTP API (POST /v1/chat/completions with images
-    /// and streaming, GET /v1/models, GET /health) and a web chat at / (open
-    /// http://127.0.0.1:8080/ in a browser). One model, requests answered first come first
-    /// served; Ctrl-C or SIGTERM lets the running requests finish, then exits.
+    /// and streaming, GET /v1/models, GET /health), Ollama's beside it (POST /api/chat,
+    /// /api/generate, /api/show, GET /api/tags, /api/version) and a web chat at / (open
+    /// http://127.0.0.1:8080/ in a browser). One model, --parallel conversations answered at once,
+    /// the rest waiting first come first served; Ctrl-C or SIGTERM lets the running requests
+    /// finish, then exits.
     Serve(ServeArgs),
 }
 

@@ -1,6 +1,6 @@
-//! `xdna-vl serve`: the engine's session behind the OpenAI-compatible server. The server owns the
-//! HTTP side and the queue; this file only maps its requests onto `Session::generate` (the one
-//! generate loop) and the session's answers back.
+//! `xdna-vl serve`: the engine's session behind the server (OpenAI's API and Ollama's). The
+//! server owns the HTTP side and the queue; this file only maps its requests onto
+//! `Session::generate` (the one generate loop) and the session's answers back.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -100,6 +100,8 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
             prompt_tokens: g.prompt_tokens,
             completion_tokens: g.ids.len(),
             finish,
+            prompt_time: g.timings.tower + g.timings.prefill,
+            answer_time: g.timings.decode,
         })
     }
 }
@@ -203,10 +205,15 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
             .map_or("model".into(), |s| s.to_string_lossy().into_owned()),
         None => "xdna-vl-bundled-tiny".into(),
     };
+    let file = std::fs::metadata(session.forward().pack().path()).ok();
     let info = ModelInfo {
         id,
         backend: session.runtime().backend_name().to_string(),
         context: session.context(),
+        family: session.forward().semantics().architecture.clone(),
+        vision: session.takes_images(),
+        size: file.as_ref().map(|m| m.len()),
+        modified: file.and_then(|m| m.modified().ok()),
     };
     let options = ServeOptions {
         addr: SocketAddr::new(host, args.port),

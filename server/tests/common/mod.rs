@@ -1,20 +1,34 @@
-//! What the server's tests share: a scripted engine standing in for the model, and the server
-//! running in-process on a free loopback port.
+//! What the HTTP tests share: a scripted engine standing in for the model, and a server over it
+//! on a loopback port.
 
-use std::net::SocketAddr;
+// Each test file uses its own part of this module.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
+use serde_json::Value;
 use server::chat::{ChatEngine, ChatRequest, Completion, EngineError, Event, Finish, Part};
+use server::client::{self, Reply};
 use server::{ModelInfo, ServeOptions};
 
-/// Answers "echo(N): <the last text>", N the pictures in the whole conversation, one character
-/// per token, `delay` per token. A prompt (text characters, 10 per picture) of more than 400 is
-/// "over the context"; a picture must start with the PNG magic.
+/// The times the scripted engine says it spent on every prompt and answer.
+pub const PROMPT_TIME: Duration = Duration::from_millis(3);
+pub const ANSWER_TIME: Duration = Duration::from_millis(7);
+
+/// A PNG's magic and a little more: what the scripted engine takes as an image.
+pub const PNG: &[u8] = b"\x89PNG\r\n\x1a\nrest";
+
+/// Answers "echo(<images>): <last user text>" one character per token, `delay` per token. A
+/// prompt of more than 400 characters is "over the context"; an image must start with the PNG
+/// magic. It keeps every request it is given and counts the ones cancelled mid-answer.
 struct ScriptedEngine {
     delay: Duration,
     cancels: Arc<AtomicUsize>,
+    requests: Arc<Mutex<Vec<ChatRequest>>>,
 }
 
 impl ChatEngine for ScriptedEngine {
@@ -23,6 +37,7 @@ impl ChatEngine for ScriptedEngine {
         request: &ChatRequest,
         on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<Completion, EngineError> {
+        self.requests.lock().unwrap().push(request.clone());
         let mut prompt = 0;
         let mut last_text = String::new();
         let mut images = 0;
@@ -63,6 +78,8 @@ impl ChatEngine for ScriptedEngine {
                     prompt_tokens: prompt,
                     completion_tokens: n,
                     finish: Finish::Length,
+                    prompt_time: PROMPT_TIME,
+                    answer_time: ANSWER_TIME,
                 });
             }
             std::thread::sleep(self.delay);
@@ -78,24 +95,31 @@ impl ChatEngine for ScriptedEngine {
             text,
             prompt_tokens: prompt,
             finish: Finish::Stop,
+            prompt_time: PROMPT_TIME,
+            answer_time: ANSWER_TIME,
         })
     }
 }
 
+/// A server on a loopback port over the scripted engine, serving the model "tiny".
 pub struct Running {
     pub addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     join: Option<std::thread::JoinHandle<Result<(), server::ServeError>>>,
     /// Answers the engine stopped because the client went away.
     pub cancels: Arc<AtomicUsize>,
+    /// Every request the engine was given, in order.
+    pub requests: Arc<Mutex<Vec<ChatRequest>>>,
 }
 
 impl Running {
     pub fn start(options: ServeOptions, delay: Duration) -> Running {
         let cancels = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(Mutex::new(Vec::new()));
         let engine = ScriptedEngine {
             delay,
             cancels: cancels.clone(),
+            requests: requests.clone(),
         };
         let (addr_tx, addr_rx) = mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -103,6 +127,10 @@ impl Running {
             id: "tiny".into(),
             backend: "host".into(),
             context: 400,
+            family: "qwen3_vl".into(),
+            vision: true,
+            size: Some(1234),
+            modified: Some(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
         };
         let join = std::thread::spawn(move || {
             server::serve_until(
@@ -121,7 +149,13 @@ impl Running {
             stop: Some(stop_tx),
             join: Some(join),
             cancels,
+            requests,
         }
+    }
+
+    /// The requests the engine has been given so far.
+    pub fn requests(&self) -> Vec<ChatRequest> {
+        self.requests.lock().unwrap().clone()
     }
 
     /// Shuts down gracefully; the server returns Ok.
@@ -136,5 +170,57 @@ impl Drop for Running {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
+    }
+}
+
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: &[u8],
+) -> Reply {
+    client::request(addr, method, path, key, body).unwrap()
+}
+
+/// Six clients at once on a server whose queue takes one, each sending with `send`: at least one
+/// is answered and the rest are refused with 503 and `Retry-After: 1`; returns the refusals.
+pub fn overflow_the_queue(send: fn(SocketAddr) -> Reply) -> Vec<Reply> {
+    let options = ServeOptions {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        queue_capacity: 1,
+        ..ServeOptions::default()
+    };
+    let server = Running::start(options, Duration::from_millis(5));
+    let addr = server.addr;
+    let handles: Vec<_> = (0..6)
+        .map(|_| std::thread::spawn(move || send(addr)))
+        .collect();
+    let replies: Vec<Reply> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let ok = replies.iter().filter(|r| r.status == 200).count();
+    let busy: Vec<Reply> = replies.into_iter().filter(|r| r.status == 503).collect();
+    assert!(!busy.is_empty() && ok >= 1, "ok {ok}, busy {}", busy.len());
+    assert_eq!(ok + busy.len(), 6);
+    assert!(busy.iter().all(|r| r.header("retry-after") == Some("1")));
+    server.stop().unwrap();
+    busy
+}
+
+/// Sends `body` to `path` and goes away after the first bytes of the answer (or, when
+/// `wait_for_bytes` is false, 50 ms after sending, without reading: a whole answer's client).
+pub fn leave_early(addr: SocketAddr, path: &str, body: &Value, wait_for_bytes: bool) {
+    let body = body.to_string();
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    if wait_for_bytes {
+        let mut first = [0u8; 256];
+        let _ = s.read(&mut first).unwrap();
+    } else {
+        std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -1,7 +1,8 @@
 //! `xdna-vl serve` as a process on an ephemeral loopback port, talked to over real HTTP: its
 //! answers (text, pictures as data URLs and as files, streamed or not) equal `xdna-vl run` on the
 //! same input byte for byte, `usage` equals the engine's counts, four concurrent clients each get
-//! their solo answer, the client's mistakes are OpenAI-shaped 400s, and SIGTERM ends it with 0.
+//! their solo answer, the client's mistakes are OpenAI-shaped 400s, Ollama's routes answer the same
+//! with the engine's counts and times, and SIGTERM ends it with 0.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -88,6 +89,18 @@ fn run_json(args: &[&str]) -> (String, u64, usize) {
     )
 }
 
+/// `xdna-vl run --json` on the bundled question: its two pictures, "Describe these pictures.".
+fn run_bundled_question() -> (String, u64, usize) {
+    run_json(&[
+        "--image",
+        chat_dir().join("picture-1.png").to_str().unwrap(),
+        "--image",
+        chat_dir().join("picture-2.png").to_str().unwrap(),
+        "--prompt",
+        "Describe these pictures.",
+    ])
+}
+
 fn data_url(file: &str) -> String {
     let bytes = std::fs::read(chat_dir().join(file)).unwrap();
     format!(
@@ -144,14 +157,7 @@ fn answers_equal_xdna_vl_run_and_usage_the_engines() {
         text("Describe these pictures."),
     ]);
     let r = served.post(&body);
-    let (run_text, run_prompt, run_ids) = run_json(&[
-        "--image",
-        chat_dir().join("picture-1.png").to_str().unwrap(),
-        "--image",
-        chat_dir().join("picture-2.png").to_str().unwrap(),
-        "--prompt",
-        "Describe these pictures.",
-    ]);
+    let (run_text, run_prompt, run_ids) = run_bundled_question();
     assert_eq!(answer(&r), run_text);
     // transformers' answer on this checkpoint (tests/fixtures/chat/answer.json).
     assert_eq!(run_text, "anksson\u{FFFD}ud");
@@ -324,4 +330,76 @@ fn parallel_and_budget_refusals_name_the_flag() {
         &["--parallel", "100", "--kv-budget-mib", "1", "--ctx", "512"],
         "over --kv-budget-mib 1",
     );
+}
+
+#[test]
+fn ollama_routes_answer_as_xdna_vl_run_does() {
+    let served = Served::start(&[]);
+    let post = |path: &str, body: Value| {
+        client::request(served.addr, "POST", path, None, body.to_string().as_bytes()).unwrap()
+    };
+    let pictures: Vec<String> = ["picture-1.png", "picture-2.png"]
+        .iter()
+        .map(|f| {
+            let bytes = std::fs::read(chat_dir().join(f)).unwrap();
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        })
+        .collect();
+    let (run_text, run_prompt, run_ids) = run_bundled_question();
+    let whole = post(
+        "/api/chat",
+        json!({"model": "chat-f32", "stream": false, "options": {"temperature": 0},
+               "messages": [{"role": "user", "content": "Describe these pictures.",
+                             "images": pictures}]}),
+    );
+    assert_eq!(
+        whole.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&whole.body)
+    );
+    let whole = whole.json();
+    assert_eq!(whole["message"]["content"], run_text.as_str());
+    assert_eq!(whole["done_reason"], "stop");
+    assert_eq!(whole["prompt_eval_count"], run_prompt);
+    assert_eq!(whole["eval_count"], run_ids as u64);
+    // The engine's times, in nanoseconds, within the request's own.
+    let ns = |k: &str| whole[k].as_u64().unwrap();
+    assert!(
+        ns("prompt_eval_duration") > 0 && ns("eval_duration") > 0,
+        "{whole}"
+    );
+    assert!(
+        ns("total_duration") >= ns("prompt_eval_duration") + ns("eval_duration"),
+        "{whole}"
+    );
+
+    // /api/generate, streamed as Ollama streams by default: the same answer.
+    let r = post(
+        "/api/generate",
+        json!({"model": "chat-f32:latest", "prompt": "Describe these pictures.",
+               "images": pictures, "options": {"temperature": 0}}),
+    );
+    assert_eq!(r.header("content-type"), Some("application/x-ndjson"));
+    let lines = r.ndjson();
+    let text: String = lines
+        .iter()
+        .map(|l| l["response"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, run_text);
+    let last = lines.last().unwrap();
+    assert_eq!(
+        (&last["done"], &last["eval_count"]),
+        (&json!(true), &json!(run_ids))
+    );
+
+    // /api/tags lists the pack, which takes pictures.
+    let tags = client::request(served.addr, "GET", "/api/tags", None, b"")
+        .unwrap()
+        .json();
+    let listed = &tags["models"][0];
+    assert_eq!(listed["name"], "chat-f32:latest");
+    assert_eq!(listed["size"], std::fs::metadata(pack()).unwrap().len());
+    assert_eq!(listed["capabilities"], json!(["completion", "vision"]));
+    assert_eq!(served.terminate(), 0);
 }

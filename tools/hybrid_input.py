@@ -89,9 +89,21 @@ def check_checkpoint(model_dir: str) -> dict:
         raise InputError(f"{os.path.join(model_dir, 'tokenizer.json')}: missing (the processor needs "
                          "the checkpoint's tokenizer)")
     pre = os.path.join(model_dir, "preprocessor_config.json")
-    if not os.path.isfile(pre):
-        raise InputError(f"{pre}: missing (the processor needs the image processor's settings)")
+    if not os.path.isfile(pre) and not nested_image_processor(model_dir):
+        raise InputError(f"{pre}: missing, and no processor_config.json with an image_processor (the "
+                         "processor needs the image processor's settings)")
     return cfg
+
+
+def nested_image_processor(model_dir: str) -> bool:
+    """processor_config.json holds the image processor (transformers 5's processor.save_pretrained
+    nests it there and writes no preprocessor_config.json); transformers takes it first."""
+    path = os.path.join(model_dir, "processor_config.json")
+    try:
+        with open(path) as f:
+            return isinstance(json.load(f).get("image_processor"), dict)
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False
 
 
 def load_images(paths: list[str]):
@@ -130,26 +142,33 @@ def image_only_processor_class():
     return ImageOnlyQwen3VLProcessor
 
 
-def load_processor(model_dir: str):
+def load_processor(model_dir: str, image_backend: str | None = None):
     """The checkpoint's processor: AutoProcessor, or without torchvision the same Qwen3VLProcessor
-    built from the checkpoint's tokenizer, image processor (PIL backend) and chat template."""
+    built from the checkpoint's tokenizer, image processor (PIL backend) and chat template.
+    `image_backend` ("pil" or "torchvision") picks the image processor's backend (transformers'
+    default: torchvision when installed)."""
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, Qwen3VLProcessor
     from transformers.utils import is_torchvision_available
 
     try:
-        if is_torchvision_available():
+        if is_torchvision_available() and image_backend is not None:
+            proc = AutoProcessor.from_pretrained(
+                model_dir, image_processor=AutoImageProcessor.from_pretrained(model_dir, backend=image_backend))
+        elif is_torchvision_available():
             proc = AutoProcessor.from_pretrained(model_dir)
         else:
             processor_dict, _ = Qwen3VLProcessor.get_processor_dict(model_dir)
             tok = AutoTokenizer.from_pretrained(model_dir)
             proc = image_only_processor_class()(
-                image_processor=AutoImageProcessor.from_pretrained(model_dir), tokenizer=tok,
+                image_processor=AutoImageProcessor.from_pretrained(model_dir, backend=image_backend or "pil"),
+                tokenizer=tok,
                 video_processor=None, chat_template=processor_dict.get("chat_template") or tok.chat_template)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InputError(f"{model_dir}: transformers cannot load the processor ({e})") from e
     if not isinstance(proc, Qwen3VLProcessor):
         raise InputError(f"{model_dir}: AutoProcessor gave a {type(proc).__name__}, expected a "
-                         "Qwen3VLProcessor (are preprocessor_config.json and the tokenizer files there?)")
+                         "Qwen3VLProcessor (are preprocessor_config.json or processor_config.json and the "
+                         "tokenizer files there?)")
     if not proc.chat_template:
         raise InputError(f"{model_dir}: no chat template (chat_template.jinja, chat_template.json or "
                          "tokenizer_config.json's chat_template)")

@@ -84,7 +84,7 @@ impl ImageSettings {
         self.preprocess.as_ref().ok_or_else(|| EngineError::Image {
             name: name.to_string(),
             what: format!(
-                "the pack {} has no image preprocessing settings: rebuild it with `packs build` from a checkpoint with a vision tower",
+                "the pack {} has no image preprocessing settings: rebuild it with `packs build` from a checkpoint with a vision tower and its image processor (preprocessor_config.json, or the processor_config.json transformers 5 saves)",
                 self.pack
             ),
         })

@@ -13,6 +13,7 @@ use rayon::prelude::*;
 use serde_json::Value;
 
 use crate::container::{self, Dtype, Entry, HeaderError, LEN_PREFIX};
+use crate::image_processor;
 use crate::layout::{self, WeightPlan};
 use crate::moe::{self, ExpertProj, FusedOrientation, MoeSemantics};
 use crate::names;
@@ -25,7 +26,7 @@ use crate::semantics::{
 pub const CONFIG: &str = "config.json";
 pub const SINGLE_FILE: &str = "model.safetensors";
 pub const INDEX: &str = "model.safetensors.index.json";
-pub const PREPROCESSOR: &str = "preprocessor_config.json";
+pub use crate::image_processor::{PREPROCESSOR, PROCESSOR};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HfError {
@@ -127,6 +128,15 @@ pub enum HfError {
     Semantics {
         path: PathBuf,
         source: SemanticsError,
+    },
+    /// The image processor's settings cannot be followed or disagree with the tower; `path` is
+    /// the file they were read from, `within` the key holding them there (`image_processor: `
+    /// in `processor_config.json`, empty in `preprocessor_config.json`).
+    #[error("{path}: {within}{what}")]
+    Preprocess {
+        path: PathBuf,
+        within: String,
+        what: String,
     },
 }
 
@@ -600,97 +610,12 @@ fn index_list(value: &Value, what: &str) -> Result<Vec<usize>, String> {
         .ok_or_else(|| format!("expected {what}, got {value}"))
 }
 
-/// What preprocessing needs from `preprocessor_config.json`, with transformers' defaults for the
-/// keys it leaves out (Qwen2VLImageProcessor's class attributes) and `min_pixels` / `max_pixels`
-/// overriding `size` as its constructor does.
+/// What preprocessing needs from `preprocessor_config.json` (the image processor at the top level
+/// of `config`), with transformers' defaults for the keys it leaves out (Qwen2VLImageProcessor's
+/// class attributes) and `min_pixels` / `max_pixels` overriding `size` as its constructor does
+/// (`image_processor::parse`).
 pub fn parse_preprocessor_config(path: &Path, config: &Value) -> Result<ImagePreprocess, HfError> {
-    let key_err = |key: &str, what: String| HfError::Key {
-        path: path.to_path_buf(),
-        key: key.to_string(),
-        what,
-    };
-    if !config.is_object() {
-        return Err(key_err("(top level)", "expected a JSON object".into()));
-    }
-    let uint = |obj: &Value, key: &str, full: &str, default: u64| -> Result<u64, HfError> {
-        match obj.get(key) {
-            None | Some(Value::Null) => Ok(default),
-            Some(v) => v
-                .as_u64()
-                .ok_or_else(|| key_err(full, format!("expected a non-negative integer, got {v}"))),
-        }
-    };
-    let flag = |key: &str| -> Result<bool, HfError> {
-        match config.get(key) {
-            None | Some(Value::Null) => Ok(true),
-            Some(v) => v
-                .as_bool()
-                .ok_or_else(|| key_err(key, format!("expected a boolean, got {v}"))),
-        }
-    };
-    let triple = |key: &str, default: [f64; 3]| -> Result<[f64; 3], HfError> {
-        match config.get(key) {
-            None | Some(Value::Null) => Ok(default),
-            Some(Value::Number(n)) => {
-                let x = n.as_f64().unwrap_or(f64::NAN);
-                Ok([x; 3])
-            }
-            Some(v) => v
-                .as_array()
-                .filter(|a| a.len() == 3)
-                .and_then(|a| {
-                    let xs: Option<Vec<f64>> = a.iter().map(Value::as_f64).collect();
-                    xs.map(|xs| [xs[0], xs[1], xs[2]])
-                })
-                .ok_or_else(|| key_err(key, format!("expected three numbers, got {v}"))),
-        }
-    };
-    let empty = Value::Null;
-    let size = config.get("size").unwrap_or(&empty);
-    let mut min_pixels = uint(size, "shortest_edge", "size.shortest_edge", 56 * 56)?;
-    let mut max_pixels = uint(size, "longest_edge", "size.longest_edge", 28 * 28 * 1280)?;
-    if config.get("min_pixels").is_some_and(|v| !v.is_null()) {
-        min_pixels = uint(config, "min_pixels", "min_pixels", 0)?;
-    }
-    if config.get("max_pixels").is_some_and(|v| !v.is_null()) {
-        max_pixels = uint(config, "max_pixels", "max_pixels", 0)?;
-    }
-    const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
-    const CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
-    let rescale_factor = match config.get("rescale_factor") {
-        None | Some(Value::Null) => 1.0 / 255.0,
-        Some(v) => v
-            .as_f64()
-            .ok_or_else(|| key_err("rescale_factor", format!("expected a number, got {v}")))?,
-    };
-    let usize_key = |key: &str, default: u64| -> Result<usize, HfError> {
-        Ok(uint(config, key, key, default)? as usize)
-    };
-    Ok(ImagePreprocess {
-        patch_size: usize_key("patch_size", 14)?,
-        merge_size: usize_key("merge_size", 2)?,
-        temporal_patch_size: usize_key("temporal_patch_size", 2)?,
-        min_pixels,
-        max_pixels,
-        image_mean: triple("image_mean", CLIP_MEAN)?,
-        image_std: triple("image_std", CLIP_STD)?,
-        rescale_factor,
-        do_resize: flag("do_resize")?,
-        do_rescale: flag("do_rescale")?,
-        do_normalize: flag("do_normalize")?,
-        do_convert_rgb: flag("do_convert_rgb")?,
-        resample: {
-            let r = uint(
-                config,
-                "resample",
-                "resample",
-                semantics::RESAMPLE_BICUBIC as u64,
-            )?;
-            // Not `as u32`: 2^32 + 3 must not pass for bicubic (3).
-            u32::try_from(r)
-                .map_err(|_| key_err("resample", format!("{r} is not a PIL filter code")))?
-        },
-    })
+    image_processor::parse(path, "", config)
 }
 
 struct Shard {
@@ -721,7 +646,9 @@ impl Checkpoint {
     /// Reads the config and every shard header, and checks that each decoder tensor is present
     /// with the expected shape and a float dtype. With `with_vision`, a checkpoint that holds the
     /// vision tower (`model.visual.patch_embed.proj.weight`) must hold all of it, with its
-    /// `vision_config` and `preprocessor_config.json`; without, the tower is left out.
+    /// `vision_config` and its image processor's settings (`processor_config.json`'s
+    /// `image_processor`, else `preprocessor_config.json`: `image_processor::find`); without
+    /// either file, the tower is left out.
     pub fn open(
         dir: &Path,
         mrope_override: Option<[usize; 3]>,
@@ -831,26 +758,50 @@ impl Checkpoint {
         let mut semantics = finish_config(&config_path, &facts, inferred_head_dim, mrope_override)?;
         let mut warnings = Vec::new();
         let has_tower = !text_only && find(names::visual::PATCH_EMBED).is_ok();
-        let preprocessor_path = dir.join(PREPROCESSOR);
-        if with_vision && has_tower && !preprocessor_path.exists() {
-            // The tower alone cannot take an image: the resize limits, mean and std are the
-            // checkpoint's. A text pack still answers text; say what was left out.
-            warnings.push(format!(
-                "{}: no {PREPROCESSOR}, so the vision tower is left out (a text-only pack: image \
-                 prompts will be refused); add the model's {PREPROCESSOR} to carry it",
-                dir.display()
-            ));
-        } else if with_vision && has_tower {
-            let preprocessor = read_json(&preprocessor_path)?;
-            semantics.vision = Some(parse_vision_config(&config_path, &config)?);
-            semantics.preprocess = Some(parse_preprocessor_config(
-                &preprocessor_path,
-                &preprocessor,
-            )?);
-            semantics.validate().map_err(|source| HfError::Semantics {
-                path: config_path.clone(),
-                source,
-            })?;
+        let processor_settings = if with_vision && has_tower {
+            image_processor::find(dir)?
+        } else {
+            None
+        };
+        match processor_settings {
+            None if with_vision && has_tower => {
+                // The tower alone cannot take an image: the resize limits, mean and std are the
+                // checkpoint's. A text pack still answers text; say what was left out.
+                warnings.push(format!(
+                    "{}: no {PREPROCESSOR} and no {PROCESSOR}, so the vision tower is left out (a \
+                     text-only pack: image prompts will be refused); add the model's \
+                     {PREPROCESSOR} (or save its processor with transformers' \
+                     `processor.save_pretrained`, which writes {PROCESSOR}) to carry it",
+                    dir.display()
+                ));
+            }
+            None => {}
+            Some(found) => {
+                let vision = parse_vision_config(&config_path, &config)?;
+                let preprocess = found.parse()?;
+                preprocess
+                    .validate(&vision)
+                    .map_err(|source| match source {
+                        SemanticsError::Preprocess(what) => HfError::Preprocess {
+                            path: found.path.clone(),
+                            within: found.key.map(|k| format!("{k}: ")).unwrap_or_default(),
+                            what,
+                        },
+                        source => HfError::Semantics {
+                            path: found.path.clone(),
+                            source,
+                        },
+                    })?;
+                if let Some(note) = image_processor::ignored_beside(dir, &found, &preprocess) {
+                    warnings.push(note);
+                }
+                semantics.vision = Some(vision);
+                semantics.preprocess = Some(preprocess);
+                semantics.validate().map_err(|source| HfError::Semantics {
+                    path: config_path.clone(),
+                    source,
+                })?;
+            }
         }
 
         // The plan is a few weights per layer: bound the layer counts by the tensors the shards
@@ -1136,7 +1087,7 @@ impl Checkpoint {
 /// index of a 235B checkpoint is ~2 MB; a JSON value in memory takes several times its text).
 pub const MAX_JSON_BYTES: u64 = 64 << 20;
 
-fn read_json(path: &Path) -> Result<Value, HfError> {
+pub(crate) fn read_json(path: &Path) -> Result<Value, HfError> {
     let io = |source| HfError::Io {
         path: path.to_path_buf(),
         source,

@@ -298,13 +298,15 @@ pub fn tensor_specs(sem: &Semantics) -> Vec<TensorSpec> {
 }
 
 /// The files a pack may carry beside its tensors, so one pack is self-contained: the tokenizer,
-/// the chat template, the generation defaults and the raw preprocessing config.
-pub const ASSETS: [&str; 5] = [
+/// the chat template, the generation defaults and the raw processor configs
+/// (`preprocessor_config.json`, the hub's; `processor_config.json`, transformers 5's).
+pub const ASSETS: [&str; 6] = [
     "tokenizer.json",
     "tokenizer_config.json",
     "chat_template.jinja",
     "generation_config.json",
     "preprocessor_config.json",
+    "processor_config.json",
 ];
 
 /// The container tensor holding asset `file` (`len` bytes): 1-D U8.

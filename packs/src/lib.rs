@@ -10,6 +10,7 @@ pub mod container;
 mod encode;
 mod error;
 pub mod hf;
+pub mod image_processor;
 pub mod layout;
 pub mod moe;
 pub mod names;

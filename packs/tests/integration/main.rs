@@ -11,4 +11,5 @@ mod moe_pack;
 mod quant_roundtrip;
 mod random_pack;
 mod reader_refusals;
+mod t5_checkpoint;
 mod vision_pack;

@@ -71,7 +71,7 @@ fn main() {
         None => {
             let cfg = pack.semantics().preprocess.clone().unwrap_or_else(|| {
                 refuse(format!(
-                    "{}: the pack has no image preprocessing config (preprocessor_config.json); build it again from a checkpoint that has one",
+                    "{}: the pack has no image preprocessing config (the checkpoint's preprocessor_config.json, or processor_config.json as transformers 5 saves it); build it again from a checkpoint that has one",
                     args.pack.display()
                 ))
             });

@@ -32,7 +32,8 @@ use crate::message::Message;
 use crate::prompt::{Prompt, PromptAblation, PromptBuilder};
 use crate::sampling::SamplingParams;
 use crate::session::{
-    encode_images, prompt_input, refuse_images, Event, FinishReason, Generation, Session, Timings,
+    answer_params, encode_images, prompt_fits, prompt_input, refuse_images, Event, FinishReason,
+    Generation, Session, Timings,
 };
 
 /// How many sequences and how large a prefill slice.
@@ -446,12 +447,8 @@ impl SchedulerHandle {
         on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<Generation> {
         let start = Instant::now();
-        let mut params = params.clone();
-        if params.eos_ids.is_empty() {
-            params.eos_ids = self.shared.format.eos_ids();
-        }
-        params.validate()?;
         let sh = &self.shared;
+        let params = answer_params(params, &sh.format)?;
         let prompt = PromptBuilder {
             tokenizer: &sh.format.tokenizer,
             template: &sh.format.template,
@@ -459,18 +456,7 @@ impl SchedulerHandle {
             ablation: sh.ablation,
         }
         .build(messages)?;
-        let rows = prompt.rows();
-        if rows == 0 {
-            return Err(EngineError::Prompt(
-                "the chat template rendered an empty prompt".into(),
-            ));
-        }
-        if rows > sh.context {
-            return Err(EngineError::OverContext {
-                prompt: rows,
-                context: sh.context,
-            });
-        }
+        let rows = prompt_fits(&prompt, sh.context)?;
         let mut timings = Timings::default();
         let vision = match &sh.encoder {
             Some(encoder) => {

@@ -378,25 +378,9 @@ impl Session {
         on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<Generation> {
         let start = Instant::now();
-        let mut params = params.clone();
-        if params.eos_ids.is_empty() {
-            params.eos_ids = self.format.eos_ids();
-        }
-        // Bad sampling parameters are refused before the prompt is looked at.
-        params.validate()?;
+        let params = answer_params(params, &self.format)?;
         let prompt = self.prompt(messages)?;
-        let rows = prompt.rows();
-        if rows == 0 {
-            return Err(EngineError::Prompt(
-                "the chat template rendered an empty prompt".into(),
-            ));
-        }
-        if rows > self.context {
-            return Err(EngineError::OverContext {
-                prompt: rows,
-                context: self.context,
-            });
-        }
+        let rows = prompt_fits(&prompt, self.context)?;
         let mut decoding = Decoding::new(params, &prompt.ids)?;
         let mut timings = Timings::default();
         let reused = self.prefill(&prompt, &mut timings)?;
@@ -496,6 +480,37 @@ impl Session {
         timings.prefilled_tokens = new_rows;
         Ok(reuse)
     }
+}
+
+/// The request's sampling with the checkpoint's eos ids when it names none; bad parameters are
+/// refused before the prompt is looked at.
+pub(crate) fn answer_params(
+    params: &SamplingParams,
+    format: &ChatFormat,
+) -> Result<SamplingParams> {
+    let mut params = params.clone();
+    if params.eos_ids.is_empty() {
+        params.eos_ids = format.eos_ids();
+    }
+    params.validate()?;
+    Ok(params)
+}
+
+/// The prompt's rows, refused by name when empty or over the context.
+pub(crate) fn prompt_fits(prompt: &Prompt, context: usize) -> Result<usize> {
+    let rows = prompt.rows();
+    if rows == 0 {
+        return Err(EngineError::Prompt(
+            "the chat template rendered an empty prompt".into(),
+        ));
+    }
+    if rows > context {
+        return Err(EngineError::OverContext {
+            prompt: rows,
+            context,
+        });
+    }
+    Ok(rows)
 }
 
 /// The tower's rows for `prompt`'s images at or after row `from` (None when there are none),

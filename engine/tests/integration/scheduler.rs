@@ -13,17 +13,7 @@ use std::time::Duration;
 use common::*;
 use engine::{
     Event, FinishReason, Message, SamplingParams, Scheduler, SchedulerHandle, SchedulerOptions,
-    Session, SessionOptions,
 };
-
-fn session() -> Session {
-    let options = SessionOptions {
-        context: 256,
-        runtime: compute::RuntimeOptions::host(2),
-        ..SessionOptions::default()
-    };
-    Session::new(&pack(), &assets(), &options).unwrap()
-}
 
 fn greedy() -> SamplingParams {
     SamplingParams {
@@ -55,7 +45,7 @@ fn conversations() -> Vec<(String, Vec<Message>, SamplingParams)> {
 
 /// (ids, text) of each conversation answered alone by a fresh session.
 fn alone(convs: &[(String, Vec<Message>, SamplingParams)]) -> Vec<(Vec<u32>, String)> {
-    let mut s = session();
+    let mut s = tower_session();
     convs
         .iter()
         .map(|(_, m, p)| {
@@ -71,7 +61,7 @@ fn start(parallel: usize) -> SchedulerHandle {
         parallel,
         prefill_chunk: 4,
     };
-    Scheduler::start(session(), options).unwrap().0
+    Scheduler::start(tower_session(), options).unwrap().0
 }
 
 /// Answers every conversation on its own thread, thread i starting `i * stagger` ms late.

@@ -5,17 +5,7 @@
 use crate::common;
 
 use common::*;
-use engine::{Event, Message, SamplingParams, Session, SessionOptions};
-
-fn session() -> Session {
-    let options = SessionOptions {
-        context: 256,
-        runtime: compute::RuntimeOptions::host(2),
-        ..SessionOptions::default()
-    };
-    // No encoder set: the session runs the pack's tower.
-    Session::new(&pack(), &assets(), &options).unwrap()
-}
+use engine::{Event, Message, SamplingParams};
 
 fn greedy() -> SamplingParams {
     SamplingParams {
@@ -26,7 +16,7 @@ fn greedy() -> SamplingParams {
 
 #[test]
 fn the_rust_tower_gives_transformers_two_picture_answer() {
-    let mut s = session();
+    let mut s = tower_session();
     let mut text = String::new();
     let g = s
         .generate(
@@ -49,7 +39,7 @@ fn the_rust_tower_gives_transformers_two_picture_answer() {
 #[test]
 fn the_rust_tower_gives_transformers_second_chat_turn() {
     let runs = &cases()["runs"];
-    let mut s = session();
+    let mut s = tower_session();
     let turn1 = messages(&runs["chat_turn1"]).remove(0);
     let g1 = s.chat(turn1, &greedy(), &mut |_| true).unwrap();
     assert_eq!(g1.ids, ids(&runs["chat_turn1"]["greedy_ids"]));
@@ -68,7 +58,7 @@ fn the_rust_tower_gives_transformers_second_chat_turn() {
 
 #[test]
 fn pictures_read_from_their_files_give_transformers_pixel_rows_and_answer() {
-    let mut s = session();
+    let mut s = tower_session();
     let dir = fixtures().join("chat");
     let images: Vec<engine::Image> = ["picture-1.png", "picture-2.png"]
         .iter()

@@ -209,3 +209,14 @@ pub fn ids(v: &Value) -> Vec<u32> {
         .map(|x| x.as_u64().unwrap() as u32)
         .collect()
 }
+
+/// A session over the tiny chat pack with its own (Rust) vision tower: 256 slots, 2 threads.
+pub fn tower_session() -> engine::Session {
+    let options = engine::SessionOptions {
+        context: 256,
+        runtime: compute::RuntimeOptions::host(2),
+        ..engine::SessionOptions::default()
+    };
+    // No encoder set: the session runs the pack's tower.
+    engine::Session::new(&pack(), &assets(), &options).unwrap()
+}

@@ -2,7 +2,8 @@
 """`xdna-vl serve --parallel N` against llama.cpp's `llama-server --parallel N` on the same
 random 2B-shaped text model, the same threads and the same greedy requests; A B A B; ratios.
 
-    python3 tools/serve_compare.py --rounds 2 --threads 2 --parallel 4 --clients 1,4
+    python3 tools/serve_compare.py --assets ~/models/Qwen3-VL-2B-Instruct --rounds 2 --threads 2 \
+        --parallel 4 --clients 1,4
 
 1. builds `llama-server` (CPU only, -march=native) from the llama.cpp that the PyPI
    `llama-cpp-python` sdist vendors, as tools/llama_cpp_compare.py builds llama-bench (same cache,
@@ -10,7 +11,9 @@ random 2B-shaped text model, the same threads and the same greedy requests; A B 
 2. writes the random Qwen3-VL-2B text model as GGUF and quantizes it to Q4_0 (llama_cpp_compare's
    model; kept between runs), and ours is `bench`'s random q4 pack of the same shapes
    (`target/bench/qwen3-vl-2b-q4-seed1.pack`, made by `bench --shape qwen3-vl-2b --kinds q4` or
-   `bench streams`), served with the tiny chat checkpoint's tokenizer and template (`--assets`);
+   `bench streams`), served with the tokenizer and chat template of a real Qwen3-VL checkpoint
+   (`--assets DIR`: a hub download's directory; the random pack carries no tokenizer, and the
+   bundled tiny tokenizer's image id (510) is not the 2B's (151655), which the engine refuses);
 3. for each round and each client count C: starts one server on a free loopback port, lets C
    clients each send `--requests` chat completions of `--tokens` greedy tokens (llama.cpp with
    `ignore_eos`; ours stops only at an end-of-turn id, rare on random weights), and measures
@@ -121,7 +124,7 @@ def load(port: int, clients: int, requests: int, tokens: int, extra: dict) -> fl
 
 def run_ours(xdna_vl: str, pack: str, threads: int, parallel: int, clients: int, args) -> float:
     port = free_port()
-    cmd = [xdna_vl, "serve", pack, "--assets", os.path.join(ROOT, "tests/fixtures/chat/checkpoint"),
+    cmd = [xdna_vl, "serve", pack, "--assets", args.assets,
            "--port", str(port), "--threads", str(threads), "--parallel", str(parallel),
            "--ctx", str(args.ctx), "--kv", "bf16", "--max-tokens", str(args.tokens)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -161,7 +164,12 @@ def main() -> None:
     p.add_argument("--cache", default=os.path.join(ROOT, "target/llama.cpp"))
     p.add_argument("--pack", default=os.path.join(ROOT, "target/bench/qwen3-vl-2b-q4-seed1.pack"))
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--assets", required=True,
+                   help="a Qwen3-VL checkpoint directory with tokenizer.json and the chat template")
     args = p.parse_args()
+    if not os.path.exists(os.path.join(args.assets, "tokenizer.json")):
+        sys.exit(f"--assets {args.assets}: no tokenizer.json there; give a Qwen3-VL checkpoint "
+                 "directory (e.g. a download of Qwen/Qwen3-VL-2B-Instruct)")
     clients = [int(c) for c in args.clients.split(",") if c.strip()]
     if not clients or min(clients) < 1:
         sys.exit("--clients: give positive client counts, e.g. 1,4")

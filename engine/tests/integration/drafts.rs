@@ -101,9 +101,17 @@ fn cache_state(s: &Session) -> (usize, i64, Vec<f32>) {
 }
 
 fn generate(s: &mut Session, messages: &[Message], max_tokens: usize) -> (Generation, String) {
+    generate_with(s, messages, &greedy(max_tokens))
+}
+
+fn generate_with(
+    s: &mut Session,
+    messages: &[Message],
+    params: &SamplingParams,
+) -> (Generation, String) {
     let mut streamed = String::new();
     let g = s
-        .generate(messages, &greedy(max_tokens), &mut |e| {
+        .generate(messages, params, &mut |e| {
             if let Event::Text(t) = e {
                 streamed.push_str(t)
             }
@@ -122,8 +130,18 @@ fn compare(
     kind: Option<Kind>,
     ablation: DraftAblation,
 ) -> Result<Generation, String> {
+    compare_with(messages, &greedy(max_tokens), k, kind, ablation)
+}
+
+fn compare_with(
+    messages: &[Message],
+    params: &SamplingParams,
+    k: usize,
+    kind: Option<Kind>,
+    ablation: DraftAblation,
+) -> Result<Generation, String> {
     let mut plain = session(0, DraftAblation::default());
-    let (want, want_streamed) = generate(&mut plain, messages, max_tokens);
+    let (want, want_streamed) = generate_with(&mut plain, messages, params);
     let mut drafted = session(k, ablation);
     if let Some(kind) = kind {
         drafted.set_drafter(Box::new(Known {
@@ -133,7 +151,7 @@ fn compare(
             windows: 0,
         }));
     }
-    let (got, got_streamed) = generate(&mut drafted, messages, max_tokens);
+    let (got, got_streamed) = generate_with(&mut drafted, messages, params);
     if got.ids != want.ids {
         return Err(format!("ids {:?} != {:?}", got.ids, want.ids));
     }
@@ -156,8 +174,8 @@ fn compare(
     let mut history = messages.to_vec();
     history.push(Message::assistant(want.text.clone()));
     history.push(Message::user(vec![], "Say it again, please."));
-    let (want2, _) = generate(&mut plain, &history, max_tokens);
-    let (got2, _) = generate(&mut drafted, &history, max_tokens);
+    let (want2, _) = generate_with(&mut plain, &history, params);
+    let (got2, _) = generate_with(&mut drafted, &history, params);
     if got2.ids != want2.ids || got2.reused_tokens != want2.reused_tokens {
         return Err(format!(
             "second turn ids {:?} (reused {}) != {:?} (reused {})",
@@ -283,4 +301,35 @@ fn sampling_uses_no_drafts() {
         .generate(&text_case(), &greedy(20), &mut |_| true)
         .unwrap();
     assert!(g.timings.drafts_proposed > 0, "{:?}", g.timings);
+}
+
+/// Penalties on the answer so far (repetition, frequency, presence) see the same history with
+/// drafts: the window's rows are sampled one by one in order. Control: the penalties change the
+/// answer (so they are at work in the comparison).
+#[test]
+fn penalties_see_the_same_history_with_drafts() {
+    let params = SamplingParams {
+        repetition_penalty: 1.3,
+        frequency_penalty: 0.5,
+        presence_penalty: 0.4,
+        ..greedy(40)
+    };
+    for msgs in [text_case(), two_images()] {
+        for kind in [
+            Some(Kind::Oracle),
+            Some(Kind::Partial),
+            Some(Kind::AllWrong),
+            None,
+        ] {
+            let g = compare_with(&msgs, &params, 4, kind, DraftAblation::default())
+                .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+            if kind.is_some() {
+                assert!(g.timings.drafts_proposed > 0, "{:?}", g.timings);
+            }
+        }
+    }
+    let mut s = session(0, DraftAblation::default());
+    let (plain, _) = generate(&mut s, &text_case(), 40);
+    let (penalised, _) = generate_with(&mut s, &text_case(), &params);
+    assert_ne!(plain.ids, penalised.ids);
 }

@@ -40,6 +40,11 @@ impl Decoding {
         })
     }
 
+    /// Whether the answer is greedy (temperature 0).
+    pub fn is_greedy(&self) -> bool {
+        self.sampler.params.is_greedy()
+    }
+
     /// Tokens sampled so far.
     pub fn ids(&self) -> &[u32] {
         &self.ids

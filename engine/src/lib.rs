@@ -10,6 +10,7 @@
 
 pub mod assets;
 pub mod decoding;
+pub mod drafts;
 pub mod error;
 pub mod format;
 pub mod generation_config;
@@ -25,6 +26,7 @@ pub mod template;
 pub mod tokenizer;
 
 pub use assets::ChatAssets;
+pub use drafts::{DraftAblation, Drafter, PromptLookup, MAX_DRAFTS};
 pub use error::{EngineError, Result};
 pub use format::ChatFormat;
 pub use generation_config::GenerationConfig;

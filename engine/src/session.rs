@@ -14,6 +14,7 @@ use vision::preprocess::PreprocessOptions;
 
 use crate::assets::ChatAssets;
 use crate::decoding::{Decoding, Next};
+use crate::drafts::{DraftAblation, Drafter, PromptLookup, MAX_DRAFTS};
 use crate::error::{EngineError, Result};
 use crate::format::ChatFormat;
 use crate::images::{ImageEncoder, ImageSettings, TowerEncoder};
@@ -31,6 +32,14 @@ pub struct SessionOptions {
     pub kv_dtype: KvDtype,
     /// Deliberate mistakes, for controls.
     pub ablation: PromptAblation,
+    /// Draft tokens a greedy decode step may carry (0 = off, at most [`MAX_DRAFTS`]): the
+    /// sampled token and up to this many guesses (prompt lookup, [`PromptLookup`]) go through one
+    /// forward and the rows whose guesses the sampler confirms are kept. The answer is the same
+    /// as without drafts; sampling at temperature > 0 uses none (its speculative acceptance rule
+    /// is a later step).
+    pub drafts: usize,
+    /// Deliberate mistakes in the draft windows' rollback, for controls.
+    pub draft_ablation: DraftAblation,
 }
 
 impl Default for SessionOptions {
@@ -40,6 +49,8 @@ impl Default for SessionOptions {
             runtime: RuntimeOptions::default(),
             kv_dtype: KvDtype::F32,
             ablation: PromptAblation::default(),
+            drafts: 0,
+            draft_ablation: DraftAblation::default(),
         }
     }
 }
@@ -81,6 +92,12 @@ pub struct Timings {
     /// Decode steps (each feeds one sampled token).
     pub decode: Duration,
     pub decode_steps: usize,
+    /// Forwards of the decode steps: as many as the steps without drafts, fewer when drafts were
+    /// accepted (a forward then fed the sampled token and its drafts).
+    pub decode_forwards: usize,
+    /// Draft tokens fed, and those the sampler confirmed.
+    pub drafts_proposed: usize,
+    pub drafts_accepted: usize,
     /// From the call to the first sampled token (rendering, tower and prefill included).
     pub time_to_first_token: Duration,
 }
@@ -155,6 +172,10 @@ pub struct Session {
     no_encoder: String,
     context: usize,
     ablation: PromptAblation,
+    /// Draft tokens per decode step (0 = off) and where they come from.
+    drafts: usize,
+    drafter: Box<dyn Drafter>,
+    draft_ablation: DraftAblation,
     /// The rows the KV cache holds, in slot order (always `forward.next_slot()` long).
     cached: Vec<RowKey>,
     /// The rotary position of the next token fed (all three planes).
@@ -188,6 +209,12 @@ impl Session {
                 )));
             }
         }
+        if options.drafts > MAX_DRAFTS {
+            return Err(EngineError::Sampling(format!(
+                "drafts {} must be in 0..={MAX_DRAFTS}",
+                options.drafts
+            )));
+        }
         let runtime = Runtime::new(&options.runtime)?;
         let forward = Decoder::new(
             pack,
@@ -205,6 +232,9 @@ impl Session {
             no_encoder: String::new(),
             context: options.context,
             ablation: options.ablation,
+            drafts: options.drafts,
+            drafter: Box::new(PromptLookup::default()),
+            draft_ablation: options.draft_ablation,
             cached: Vec::new(),
             next_rotary_pos: 0,
             history: Vec::new(),
@@ -235,6 +265,17 @@ impl Session {
     /// [`Session::runtime`]).
     pub fn set_image_encoder(&mut self, encoder: Box<dyn ImageEncoder>) {
         self.encoder = Some(encoder);
+    }
+
+    /// Replaces where draft tokens come from (prompt lookup by default); they are used when
+    /// [`SessionOptions::drafts`] (or [`Session::set_drafts`]) is above 0.
+    pub fn set_drafter(&mut self, drafter: Box<dyn Drafter>) {
+        self.drafter = drafter;
+    }
+
+    /// Draft tokens per greedy decode step from now on (0 = off, at most [`MAX_DRAFTS`]).
+    pub fn set_drafts(&mut self, drafts: usize) {
+        self.drafts = drafts.min(MAX_DRAFTS);
     }
 
     /// The model without the conversation: what a scheduler of several sequences takes over.
@@ -393,34 +434,105 @@ impl Session {
         let mut on_text = |t: &str| on_event(Event::Text(t));
         let mut finish = FinishReason::Cancelled;
         let decode_start = Instant::now();
+        // Drafts only for greedy answers: the rule that keeps sampled answers' distribution with
+        // drafts (speculative acceptance) is a later step.
+        let k = if decoding.is_greedy() { self.drafts } else { 0 };
+        let vocab = self.forward.semantics().vocab_size;
+        // The last forward's rows: its first cache slot, the drafts fed after its first row, all
+        // its rows' logits, and the row whose logits `self.logits` holds.
+        let mut window = Window::default();
         // A cancel at the start (the caller stopped listening) decodes nothing.
         if started {
             loop {
-                let cache_full = self.forward.next_slot() >= self.context;
+                // The slots kept so far: the window's rows up to the current one.
+                let kept = window.kept(self.forward.next_slot());
+                let cache_full = kept >= self.context;
                 let next = decoding.next(&mut self.logits, tokenizer, cache_full, &mut on_text)?;
                 if decoding.ids().len() == 1 {
                     timings.time_to_first_token = start.elapsed();
                 }
-                match next {
-                    Next::Feed(token) => {
-                        // Feed through the decoder (not `self.feed`: the tokenizer is borrowed).
-                        let logits =
-                            decode_step(&mut self.forward, token, &mut self.next_rotary_pos)?;
-                        self.logits.clear();
-                        self.logits.extend_from_slice(logits);
-                        self.cached.push(RowKey {
-                            id: token,
-                            image: None,
-                        });
-                        timings.decode_steps += 1;
-                    }
+                let token = match next {
+                    Next::Feed(token) => token,
                     Next::Done(f) => {
                         finish = f;
                         break;
                     }
+                };
+                timings.decode_steps += 1;
+                if window.row < window.drafts.len() && window.drafts[window.row] == token {
+                    // The draft fed after this row is the sampled token: its row is in the
+                    // cache and its logits choose the next token, no forward.
+                    window.row += 1;
+                    timings.drafts_accepted += 1;
+                    self.logits.clear();
+                    self.logits
+                        .extend_from_slice(&window.logits[window.row * vocab..][..vocab]);
+                    continue;
                 }
+                roll_back(
+                    &mut self.forward,
+                    &mut self.cached,
+                    &mut self.next_rotary_pos,
+                    self.draft_ablation,
+                    kept,
+                );
+                // The sampled token and its drafts (as many as the cache has slots for).
+                let room = (self.context - self.forward.next_slot()).saturating_sub(1);
+                let drafts = if k == 0 {
+                    Vec::new()
+                } else {
+                    let mut seen = prompt.ids.clone();
+                    seen.extend_from_slice(decoding.ids());
+                    let mut d = self.drafter.propose(&seen, k.min(room));
+                    d.truncate(k.min(room));
+                    d
+                };
+                let slot = self.forward.next_slot();
+                if drafts.is_empty() {
+                    // Feed through the decoder (not `self.feed`: the tokenizer is borrowed).
+                    let logits = decode_step(&mut self.forward, token, &mut self.next_rotary_pos)?;
+                    self.logits.clear();
+                    self.logits.extend_from_slice(logits);
+                    self.cached.push(RowKey {
+                        id: token,
+                        image: None,
+                    });
+                    window = Window::default();
+                } else {
+                    let mut rows = Vec::with_capacity(drafts.len() + 1);
+                    rows.push(token);
+                    rows.extend_from_slice(&drafts);
+                    let logits = self.forward.step_batch(
+                        &rows,
+                        self.next_rotary_pos,
+                        slot,
+                        Logits::AllRows,
+                    )?;
+                    window.logits.clear();
+                    window.logits.extend_from_slice(logits);
+                    self.logits.clear();
+                    self.logits.extend_from_slice(&window.logits[..vocab]);
+                    self.next_rotary_pos += rows.len() as i64;
+                    timings.drafts_proposed += drafts.len();
+                    for &id in &rows {
+                        self.cached.push(RowKey { id, image: None });
+                    }
+                    window.start = slot;
+                    window.row = 0;
+                    window.drafts = drafts;
+                }
+                timings.decode_forwards += 1;
             }
         }
+        // The rows past the last one whose logits were used are a window's rejected drafts.
+        let kept = window.kept(self.forward.next_slot());
+        roll_back(
+            &mut self.forward,
+            &mut self.cached,
+            &mut self.next_rotary_pos,
+            self.draft_ablation,
+            kept,
+        );
         timings.decode = decode_start.elapsed();
         let (text, ids) = decoding.finish(&finish, tokenizer, &mut on_text)?;
         Ok(Generation {
@@ -511,6 +623,52 @@ pub(crate) fn prompt_fits(prompt: &Prompt, context: usize) -> Result<usize> {
         });
     }
     Ok(rows)
+}
+
+/// Forgets the cache rows from slot `kept` on (a draft window's rows past the last accepted one),
+/// with their keys (`cached`) and rotary positions (text rows: one position each).
+fn roll_back(
+    forward: &mut Decoder,
+    cached: &mut Vec<RowKey>,
+    next_rotary_pos: &mut i64,
+    ablation: DraftAblation,
+    kept: usize,
+) {
+    let slots = forward.next_slot();
+    let mut keep = kept;
+    if ablation.keep_one_row_too_many && kept < slots {
+        keep += 1;
+    }
+    if keep < slots {
+        forward.truncate(keep);
+        cached.truncate(keep);
+        *next_rotary_pos -= (slots - keep) as i64;
+    }
+}
+
+/// A draft window: the rows of the last forward that fed a sampled token and its drafts.
+#[derive(Default)]
+struct Window {
+    /// The cache slot of its first row (the sampled token).
+    start: usize,
+    /// The drafts fed after the first row.
+    drafts: Vec<u32>,
+    /// All its rows' logits (`(1 + drafts) x vocab`).
+    logits: Vec<f32>,
+    /// The row whose logits choose the next token.
+    row: usize,
+}
+
+impl Window {
+    /// The cache slots kept when the current row's logits are the last used: the window's rows up
+    /// to it (all `slots` when there is no window).
+    fn kept(&self, slots: usize) -> usize {
+        if self.drafts.is_empty() {
+            slots
+        } else {
+            self.start + self.row + 1
+        }
+    }
 }
 
 /// The tower's rows for `prompt`'s images at or after row `from` (None when there are none),

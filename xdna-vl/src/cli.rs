@@ -155,6 +155,28 @@ pub struct ModelArgs {
     /// when written). Example: --kv bf16
     #[arg(long, value_enum, default_value = "f32")]
     pub kv: KvArg,
+    /// Draft tokens per decode step, from prompt lookup (the tokens that followed the latest
+    /// earlier occurrence of the answer's last 3, 2 or 1 tokens in the prompt and answer): the
+    /// sampled token and N guesses go through one forward and the guesses the model confirms are
+    /// kept, so the answer is the same, in fewer forwards when the answer copies text. Greedy
+    /// answers only (sampling at temperature > 0 uses none for now); `serve` drafts with
+    /// --parallel 1 only. 0..=16 or off (the default). Example: --drafts 4
+    #[arg(long, value_name = "N|off", default_value = "off", value_parser = parse_drafts)]
+    pub drafts: usize,
+}
+
+/// `--drafts N|off`: 0..=16 draft tokens per step (off = 0).
+fn parse_drafts(s: &str) -> Result<usize, String> {
+    if s == "off" {
+        return Ok(0);
+    }
+    match s.parse::<usize>() {
+        Ok(n) if n <= engine::MAX_DRAFTS => Ok(n),
+        _ => Err(format!(
+            "--drafts {s}: must be a number of draft tokens in 0..={} or off",
+            engine::MAX_DRAFTS
+        )),
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

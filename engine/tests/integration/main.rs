@@ -5,6 +5,7 @@
 
 mod common;
 
+mod drafts;
 mod prompt_fixtures;
 mod scheduler;
 mod session_fixtures;

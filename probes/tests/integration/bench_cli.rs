@@ -290,3 +290,37 @@ fn gemm_labels_name_the_timed_shape() {
         "{out}"
     );
 }
+
+/// `bench drafts` decodes with oracle draft windows to the plain run's ids in fewer forwards;
+/// `--k 0` is refused by name (control: `--k 3` on the tiny shape runs).
+#[test]
+fn drafts_give_the_plain_ids_in_fewer_forwards_and_k_0_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack_dir = dir.path().to_str().unwrap();
+    let args = |k: &'static str| {
+        [
+            "drafts",
+            "--shape",
+            "tiny",
+            "--kinds",
+            "q4",
+            "--k",
+            k,
+            "--tokens",
+            "17",
+            "--json",
+            "--pack-dir",
+            pack_dir,
+        ]
+    };
+    let (code, out, err) = bench(&args("0"));
+    assert_eq!(code, 2, "{out}");
+    assert!(err.contains("--k 0"), "{err}");
+    let (code, out, err) = bench(&args("3"));
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["kinds"]["q4"]["ids_identical"], true);
+    // 16 decode tokens, 4 a forward (the sampled token and 3 confirmed drafts).
+    assert_eq!(number(&v, "kinds.q4.forwards"), 4.0);
+    assert!(number(&v, "kinds.q4.drafts_tok_s") > 0.0);
+}

@@ -63,6 +63,39 @@ fn ids(v: &Value) -> Vec<u64> {
         .collect()
 }
 
+/// `--drafts 4` (and `--drafts off`) give the same answer as no drafts; 16 is taken.
+#[test]
+fn run_with_drafts_gives_the_same_answer() {
+    let want = &cases()["runs"]["text"];
+    for drafts in ["4", "off", "16", "0"] {
+        let o = run(&[
+            "--prompt",
+            "What is a pack?",
+            "--max-tokens",
+            "12",
+            "--json",
+            "--drafts",
+            drafts,
+        ]);
+        assert_eq!(o.code, 0, "--drafts {drafts}: {}", o.stderr);
+        let v: Value = serde_json::from_str(&o.stdout).unwrap();
+        assert_eq!(
+            ids(&v["ids"]),
+            ids(&want["greedy_ids"]),
+            "--drafts {drafts}"
+        );
+        assert_eq!(v["text"], want["answer"]);
+        let t = &v["timings"];
+        assert!(
+            t["decode_forwards"].as_u64() <= t["decode_steps"].as_u64(),
+            "{t}"
+        );
+        if drafts == "off" || drafts == "0" {
+            assert_eq!(t["drafts_proposed"], 0, "{t}");
+        }
+    }
+}
+
 #[test]
 fn run_json_gives_transformers_greedy_answer() {
     let want = &cases()["runs"]["text"];
@@ -228,6 +261,19 @@ fn bad_input_is_refused_by_name_with_status_2() {
         "temperature -1",
     );
     refused(&run(&["--prompt", "hi", "--gemm", "device"]), "--designs");
+    refused(&run(&["--prompt", "hi", "--drafts", "17"]), "--drafts 17");
+    refused(
+        &run(&["--prompt", "hi", "--drafts", "many"]),
+        "--drafts many",
+    );
+    refused(
+        &xdna_vl(&["chat", "/no/such.pack", "--drafts=-1"], None, None),
+        "--drafts -1: must be a number of draft tokens in 0..=16 or off",
+    );
+    refused(
+        &xdna_vl(&["serve", "/no/such.pack", "--drafts", "99"], None, None),
+        "--drafts 99",
+    );
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("q.txt");
     std::fs::write(&bad, b"caf\xe9?").unwrap();

@@ -15,6 +15,7 @@
 
 mod attention;
 mod decode;
+mod drafts;
 mod gemm;
 mod kv_accuracy;
 mod measure;
@@ -96,6 +97,17 @@ enum Mode {
         /// Timed decode steps per stream count (the median counts).
         #[arg(long, default_value_t = 12)]
         steps: usize,
+    },
+    /// Greedy decoding with verified draft windows (oracle drafts: the plain run's own
+    /// continuation, k per forward) against plain decoding: tok/s of both, the ratio, and whether
+    /// the ids are identical (they must be).
+    Drafts {
+        /// Draft tokens per forward (1..=16).
+        #[arg(long, default_value_t = 4)]
+        k: usize,
+        /// Greedy tokens per run.
+        #[arg(long, default_value_t = 41)]
+        tokens: usize,
     },
     /// Each GEMM of the shape alone: GEMV (1 row) and GEMMs (`--rows`), GB/s and GMAC/s, per
     /// instruction set.
@@ -199,6 +211,7 @@ fn main() {
         Some(Mode::Decode { ctx, kv, steps }) => decode::run(c, &shape, &kinds, ctx, kv, *steps),
         Some(Mode::Gemm { rows, isa }) => gemm::run(c, &shape, &kinds, rows, isa),
         Some(Mode::Streams { streams, steps }) => streams::run(c, &shape, &kinds, streams, *steps),
+        Some(Mode::Drafts { k, tokens }) => drafts::run(c, &shape, &kinds, *k, *tokens),
     };
     if c.json {
         println!("{}", serde_json::to_string_pretty(&report).expect("json"));

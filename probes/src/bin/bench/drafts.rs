@@ -1,0 +1,145 @@
+//! `bench drafts`: greedy decoding with verified draft windows against plain decoding. The plain
+//! run's own continuation is fed as drafts (oracle drafts: every draft is accepted, the upper
+//! bound of what a draft source can give), k at a time: each forward feeds the sampled token and
+//! k drafts (k + 1 rows, every row's logits), the rows are walked with argmax and the cache is cut
+//! after the last confirmed row, as `Session::generate` does. The ids must equal the plain run's;
+//! tok/s of both and the ratio.
+
+use crate::measure::{load_avg, secs};
+use crate::random_pack::pack_for;
+use crate::report::{load, round2, round_ms};
+use crate::steps::{forward_with_room, tokens};
+use crate::{refuse, Common};
+use compute::ops::sampling::argmax;
+use decoder::{Decoder, KvDtype, Logits};
+use packs::random::RandomShape;
+use packs::QuantKind;
+use serde_json::{json, Map, Value};
+use std::time::Instant;
+
+/// Prompt rows prefilled before the timed decode.
+const PROMPT: usize = 32;
+
+/// The prompt prefilled; the first token from its last row.
+fn prefill(f: &mut Decoder, vocab: usize) -> u32 {
+    f.reset();
+    let prompt = tokens(PROMPT, vocab);
+    let logits = f
+        .step_batch(&prompt, 0, 0, Logits::LastRow)
+        .unwrap_or_else(|e| refuse(e));
+    argmax(logits)
+}
+
+/// `n` greedy tokens, one forward each after the first; (ids, seconds of the decode steps).
+fn plain(f: &mut Decoder, vocab: usize, n: usize) -> (Vec<u32>, f64) {
+    let mut ids = vec![prefill(f, vocab)];
+    let t = Instant::now();
+    while ids.len() < n {
+        let slot = f.next_slot();
+        let last = *ids.last().expect("one id");
+        let logits = f
+            .step(last, slot as i64, slot)
+            .unwrap_or_else(|e| refuse(e));
+        ids.push(argmax(logits));
+    }
+    (ids, secs(t.elapsed()))
+}
+
+/// `n` greedy tokens with `k` oracle drafts (from `truth`) per forward; (ids, seconds, forwards).
+fn drafted(f: &mut Decoder, vocab: usize, truth: &[u32], k: usize) -> (Vec<u32>, f64, usize) {
+    let n = truth.len();
+    let mut ids = vec![prefill(f, vocab)];
+    let mut forwards = 0;
+    let t = Instant::now();
+    while ids.len() < n {
+        let slot = f.next_slot();
+        let mut rows = vec![*ids.last().expect("one id")];
+        rows.extend(truth[ids.len()..].iter().take(k.min(n - ids.len() - 1)));
+        let logits = f
+            .step_batch(&rows, slot as i64, slot, Logits::AllRows)
+            .unwrap_or_else(|e| refuse(e));
+        forwards += 1;
+        for r in 0..rows.len() {
+            let token = argmax(&logits[r * vocab..][..vocab]);
+            ids.push(token);
+            if ids.len() == n || rows.get(r + 1) != Some(&token) {
+                // Keep the rows up to this one: the next forward feeds `token` after them.
+                f.truncate(slot + r + 1);
+                break;
+            }
+        }
+    }
+    (ids, secs(t.elapsed()), forwards)
+}
+
+pub fn run(
+    c: &Common,
+    shape: &RandomShape,
+    kinds: &[QuantKind],
+    k: usize,
+    tokens_n: usize,
+) -> Value {
+    if !(1..=engine::MAX_DRAFTS).contains(&k) {
+        refuse(format!(
+            "--k {k}: draft tokens per forward must be in 1..={}",
+            engine::MAX_DRAFTS
+        ));
+    }
+    if tokens_n < 2 {
+        refuse(format!(
+            "--tokens {tokens_n}: at least 2 tokens (one decode step) are needed"
+        ));
+    }
+    let mut kinds_json = Map::new();
+    if !c.json {
+        println!(
+            "shape {}  threads {}  {tokens_n} greedy tokens, oracle drafts k = {k}  load {}",
+            shape.name,
+            c.threads,
+            load(load_avg())
+        );
+    }
+    for &kind in kinds {
+        let pack = pack_for(c, shape, kind);
+        let mut f = forward_with_room(&pack, c.threads, KvDtype::Bf16, PROMPT, tokens_n + k + 2);
+        let vocab = f.semantics().vocab_size;
+        let (truth, plain_s) = plain(&mut f, vocab, tokens_n);
+        let (ids, drafted_s, forwards) = drafted(&mut f, vocab, &truth, k);
+        let same = ids == truth;
+        let steps = (tokens_n - 1) as f64;
+        let (plain_tok_s, drafted_tok_s) = (steps / plain_s, steps / drafted_s);
+        if !c.json {
+            println!(
+                "{kind}: plain {plain_tok_s:>7.2} tok/s ({:.1} ms/token)  drafts k={k} {drafted_tok_s:>7.2} tok/s in {forwards} forwards ({:.1} ms/forward)  x{:.2}  ids {}",
+                plain_s / steps * 1e3,
+                drafted_s / forwards as f64 * 1e3,
+                drafted_tok_s / plain_tok_s,
+                if same { "identical" } else { "DIFFER" }
+            );
+        }
+        kinds_json.insert(
+            kind.to_string(),
+            json!({
+                "plain_tok_s": round2(plain_tok_s),
+                "drafts_tok_s": round2(drafted_tok_s),
+                "x_plain": round2(drafted_tok_s / plain_tok_s),
+                "forwards": forwards,
+                "ms_per_forward": round_ms(drafted_s / forwards as f64 * 1e3),
+                "ids_identical": same,
+            }),
+        );
+        if !same {
+            refuse(format!(
+                "{kind}: the drafted ids differ from the plain run's"
+            ));
+        }
+    }
+    json!({
+        "shape": shape.name,
+        "threads": c.threads,
+        "k": k,
+        "tokens": tokens_n,
+        "prompt_rows": PROMPT,
+        "kinds": kinds_json,
+    })
+}

@@ -475,7 +475,7 @@ impl Session {
                     &mut self.next_rotary_pos,
                     self.draft_ablation,
                     kept,
-                );
+                )?;
                 // The sampled token and its drafts (as many as the cache has slots for).
                 let room = (self.context - self.forward.next_slot()).saturating_sub(1);
                 let drafts = if k == 0 {
@@ -532,7 +532,7 @@ impl Session {
             &mut self.next_rotary_pos,
             self.draft_ablation,
             kept,
-        );
+        )?;
         timings.decode = decode_start.elapsed();
         let (text, ids) = decoding.finish(&finish, tokenizer, &mut on_text)?;
         Ok(Generation {
@@ -568,7 +568,8 @@ impl Session {
                 reuse = first;
             }
         }
-        self.forward.truncate(reuse);
+        // A recurrent (Qwen3.5) cache cannot go back to any row: it keeps fewer, even none.
+        let reuse = self.forward.truncate(reuse);
         self.cached.truncate(reuse);
 
         let vision = match self.encoder.as_mut() {
@@ -633,17 +634,25 @@ fn roll_back(
     next_rotary_pos: &mut i64,
     ablation: DraftAblation,
     kept: usize,
-) {
+) -> Result<()> {
     let slots = forward.next_slot();
     let mut keep = kept;
     if ablation.keep_one_row_too_many && kept < slots {
         keep += 1;
     }
     if keep < slots {
-        forward.truncate(keep);
+        // A window is one step of at most 17 rows: a recurrent cache keeps each row's state.
+        let kept_slots = forward.truncate(keep);
+        if kept_slots != keep {
+            return Err(EngineError::Prompt(format!(
+                "a draft window could not roll back to slot {keep} (the cache kept {kept_slots}); \
+                 decode without drafts (--drafts off)"
+            )));
+        }
         cached.truncate(keep);
         *next_rotary_pos -= (slots - keep) as i64;
     }
+    Ok(())
 }
 
 /// A draft window: the rows of the last forward that fed a sampled token and its drafts.

@@ -18,10 +18,10 @@ use crate::attention::AttnShape;
 use crate::hybrid::HybridInputs;
 use crate::kv::{KvCache, KvDtype};
 use crate::options::{DecoderOptions, Logits};
-use crate::qwen3_vl::deepstack::{self, add_deepstack};
-use crate::qwen3_vl::moe::{MoeScratch, MoeStats, Routing};
 use crate::qwen3_5;
 use crate::qwen3_vl;
+use crate::qwen3_vl::deepstack::{self, add_deepstack};
+use crate::qwen3_vl::moe::{MoeScratch, MoeStats, Routing};
 use crate::recurrent::StateLayout;
 use crate::step::{Scratch, Segment, Step, StepState};
 use crate::DecoderError;
@@ -151,6 +151,10 @@ impl Decoder {
     /// the one-sequence steps then refuse every row by capacity.
     pub fn release_cache(&mut self) {
         self.kv = KvCache::empty();
+    }
+    /// Keeps a prompt state at the filled slots (see [`KvCache::checkpoint`]).
+    pub fn checkpoint(&mut self) {
+        self.kv.checkpoint();
     }
     /// Forget slots `len..` (decoding continues at the slot returned: `len`, or 0 where a
     /// recurrent state cannot go back there; see [`KvCache::truncate`]).

@@ -221,19 +221,32 @@ impl KvCache {
 
     /// Drop slots `len..` so decoding can continue from an earlier point; returns the slots kept.
     /// K/V rows can be cut anywhere; a recurrent state only back to a row of the last step (a
-    /// draft window, `recurrent::MAX_ROLLBACK_ROWS`), else the whole cache is forgotten and 0 is
-    /// returned: the caller prefills from the start instead of continuing on a wrong state.
+    /// draft window, `recurrent::MAX_ROLLBACK_ROWS`) or to a prompt state (`checkpoint`) at or
+    /// before `len`, else the whole cache is forgotten and 0 is returned: the caller prefills the
+    /// rows past what is kept instead of continuing on a wrong state.
     #[must_use = "a recurrent cache may keep fewer slots than asked"]
     pub fn truncate(&mut self, len: usize) -> usize {
-        let len = self.len.min(len);
+        let mut len = self.len.min(len);
         if let Some(r) = &mut self.recurrent {
-            if !r.restore(len, self.len) {
-                self.reset();
-                return 0;
+            match r.restore(len, self.len) {
+                Some(kept) => len = kept,
+                None => {
+                    self.reset();
+                    return 0;
+                }
             }
         }
         self.len = len;
         len
+    }
+
+    /// Keeps the recurrent state after the filled slots as a prompt state (Qwen3.5; nothing to
+    /// keep for K/V, which can be cut anywhere): a later `truncate` to at least this many slots
+    /// resumes from it instead of from nothing.
+    pub fn checkpoint(&mut self) {
+        if let Some(r) = &mut self.recurrent {
+            r.checkpoint(self.len);
+        }
     }
 
     pub fn dtype(&self) -> KvDtype {

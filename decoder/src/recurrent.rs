@@ -62,7 +62,13 @@ pub struct RecurrentState {
     next_keep_rows: usize,
     /// The running step's first slot.
     pending_start: usize,
+    /// Saved states (prompt states): `(rows, state)`, the last [`MAX_CHECKPOINTS`] saved.
+    checkpoints: Vec<(usize, Vec<f32>)>,
 }
+
+/// Prompt states a sequence keeps (the end of each of its last two prompts: a chat's next turn
+/// re-renders the previous answer, so its rows part from the cache after the previous prompt).
+pub const MAX_CHECKPOINTS: usize = 2;
 
 impl RecurrentState {
     /// The zero state (before any row).
@@ -76,6 +82,7 @@ impl RecurrentState {
             next_rows: Vec::new(),
             next_keep_rows: 0,
             pending_start: 0,
+            checkpoints: Vec::new(),
         }
     }
 
@@ -83,9 +90,9 @@ impl RecurrentState {
         self.layout
     }
 
-    /// Bytes held: the state, its next copy, and the kept row states.
+    /// Bytes held: the state, its next copy, the kept row states and the prompt states.
     pub fn bytes_allocated(&self) -> usize {
-        let states = 2 + self.row_states.len() + self.next_rows.len();
+        let states = 2 + self.row_states.len() + self.next_rows.len() + self.checkpoints.len();
         states * self.layout.values() * 4
     }
 
@@ -94,6 +101,21 @@ impl RecurrentState {
         self.now.fill(0.0);
         self.next_rows.append(&mut self.row_states);
         self.step_start = 0;
+        self.checkpoints.clear();
+    }
+
+    /// Saves the current state as the state after `rows` rows (a prompt state): a later cut
+    /// back to at least `rows` rows resumes from it.
+    pub(crate) fn checkpoint(&mut self, rows: usize) {
+        self.checkpoints.retain(|(r, _)| *r != rows);
+        let buf = if self.checkpoints.len() >= MAX_CHECKPOINTS {
+            let (_, mut b) = self.checkpoints.remove(0);
+            b.copy_from_slice(&self.now);
+            b
+        } else {
+            self.now.clone()
+        };
+        self.checkpoints.push((rows, buf));
     }
 
     /// A step of `rows` rows starting at slot `start` begins: `next` starts as the current state,
@@ -129,32 +151,110 @@ impl RecurrentState {
         self.step_start = self.pending_start;
         // Swap the kept rows in; the old ones become the next step's buffers.
         std::mem::swap(&mut self.row_states, &mut self.next_rows);
-        self.next_rows.extend(self.row_states.drain(self.next_keep_rows..));
+        self.next_rows
+            .extend(self.row_states.drain(self.next_keep_rows..));
     }
 
-    /// The state after `len` rows, if it can be had from `committed` rows: the current one, or a
-    /// row state of the last step. Returns whether it was restored.
-    pub(crate) fn restore(&mut self, len: usize, committed: usize) -> bool {
+    /// The state after at most `len` rows, from `committed` rows: the current one, a row state of
+    /// the last step, or the latest prompt state at or before `len`. Returns the rows it is the
+    /// state after, or `None` (nothing to go back to).
+    pub(crate) fn restore(&mut self, len: usize, committed: usize) -> Option<usize> {
         if len == committed {
-            return true;
+            return Some(len);
         }
         if len > self.step_start && len < committed {
             let r = len - self.step_start - 1;
             if r < self.row_states.len() {
                 self.now.copy_from_slice(&self.row_states[r]);
                 // Rows after it are gone; the states before it stay valid.
-                let kept = r;
-                let dropped: Vec<Vec<f32>> = self.row_states.drain(kept..).collect();
+                let dropped: Vec<Vec<f32>> = self.row_states.drain(r..).collect();
                 self.next_rows.extend(dropped);
-                return true;
+                self.checkpoints.retain(|(rows, _)| *rows <= len);
+                return Some(len);
             }
         }
-        false
+        let (rows, state) = self
+            .checkpoints
+            .iter()
+            .filter(|(rows, _)| *rows <= len && *rows > 0)
+            .max_by_key(|(rows, _)| *rows)?;
+        let rows = *rows;
+        self.now.copy_from_slice(state);
+        self.checkpoints.retain(|(r, _)| *r <= rows);
+        // The row states belong to a step past the prompt state.
+        self.next_rows.append(&mut self.row_states);
+        self.step_start = rows;
+        Some(rows)
     }
 
     /// Linear layer `i`'s current state (tests and probes).
     pub fn layer(&self, i: usize) -> &[f32] {
         let n = self.layout.per_layer();
         &self.now[i * n..(i + 1) * n]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> StateLayout {
+        StateLayout {
+            layers: 1,
+            conv_values: 1,
+            delta_values: 1,
+        }
+    }
+
+    /// A step of `rows` rows from `start`, each row adding 1 to both values.
+    fn step(s: &mut RecurrentState, start: usize, rows: usize) {
+        s.begin(start, rows);
+        for r in 0..rows {
+            let (layer, mut kept) = s.layer_views(0);
+            for v in layer.iter_mut() {
+                *v += 1.0;
+            }
+            if let Some(k) = kept.get_mut(r) {
+                k.copy_from_slice(layer);
+            }
+        }
+        s.commit();
+    }
+
+    #[test]
+    fn rows_of_the_last_step_and_prompt_states_restore_nothing_else() {
+        let mut s = RecurrentState::new(layout());
+        step(&mut s, 0, 10); // a prompt of 10 rows
+        s.checkpoint(10);
+        step(&mut s, 10, 5); // a window of 5
+        assert_eq!(s.restore(13, 15), Some(13));
+        assert_eq!(s.layer(0), &[13.0, 13.0]);
+        // Before every kept state (inside the prompt): nothing to go back to.
+        assert_eq!(s.restore(7, 13), None);
+        assert_eq!(s.restore(12, 13), Some(12));
+        assert_eq!(s.restore(11, 12), Some(11));
+        assert_eq!(s.restore(10, 11), Some(10));
+        assert_eq!(s.layer(0), &[10.0, 10.0]);
+        // Control: a step longer than the bound keeps no row states.
+        step(&mut s, 10, MAX_ROLLBACK_ROWS + 1);
+        let end = 10 + MAX_ROLLBACK_ROWS + 1;
+        assert_eq!(s.restore(end - 1, end), Some(10));
+        assert_eq!(s.layer(0), &[10.0, 10.0]);
+    }
+
+    #[test]
+    fn the_oldest_prompt_state_goes_first() {
+        let mut s = RecurrentState::new(layout());
+        for (start, rows) in [(0, 20), (20, 20), (40, 20)] {
+            step(&mut s, start, rows);
+            s.checkpoint(start + rows);
+        }
+        assert_eq!(
+            s.restore(30, 60),
+            None,
+            "the state after 20 rows was evicted"
+        );
+        assert_eq!(s.restore(45, 60), Some(40));
+        assert_eq!(s.layer(0), &[40.0, 40.0]);
     }
 }

@@ -561,15 +561,21 @@ impl Session {
             .count()
             // At least the last row is prefilled: its logits choose the first token.
             .min(rows - 1);
-        // A cut inside an image moves to the image's start: its rows are encoded whole.
-        for img in &prompt.images {
-            let (first, end) = (img.span.first_row, img.span.first_row + img.tokens);
-            if first < reuse && reuse < end {
-                reuse = first;
+        loop {
+            // A cut inside an image moves to the image's start: its rows are encoded whole.
+            for img in &prompt.images {
+                let (first, end) = (img.span.first_row, img.span.first_row + img.tokens);
+                if first < reuse && reuse < end {
+                    reuse = first;
+                }
             }
+            // A recurrent (Qwen3.5) cache goes back only to a kept state: it may keep fewer.
+            let kept = self.forward.truncate(reuse);
+            if kept == reuse {
+                break;
+            }
+            reuse = kept;
         }
-        // A recurrent (Qwen3.5) cache cannot go back to any row: it keeps fewer, even none.
-        let reuse = self.forward.truncate(reuse);
         self.cached.truncate(reuse);
 
         let vision = match self.encoder.as_mut() {
@@ -587,6 +593,8 @@ impl Session {
             .step_batch_embeds(&embeds, &hybrid, reuse, Logits::LastRow)?;
         self.logits.clear();
         self.logits.extend_from_slice(logits);
+        // A Qwen3.5 cache keeps its recurrent state here: the next turn resumes from it.
+        self.forward.checkpoint();
         self.cached.extend_from_slice(&keys[reuse..]);
         self.next_rotary_pos = prompt.next_rotary_pos();
         timings.prefill = prefill_start.elapsed();

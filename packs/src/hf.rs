@@ -20,8 +20,7 @@ use crate::names;
 use crate::quant::QuantKind;
 use crate::semantics::{
     self, DeltaNetSemantics, ImagePreprocess, Semantics, SemanticsError, VisionSemantics,
-    ARCH_QWEN3, ARCH_QWEN3_5, ARCH_QWEN3_VL,
-    ARCH_QWEN3_VL_MOE,
+    ARCH_QWEN3, ARCH_QWEN3_5, ARCH_QWEN3_VL, ARCH_QWEN3_VL_MOE,
 };
 
 pub const CONFIG: &str = "config.json";
@@ -459,7 +458,9 @@ fn parse_delta_net(
             if interval == 0 {
                 return Err(key_err("full_attention_interval", "must be > 0".into()));
             }
-            (0..num_layers).filter(|l| (l + 1) % interval != 0).collect()
+            (0..num_layers)
+                .filter(|l| (l + 1) % interval != 0)
+                .collect()
         }
         Some(Value::Array(kinds)) => {
             if kinds.len() != num_layers {

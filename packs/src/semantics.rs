@@ -103,7 +103,10 @@ impl DeltaNetSemantics {
             ("linear_key_head_dim", self.key_head_dim),
             ("linear_value_head_dim", self.value_head_dim),
             ("linear_conv_kernel_dim", self.conv_kernel),
-            ("rotary dims (head_dim x partial_rotary_factor)", self.rotary_dim),
+            (
+                "rotary dims (head_dim x partial_rotary_factor)",
+                self.rotary_dim,
+            ),
         ] {
             if value == 0 {
                 return err(format!("{field} must be > 0"));
@@ -635,7 +638,9 @@ impl Semantics {
 
     /// Values rotated at the front of each attention head: all of head_dim, or Qwen3.5's part.
     pub fn rotary_dim(&self) -> usize {
-        self.delta_net.as_ref().map_or(self.head_dim, |d| d.rotary_dim)
+        self.delta_net
+            .as_ref()
+            .map_or(self.head_dim, |d| d.rotary_dim)
     }
 
     /// Rows of `q_proj`: the queries, and in Qwen3.5 a sigmoid gate per query value beside them

@@ -190,7 +190,10 @@ fn a_window_rolled_back_to_its_kept_rows_decodes_as_without_drafts() {
         let (_dir, pack) = case.pack(QuantKind::F32);
         let mut f = forward(&pack, options());
         let worst = window_then_decode(&case, &mut f, 3);
-        println!("{}: window kept 3 of 5 rows: max |Δ| {worst:.3e}", case.name);
+        println!(
+            "{}: window kept 3 of 5 rows: max |Δ| {worst:.3e}",
+            case.name
+        );
         assert!(worst <= EXACT, "{}: {worst}", case.name);
         // Control: a window rolled back one row short (the state after 2 rows) is caught.
         let short = window_then_decode_short(&case, &mut f);
@@ -229,7 +232,8 @@ fn a_cut_the_recurrent_state_cannot_make_forgets_everything() {
     let mut f = forward(&pack, options());
     let pos = prefilled(case, &mut f);
     let slot = f.next_slot();
-    f.step_batch(&[1, 2, 3], pos, slot, Logits::LastRow).unwrap();
+    f.step_batch(&[1, 2, 3], pos, slot, Logits::LastRow)
+        .unwrap();
     // Inside the last step: kept.
     assert_eq!(f.truncate(slot + 2), slot + 2);
     // Before it (inside the prompt): the state is gone, and the cache says so.

@@ -67,7 +67,10 @@ impl DeltaNet {
         };
         let conv = param(DeltaNetPart::Conv)?;
         // transformers: `-self.A_log.float().exp()`.
-        let neg_a = param(DeltaNetPart::ALog)?.iter().map(|a| -a.exp()).collect();
+        let neg_a = param(DeltaNetPart::ALog)?
+            .iter()
+            .map(|a| -a.exp())
+            .collect();
         let dt_bias = param(DeltaNetPart::DtBias)?;
         let norm = param(DeltaNetPart::Norm)?;
         let h = runtime.register(pack, &linears)?;
@@ -96,7 +99,8 @@ impl DeltaNet {
         x: &mut [f32],
     ) -> Result<(), DecoderError> {
         let g = &self.geometry;
-        let (pack, pool, rows, hidden, eps) = (step.pack, step.pool, step.rows, step.hidden, step.eps);
+        let (pack, pool, rows, hidden, eps) =
+            (step.pack, step.pool, step.rows, step.hidden, step.eps);
         let (conv_dim, key_dim, value_dim, nv) =
             (g.conv_dim(), g.key_dim(), g.value_dim(), g.num_value_heads);
         let s = &mut st.scratch;
@@ -171,8 +175,10 @@ impl DeltaNet {
             // The delta rule per value head, rows in order.
             let hs = g.key_head_dim * g.value_head_dim;
             let conv_values = conv_state.len();
-            let mut heads: Vec<(&mut [f32], Vec<&mut [f32]>)> =
-                delta_state.chunks_exact_mut(hs).map(|c| (c, Vec::new())).collect();
+            let mut heads: Vec<(&mut [f32], Vec<&mut [f32]>)> = delta_state
+                .chunks_exact_mut(hs)
+                .map(|c| (c, Vec::new()))
+                .collect();
             for k in kept.iter_mut() {
                 for (h, c) in k[conv_values..].chunks_exact_mut(hs).enumerate() {
                     heads[h].1.push(c);
@@ -221,15 +227,20 @@ impl DeltaNet {
         }
         // RMSNormGated per value head: weight · norm(o) · silu(z).
         let dv = g.value_head_dim;
-        for_rows(pool, &mut s.attn[..rows * value_dim], value_dim, |r, row| {
-            let zr = &z[r * value_dim..(r + 1) * value_dim];
-            for (oh, zh) in row.chunks_exact_mut(dv).zip(zr.chunks_exact(dv)) {
-                rmsnorm_inplace(oh, &self.norm, eps);
-                for (o, &zv) in oh.iter_mut().zip(zh) {
-                    *o *= silu(zv);
+        for_rows(
+            pool,
+            &mut s.attn[..rows * value_dim],
+            value_dim,
+            |r, row| {
+                let zr = &z[r * value_dim..(r + 1) * value_dim];
+                for (oh, zh) in row.chunks_exact_mut(dv).zip(zr.chunks_exact(dv)) {
+                    rmsnorm_inplace(oh, &self.norm, eps);
+                    for (o, &zv) in oh.iter_mut().zip(zh) {
+                        *o *= silu(zv);
+                    }
                 }
-            }
-        });
+            },
+        );
         step.runtime.gemm(
             pack,
             self.out,

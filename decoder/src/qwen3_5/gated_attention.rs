@@ -11,8 +11,8 @@ use compute::{LinearHandle, PackLinear, Runtime};
 use packs::names::{self, Norm, Proj};
 use packs::{NormIndex, Pack};
 
-use crate::kv::KvCache;
 use super::layer::norm_weights;
+use crate::kv::KvCache;
 use crate::qwen3_vl::layer::write_and_attend;
 use crate::step::{Step, StepState};
 use crate::DecoderError;
@@ -28,11 +28,20 @@ pub struct GatedAttention {
 }
 
 impl GatedAttention {
-    pub fn resolve(pack: &Pack, runtime: &Runtime, l: usize) -> Result<GatedAttention, DecoderError> {
+    pub fn resolve(
+        pack: &Pack,
+        runtime: &Runtime,
+        l: usize,
+    ) -> Result<GatedAttention, DecoderError> {
         let proj = |p: Proj| -> Result<PackLinear, DecoderError> {
             Ok(PackLinear::Table(pack.linear_index(&names::proj(l, p))?))
         };
-        let linears = [proj(Proj::Q)?, proj(Proj::K)?, proj(Proj::V)?, proj(Proj::O)?];
+        let linears = [
+            proj(Proj::Q)?,
+            proj(Proj::K)?,
+            proj(Proj::V)?,
+            proj(Proj::O)?,
+        ];
         let norm = |n: Norm| pack.norm_index(&names::norm(l, n));
         let (q_norm, k_norm) = (norm(Norm::QNorm)?, norm(Norm::KNorm)?);
         let h = runtime.register(pack, &linears)?;
@@ -55,7 +64,8 @@ impl GatedAttention {
         st: &mut StepState,
         x: &mut [f32],
     ) -> Result<(), DecoderError> {
-        let (pack, pool, rows, eps, hidden) = (step.pack, step.pool, step.rows, step.eps, step.hidden);
+        let (pack, pool, rows, eps, hidden) =
+            (step.pack, step.pool, step.rows, step.eps, step.hidden);
         let shape = step.shape;
         let d = shape.head_dim;
         let (q_dim, kv_dim) = (shape.q_dim(), shape.kv_dim());
@@ -72,24 +82,37 @@ impl GatedAttention {
                 grow(&mut s.v, rows * kv_dim),
             ],
         )?;
-        let (w_q, w_k) = (norm_weights(step, self.q_norm), norm_weights(step, self.k_norm));
+        let (w_q, w_k) = (
+            norm_weights(step, self.q_norm),
+            norm_weights(step, self.k_norm),
+        );
         // Split each row's [query | gate] heads: queries to `q`, gates stay in `gate`.
         let q = grow(&mut s.q, rows * q_dim);
-        for (qr, gr) in q.chunks_exact_mut(q_dim).zip(s.gate.chunks_exact(2 * q_dim)) {
+        for (qr, gr) in q
+            .chunks_exact_mut(q_dim)
+            .zip(s.gate.chunks_exact(2 * q_dim))
+        {
             for (qh, gh) in qr.chunks_exact_mut(d).zip(gr.chunks_exact(2 * d)) {
                 qh.copy_from_slice(&gh[..d]);
             }
         }
         let (cos, sin) = (&s.cos, &s.sin);
         let norm_rotate = |w: &[f32], r: usize, row: &mut [f32]| {
-            let (cos, sin) = (&cos[r * half..(r + 1) * half], &sin[r * half..(r + 1) * half]);
+            let (cos, sin) = (
+                &cos[r * half..(r + 1) * half],
+                &sin[r * half..(r + 1) * half],
+            );
             for head in row.chunks_exact_mut(d) {
                 rmsnorm_inplace(head, w, eps);
                 rotate_half(&mut head[..rot], cos, sin);
             }
         };
-        for_rows(pool, &mut s.q[..rows * q_dim], q_dim, |r, row| norm_rotate(&w_q, r, row));
-        for_rows(pool, &mut s.k[..rows * kv_dim], kv_dim, |r, row| norm_rotate(&w_k, r, row));
+        for_rows(pool, &mut s.q[..rows * q_dim], q_dim, |r, row| {
+            norm_rotate(&w_q, r, row)
+        });
+        for_rows(pool, &mut s.k[..rows * kv_dim], kv_dim, |r, row| {
+            norm_rotate(&w_k, r, row)
+        });
         let attn = grow(&mut s.attn, rows * q_dim);
         st.attention_time.time(|| {
             write_and_attend(step, kv_layer, caches, &s.q, &s.k, &s.v, attn);

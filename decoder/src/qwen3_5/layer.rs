@@ -21,7 +21,10 @@ pub enum Mixer {
     /// `linear_attn`: its index among the linear layers (its part of a sequence's state).
     DeltaNet { net: DeltaNet, index: usize },
     /// `self_attn`: its index among the full layers (its part of a sequence's KV cache).
-    Attention { attn: GatedAttention, kv_layer: usize },
+    Attention {
+        attn: GatedAttention,
+        kv_layer: usize,
+    },
 }
 
 pub struct Layer {
@@ -57,7 +60,10 @@ impl Layer {
         let proj = |p: Proj| -> Result<PackLinear, DecoderError> {
             Ok(PackLinear::Table(pack.linear_index(&names::proj(l, p))?))
         };
-        let h = runtime.register(pack, &[proj(Proj::Gate)?, proj(Proj::Up)?, proj(Proj::Down)?])?;
+        let h = runtime.register(
+            pack,
+            &[proj(Proj::Gate)?, proj(Proj::Up)?, proj(Proj::Down)?],
+        )?;
         let norm = |n: Norm| pack.norm_index(&names::norm(l, n));
         Ok(Layer {
             input_norm: norm(Norm::Input)?,
@@ -91,9 +97,7 @@ impl Layer {
         });
         match &self.mixer {
             Mixer::DeltaNet { net, index } => net.forward(*index, step, caches, st, x)?,
-            Mixer::Attention { attn, kv_layer } => {
-                attn.forward(*kv_layer, step, caches, st, x)?
-            }
+            Mixer::Attention { attn, kv_layer } => attn.forward(*kv_layer, step, caches, st, x)?,
         }
         let w_post = norm_weights(step, self.post_attention_norm);
         dense_mlp_block(step, st, &w_post, self.mlp, x)

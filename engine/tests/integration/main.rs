@@ -7,6 +7,7 @@ mod common;
 
 mod drafts;
 mod prompt_fixtures;
+mod qwen3_5_session;
 mod scheduler;
 mod session_fixtures;
 mod stream_utf8;

@@ -65,7 +65,11 @@ fn drafted(f: &mut Decoder, vocab: usize, truth: &[u32], k: usize) -> (Vec<u32>,
             if ids.len() == n || rows.get(r + 1) != Some(&token) {
                 // Keep the rows up to this one: the next forward feeds `token` after them.
                 let kept = f.truncate(slot + r + 1);
-                assert_eq!(kept, slot + r + 1, "a draft window rolled back to a row it kept");
+                assert_eq!(
+                    kept,
+                    slot + r + 1,
+                    "a draft window rolled back to a row it kept"
+                );
                 break;
             }
         }

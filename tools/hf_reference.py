@@ -436,11 +436,65 @@ PRESETS.update({
         max_attempts=200,
     ),
 })
-Q35_COMMITTED = ["q35-odd", "q35-hd256"]
+PRESETS.update({
+    "q35-moe": dict(
+        description="Qwen3.5 MoE (qwen3_5_moe, Qwen3.6's architecture): layers linear/full/linear, every layer "
+        "routed (6 experts, top-2, expert intermediate 32) plus a shared expert (intermediate 64) behind its "
+        "sigmoid gate; full heads 3 / kv 1, head_dim 64 (rotary 16, mrope [3,3,2]), linear key heads 2 x 32, "
+        "value heads 4 x 32; untied head, one image; bf16 in shards, the per-expert tensors save_pretrained writes",
+        model="qwen3_5_moe",
+        seed=9109,
+        dtype="bfloat16",
+        config_spelling="5.x",
+        max_shard_size="400KB",
+        tie_word_embeddings=False,
+        text=dict(
+            vocab_size=320,
+            hidden_size=96,
+            num_hidden_layers=3,
+            layer_types=["linear_attention", "full_attention", "linear_attention"],
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=64,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
+            linear_conv_kernel_dim=4,
+            num_experts=6,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            partial_rotary_factor=0.25,
+            rope_theta=10_000_000.0,
+            mrope_section=[3, 3, 2],
+            rms_norm_eps=1e-6,
+            initializer_range=0.1,
+        ),
+        vision=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            num_position_embeddings=64,
+            initializer_range=0.1,
+        ),
+        images=[[64, 96]],
+        image_kinds=["checker"],
+        prompt=[12, "image", 15],
+        text_rows=13,
+        greedy=8,
+        min_margin=0.01,
+        min_margin_quant=0.02,
+        max_repeat=2,
+        max_attempts=200,
+    ),
+})
+Q35_COMMITTED = ["q35-odd", "q35-hd256", "q35-moe"]
 
 
 def is_qwen3_5(spec: dict) -> bool:
-    return spec.get("model") == "qwen3_5"
+    return spec.get("model") in ("qwen3_5", "qwen3_5_moe")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -594,6 +648,8 @@ def quantized_layers(model, kind: str):
                 swapped.append((layer.mlp, "experts", layer.mlp.experts))
                 layer.mlp.experts = QuantExperts(layer.mlp.experts, kind)
             mlp = () if sparse else ((layer.mlp, ("gate_proj", "up_proj", "down_proj")),)
+            if sparse and hasattr(layer.mlp, "shared_expert"):  # its sigmoid gate stays f32
+                mlp = ((layer.mlp.shared_expert, ("gate_proj", "up_proj", "down_proj")),)
             if hasattr(layer, "self_attn"):
                 mixer = ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),)
             else:  # Gated DeltaNet: its five linears; conv, A_log, dt_bias and the norm stay f32
@@ -631,7 +687,9 @@ def special_ids(spec: dict) -> dict:
 
 
 def build_config(spec: dict):
-    if is_qwen3_5(spec):
+    if spec.get("model") == "qwen3_5_moe":
+        from transformers import Qwen3_5MoeConfig as Qwen3VLConfig
+    elif is_qwen3_5(spec):
         from transformers import Qwen3_5Config as Qwen3VLConfig
     elif spec.get("model") == "moe":
         from transformers import Qwen3VLMoeConfig as Qwen3VLConfig
@@ -685,7 +743,7 @@ def randomize_norms(model, gen: torch.Generator) -> None:
 
 
 def is_qwen3_5_model(model) -> bool:
-    return model.config.model_type == "qwen3_5"
+    return model.config.model_type in ("qwen3_5", "qwen3_5_moe")
 
 
 def rewrite_config_457(path: str) -> None:
@@ -1222,7 +1280,9 @@ def compute_references(model, spec: dict, name: str, attempt: int, quant: bool):
 
 
 def generate_case(name: str, spec: dict, out_root: str, quant: bool = True) -> dict:
-    if is_qwen3_5(spec):
+    if spec.get("model") == "qwen3_5_moe":
+        from transformers import Qwen3_5MoeForConditionalGeneration as Qwen3VLForConditionalGeneration
+    elif is_qwen3_5(spec):
         from transformers import Qwen3_5ForConditionalGeneration as Qwen3VLForConditionalGeneration
     elif spec.get("model") == "moe":
         from transformers import Qwen3VLMoeForConditionalGeneration as Qwen3VLForConditionalGeneration
@@ -1308,7 +1368,7 @@ def generate_case(name: str, spec: dict, out_root: str, quant: bool = True) -> d
         sets=int(inputs.deepstack.shape[0]), hidden=int(tc.hidden_size), vocab=int(tc.vocab_size),
         layers=int(tc.num_hidden_layers), heads=int(tc.num_attention_heads),
         kv_heads=int(tc.num_key_value_heads), head_dim=int(tc.head_dim),
-        intermediate=int(tc.intermediate_size), mrope_section=list(spec["text"]["mrope_section"]),
+        intermediate=int(getattr(tc, "intermediate_size", 0) or 0), mrope_section=list(spec["text"]["mrope_section"]),
         rope_theta=float(spec["text"]["rope_theta"]), tied=bool(spec["tie_word_embeddings"]),
         dtype=spec["dtype"], config_spelling=spec["config_spelling"],
         shards=sorted(f for f in os.listdir(ck_dir) if f.endswith(".safetensors")),
@@ -1322,6 +1382,10 @@ def generate_case(name: str, spec: dict, out_root: str, quant: bool = True) -> d
                        linear_key_head_dim=int(tc.linear_key_head_dim),
                        linear_value_head_dim=int(tc.linear_value_head_dim),
                        partial_rotary_factor=float(tc.rope_parameters["partial_rotary_factor"]))
+    if spec.get("model") == "qwen3_5_moe":
+        summary.update(num_experts=int(tc.num_experts), top_k=int(tc.num_experts_per_tok),
+                       moe_intermediate=int(tc.moe_intermediate_size),
+                       shared_expert_intermediate=int(tc.shared_expert_intermediate_size))
     if spec.get("model") == "moe":
         summary.update(num_experts=int(tc.num_experts), top_k=int(tc.num_experts_per_tok),
                        moe_intermediate=int(tc.moe_intermediate_size),

@@ -24,6 +24,9 @@ pub struct Scratch {
     pub up: Vec<f32>,
     /// Router logits of a sparse layer (rows x experts).
     pub router: Vec<f32>,
+    /// Qwen3.5-MoE's shared expert output (rows x hidden) and its gate logits (rows).
+    pub shared: Vec<f32>,
+    pub shared_gate: Vec<f32>,
     pub cos: Vec<f32>,
     pub sin: Vec<f32>,
     pub logits: Vec<f32>,

@@ -20,7 +20,7 @@ use crate::names;
 use crate::quant::QuantKind;
 use crate::semantics::{
     self, DeltaNetSemantics, ImagePreprocess, Semantics, SemanticsError, VisionSemantics,
-    ARCH_QWEN3, ARCH_QWEN3_5, ARCH_QWEN3_VL, ARCH_QWEN3_VL_MOE,
+    ARCH_QWEN3, ARCH_QWEN3_5, ARCH_QWEN3_5_MOE, ARCH_QWEN3_VL, ARCH_QWEN3_VL_MOE,
 };
 
 pub const CONFIG: &str = "config.json";
@@ -45,7 +45,7 @@ pub enum HfError {
     },
     #[error("{path}: {len} bytes, more than the {max} a JSON file of a checkpoint may hold")]
     TooLarge { path: PathBuf, len: u64, max: u64 },
-    #[error("{path}: model_type {found:?} is not supported (expected \"qwen3_vl\", \"qwen3_vl_moe\", \"qwen3_5\" or text-only \"qwen3\"; Qwen3.5/3.6 MoE, \"qwen3_5_moe\", is not supported yet)")]
+    #[error("{path}: model_type {found:?} is not supported (expected \"qwen3_vl\", \"qwen3_vl_moe\", \"qwen3_5\", \"qwen3_5_moe\" or text-only \"qwen3\")")]
     ModelType { path: PathBuf, found: String },
     #[error(
         "{path}: the config declares MRoPE (qwen3_vl) but {key}.mrope_section is missing; \
@@ -173,12 +173,13 @@ pub fn parse_config(
         .and_then(Value::as_str)
         .unwrap_or("");
     let (architecture, text, text_prefix) = match model_type {
-        ARCH_QWEN3_VL | ARCH_QWEN3_VL_MOE | ARCH_QWEN3_5 => {
+        ARCH_QWEN3_VL | ARCH_QWEN3_VL_MOE | ARCH_QWEN3_5 | ARCH_QWEN3_5_MOE => {
             let text = config.get("text_config").filter(|t| t.is_object());
             (
                 match model_type {
                     ARCH_QWEN3_VL => ARCH_QWEN3_VL,
                     ARCH_QWEN3_5 => ARCH_QWEN3_5,
+                    ARCH_QWEN3_5_MOE => ARCH_QWEN3_5_MOE,
                     _ => ARCH_QWEN3_VL_MOE,
                 },
                 text.ok_or_else(|| key_err("text_config", "missing object"))?,
@@ -193,6 +194,7 @@ pub fn parse_config(
             })
         }
     };
+    let hybrid = architecture == ARCH_QWEN3_5 || architecture == ARCH_QWEN3_5_MOE;
     let full = |key: &str| format!("{text_prefix}{key}");
     let size = |key: &str| -> Result<Option<usize>, HfError> {
         match text.get(key) {
@@ -282,7 +284,7 @@ pub fn parse_config(
             })?),
         };
         // transformers' Qwen3.5 rotary falls back to [11, 11, 10] when the config has none.
-        let from_config = from_config.or((architecture == ARCH_QWEN3_5).then_some([11, 11, 10]));
+        let from_config = from_config.or((hybrid).then_some([11, 11, 10]));
         let section = match (from_config, mrope_override) {
             (Some(c), Some(g)) if c != g => {
                 return Err(HfError::MropeConflict {
@@ -321,7 +323,7 @@ pub fn parse_config(
         (None, false)
     };
 
-    let deepstack_sets = if architecture == ARCH_QWEN3_5 {
+    let deepstack_sets = if hybrid {
         0 // Qwen3.5's tower has no DeepStack mergers
     } else if mrope {
         config
@@ -349,11 +351,11 @@ pub fn parse_config(
 
     // Qwen3_5TextConfig defaults head_dim to 256 (not hidden / heads).
     let head_dim = match size("head_dim")? {
-        None if architecture == ARCH_QWEN3_5 => Some(256),
+        None if hybrid => Some(256),
         d => d,
     };
     let num_layers = required("num_hidden_layers")?;
-    let delta_net = if architecture == ARCH_QWEN3_5 {
+    let delta_net = if hybrid {
         Some(parse_delta_net(path, text, num_layers)?)
     } else {
         None
@@ -368,7 +370,7 @@ pub fn parse_config(
         Some(f) => Some(f),
         None => float(text, text_prefix, "partial_rotary_factor")?,
     };
-    let partial_rotary_factor = match (partial_rotary_factor, architecture == ARCH_QWEN3_5) {
+    let partial_rotary_factor = match (partial_rotary_factor, hybrid) {
         (f, true) => Some(f.unwrap_or(0.25)),
         (Some(f), false) if f != 1.0 => {
             return Err(key_err(
@@ -384,10 +386,18 @@ pub fn parse_config(
             &format!("{f} must be in (0, 1]"),
         ));
     }
-    let moe = if architecture == ARCH_QWEN3_VL_MOE {
-        Some(parse_moe(path, text, num_layers)?)
-    } else {
-        None
+    let moe = match architecture {
+        ARCH_QWEN3_VL_MOE => Some(parse_moe(path, text, num_layers)?),
+        ARCH_QWEN3_5_MOE => {
+            let mut m = parse_moe(path, text, num_layers)?;
+            // Qwen3_5MoeDecoderLayer routes every layer (it has no decoder_sparse_step or
+            // mlp_only_layers), and runs a shared expert beside the routed ones.
+            m.sparse_layers = (0..num_layers).collect();
+            m.shared_expert_intermediate_size =
+                Some(size("shared_expert_intermediate_size")?.unwrap_or(512));
+            Some(m)
+        }
+        _ => None,
     };
     // Only dense layers use it; transformers' Qwen3VLMoeTextConfig defaults it to 5632.
     let intermediate_size = match (size("intermediate_size")?, &moe) {
@@ -589,6 +599,7 @@ fn parse_moe(path: &Path, text: &Value, num_layers: usize) -> Result<MoeSemantic
         decoder_sparse_step,
         mlp_only_layers,
         sparse_layers,
+        shared_expert_intermediate_size: None,
     })
 }
 
@@ -674,7 +685,8 @@ pub fn parse_vision_config(path: &Path, config: &Value) -> Result<VisionSemantic
             ));
         }
     }
-    let qwen3_5 = config.get("model_type").and_then(Value::as_str) == Some(ARCH_QWEN3_5);
+    let model_type = config.get("model_type").and_then(Value::as_str);
+    let qwen3_5 = model_type == Some(ARCH_QWEN3_5) || model_type == Some(ARCH_QWEN3_5_MOE);
     let deepstack_visual_indexes = match vision.get("deepstack_visual_indexes") {
         // Qwen3.5's tower is Qwen3-VL's without the DeepStack mergers.
         None | Some(Value::Null) if qwen3_5 => Vec::new(),
@@ -1006,6 +1018,49 @@ impl Checkpoint {
                 m.moe_intermediate_size,
             );
             for &layer in &m.sparse_layers {
+                // transformers 5's save_pretrained writes Qwen3.5-MoE's experts one tensor each
+                // (`mlp.experts.{e}.gate_proj.weight`, the pack's own names), as the hub does.
+                let fused_name = source_name(&moe::fused_gate_up(layer));
+                let per_expert = source_name(&moe::expert(layer, 0, ExpertProj::Gate));
+                if find(&fused_name).is_err() && find(&per_expert).is_ok() {
+                    for ex in 0..e {
+                        for (p, rows, cols) in [
+                            (ExpertProj::Gate, inter, h),
+                            (ExpertProj::Up, inter, h),
+                            (ExpertProj::Down, h, inter),
+                        ] {
+                            let pack_name = moe::expert(layer, ex, p);
+                            let name = source_name(&pack_name);
+                            let (shard, entry) = find(&name)?;
+                            let path = &shards[shard].path;
+                            if entry.shape != [rows, cols] {
+                                return Err(HfError::TensorShape {
+                                    path: path.clone(),
+                                    name,
+                                    found: entry.shape,
+                                    expected: vec![rows, cols],
+                                });
+                            }
+                            if !matches!(entry.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
+                                return Err(HfError::TensorDtype {
+                                    path: path.clone(),
+                                    name,
+                                    dtype: entry.dtype,
+                                });
+                            }
+                            let fused = None;
+                            tensors.insert(
+                                pack_name,
+                                SourceTensor {
+                                    shard,
+                                    entry,
+                                    fused,
+                                },
+                            );
+                        }
+                    }
+                    continue;
+                }
                 for (pack_name, n, k) in [
                     (moe::fused_gate_up(layer), 2 * inter, h),
                     (moe::fused_down(layer), h, inter),
@@ -1088,6 +1143,15 @@ impl Checkpoint {
     ) -> Result<(), HfError> {
         match weight.slice {
             None => self.read_rows(&weight.source, first_row, values),
+            // The checkpoint holds this expert's linear as a tensor of its own.
+            Some(_)
+                if self
+                    .tensors
+                    .get(&weight.name)
+                    .is_some_and(|t| t.fused.is_none()) =>
+            {
+                self.read_rows(&weight.name, first_row, values)
+            }
             Some(slice) => {
                 let t = self.tensor(&weight.source)?;
                 let (Some(orientation), [_, a, b]) = (t.fused, t.entry.shape.as_slice()) else {

@@ -204,6 +204,23 @@ fn decoder_weights(sem: &Semantics) -> Vec<WeightPlan> {
                 h,
                 QuantKind::F32,
             ));
+            if let Some(shared) = m.shared_expert_intermediate_size {
+                // Qwen3.5-MoE's shared expert (the pack's kind) and its gate (f32, as the router).
+                for (p, rows, cols) in [
+                    (ExpertProj::Gate, shared, h),
+                    (ExpertProj::Up, shared, h),
+                    (ExpertProj::Down, h, shared),
+                ] {
+                    plan.push(linear(moe::shared_expert(layer, p), rows, cols));
+                }
+                plan.push(plan_weight(
+                    moe::shared_expert_gate(layer),
+                    WeightRole::Linear,
+                    1,
+                    h,
+                    QuantKind::F32,
+                ));
+            }
             let inter = m.moe_intermediate_size;
             for e in 0..m.num_experts {
                 for proj in ExpertProj::ALL {

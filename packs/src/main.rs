@@ -278,6 +278,11 @@ fn inspect(path: &Path, as_json: bool) -> CliResult {
             },
             m.moe_intermediate_size
         );
+        if let Some(shared) = m.shared_expert_intermediate_size {
+            println!(
+                "shared      expert intermediate {shared} in every sparse layer, sigmoid gate f32"
+            );
+        }
         let dense: Vec<usize> = (0..sem.num_layers).filter(|l| !m.is_sparse(*l)).collect();
         println!(
             "            sparse layers {:?} (decoder_sparse_step {}, mlp_only_layers {:?}); dense layers {:?}",

@@ -85,6 +85,25 @@ pub fn fused_down(layer: usize) -> String {
     format!("{}.mlp.experts.down_proj", names::layer_prefix(layer))
 }
 
+/// `...layers.{layer}.mlp.shared_expert.gate_proj.weight` (up_proj, down_proj): Qwen3.5-MoE's
+/// shared expert, which every row runs beside its routed ones.
+pub fn shared_expert(layer: usize, p: ExpertProj) -> String {
+    format!(
+        "{}.mlp.shared_expert.{}.weight",
+        names::layer_prefix(layer),
+        p.file_name()
+    )
+}
+
+/// `...layers.{layer}.mlp.shared_expert_gate.weight`: `[1, hidden]`, the shared expert's output
+/// is scaled by sigmoid of this row's dot product.
+pub fn shared_expert_gate(layer: usize) -> String {
+    format!(
+        "{}.mlp.shared_expert_gate.weight",
+        names::layer_prefix(layer)
+    )
+}
+
 /// `...layers.{layer}.mlp.experts.{expert}.gate_proj.weight` (up_proj, down_proj): one expert's
 /// linear in a pack (the per-expert name the original Qwen MoE checkpoints used).
 pub fn expert(layer: usize, expert: usize, p: ExpertProj) -> String {

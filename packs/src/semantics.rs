@@ -403,6 +403,10 @@ pub struct MoeSemantics {
     pub mlp_only_layers: Vec<usize>,
     /// The layers with a router and experts, ascending (derived from the two fields above).
     pub sparse_layers: Vec<usize>,
+    /// Qwen3.5-MoE: the intermediate size of the shared expert every sparse layer runs beside
+    /// the routed ones (behind a sigmoid gate); absent in Qwen3-VL-MoE packs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_expert_intermediate_size: Option<usize>,
 }
 
 impl MoeSemantics {
@@ -466,6 +470,19 @@ impl MoeSemantics {
                 self.sparse_layers, self.decoder_sparse_step, self.mlp_only_layers
             ));
         }
+        if let Some(shared) = self.shared_expert_intermediate_size {
+            if shared == 0 || shared > 1 << 24 {
+                return err(format!(
+                    "shared_expert_intermediate_size = {shared} must be in 1..=2^24"
+                ));
+            }
+            if quant == QuantKind::Q4 && shared % Q4_GROUP != 0 {
+                return err(format!(
+                    "q4 needs shared_expert_intermediate_size = {shared} to be a multiple of \
+                     {Q4_GROUP} (the K of the shared expert's down projection)"
+                ));
+            }
+        }
         if quant == QuantKind::Q4 && self.moe_intermediate_size % Q4_GROUP != 0 {
             return err(format!(
                 "q4 needs moe_intermediate_size = {} to be a multiple of {Q4_GROUP} (the K of each expert's down projection)",
@@ -483,11 +500,14 @@ pub const ARCH_QWEN3_VL_MOE: &str = "qwen3_vl_moe";
 /// Qwen3.5 (dense): Gated DeltaNet layers between gated full-attention layers; `Semantics::
 /// delta_net` says which.
 pub const ARCH_QWEN3_5: &str = "qwen3_5";
+/// Qwen3.5-MoE (and Qwen3.6): Qwen3.5's layers with routed experts and a shared expert in every
+/// layer.
+pub const ARCH_QWEN3_5_MOE: &str = "qwen3_5_moe";
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SemanticsError {
     #[error(
-        "unsupported architecture {0:?} (expected \"qwen3_vl\", \"qwen3_vl_moe\", \"qwen3_5\" or \"qwen3\")"
+        "unsupported architecture {0:?} (expected \"qwen3_vl\", \"qwen3_vl_moe\", \"qwen3_5\", \"qwen3_5_moe\" or \"qwen3\")"
     )]
     Architecture(String),
     #[error("Gated DeltaNet (qwen3_5): {0}")]
@@ -526,12 +546,20 @@ impl Semantics {
     /// Refuses by name anything a forward could not run or would run wrongly.
     pub fn validate(&self) -> Result<(), SemanticsError> {
         use SemanticsError as E;
-        if ![ARCH_QWEN3_VL, ARCH_QWEN3_VL_MOE, ARCH_QWEN3_5, ARCH_QWEN3]
-            .contains(&self.architecture.as_str())
+        if ![
+            ARCH_QWEN3_VL,
+            ARCH_QWEN3_VL_MOE,
+            ARCH_QWEN3_5,
+            ARCH_QWEN3_5_MOE,
+            ARCH_QWEN3,
+        ]
+        .contains(&self.architecture.as_str())
         {
             return Err(E::Architecture(self.architecture.clone()));
         }
-        match (&self.delta_net, self.architecture == ARCH_QWEN3_5) {
+        let arch = self.architecture.as_str();
+        let hybrid = arch == ARCH_QWEN3_5 || arch == ARCH_QWEN3_5_MOE;
+        match (&self.delta_net, hybrid) {
             (Some(d), true) => d.validate(self)?,
             (None, false) => {}
             (None, true) => {
@@ -546,12 +574,20 @@ impl Semantics {
                 )))
             }
         }
-        match (&self.moe, self.architecture == ARCH_QWEN3_VL_MOE) {
-            (Some(moe), true) => moe.validate(self.num_layers, self.quant)?,
+        let sparse = arch == ARCH_QWEN3_VL_MOE || arch == ARCH_QWEN3_5_MOE;
+        match (&self.moe, sparse) {
+            (Some(moe), true) => {
+                moe.validate(self.num_layers, self.quant)?;
+                if moe.shared_expert_intermediate_size.is_some() != (arch == ARCH_QWEN3_5_MOE) {
+                    return Err(E::Moe(format!(
+                        "a shared expert belongs to {ARCH_QWEN3_5_MOE} packs only ({arch})"
+                    )));
+                }
+            }
             (None, false) => {}
             (None, true) => {
                 return Err(E::Moe(format!(
-                    "architecture {ARCH_QWEN3_VL_MOE} without its experts (moe)"
+                    "architecture {arch} without its experts (moe)"
                 )))
             }
             (Some(_), false) => {

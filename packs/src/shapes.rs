@@ -51,6 +51,7 @@ impl RandomShape {
             decoder_sparse_step: 1,
             mlp_only_layers: Vec::new(),
             sparse_layers: (0..LAYERS).collect(),
+            shared_expert_intermediate_size: None,
         });
         RandomShape {
             name: "qwen3-vl-30b-a3b-reduced",

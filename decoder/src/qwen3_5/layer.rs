@@ -4,15 +4,16 @@
 use std::borrow::Cow;
 
 use compute::ops::norm::rmsnorm;
-use compute::ops::rows::{for_rows, grow};
-use compute::{PackLinear, Runtime};
+use compute::ops::rows::{add_rows, for_rows, grow};
+use compute::{GemmBackend, LinearHandle, PackLinear, Runtime, WeightRef};
+use packs::moe::ExpertProj;
 use packs::names::{self, Norm, Proj};
-use packs::{NormIndex, Pack};
+use packs::{LinearIndex, NormIndex, Pack};
 
-use super::delta_net::DeltaNet;
+use super::delta_net::{sigmoid, DeltaNet};
 use super::gated_attention::GatedAttention;
 use crate::kv::KvCache;
-use crate::qwen3_vl::layer::{dense_mlp_block, GatedMlp};
+use crate::qwen3_vl::layer::{dense_mlp_block, gated_mlp, sparse_mlp, GatedMlp};
 use crate::step::{Step, StepState};
 use crate::DecoderError;
 
@@ -27,11 +28,25 @@ pub enum Mixer {
     },
 }
 
+/// The MLP of a layer: dense (Qwen3.5), or routed experts with a shared expert (Qwen3.5-MoE).
+pub enum Mlp {
+    Dense(GatedMlp),
+    Sparse {
+        /// The router runs on the host in f32 whatever the backend (its logits pick experts).
+        router: LinearIndex,
+        experts: Vec<GatedMlp>,
+        shared: GatedMlp,
+        /// `[1, hidden]`, f32 on the host like the router: sigmoid of it scales `shared`.
+        shared_gate: LinearIndex,
+        shared_intermediate: usize,
+    },
+}
+
 pub struct Layer {
     pub input_norm: NormIndex,
     pub post_attention_norm: NormIndex,
     pub mixer: Mixer,
-    pub mlp: GatedMlp,
+    pub mlp: Mlp,
 }
 
 impl Layer {
@@ -57,23 +72,56 @@ impl Layer {
                 kv_layer,
             }
         };
-        let proj = |p: Proj| -> Result<PackLinear, DecoderError> {
-            Ok(PackLinear::Table(pack.linear_index(&names::proj(l, p))?))
+        let table = |name: &str| -> Result<PackLinear, DecoderError> {
+            Ok(PackLinear::Table(pack.linear_index(name)?))
         };
-        let h = runtime.register(
-            pack,
-            &[proj(Proj::Gate)?, proj(Proj::Up)?, proj(Proj::Down)?],
-        )?;
+        let gated = |h: &[LinearHandle]| GatedMlp {
+            gate: h[0],
+            up: h[1],
+            down: h[2],
+        };
+        let mlp = match sem.moe.as_ref().filter(|_| sem.is_sparse(l)) {
+            None => {
+                let linears = [Proj::Gate, Proj::Up, Proj::Down]
+                    .map(|p| table(&names::proj(l, p)))
+                    .into_iter()
+                    .collect::<Result<Vec<_>, _>>()?;
+                Mlp::Dense(gated(&runtime.register(pack, &linears)?))
+            }
+            Some(m) => {
+                let Some(shared_intermediate) = m.shared_expert_intermediate_size else {
+                    return Err(DecoderError::Options(format!(
+                        "{}: a qwen3_5_moe layer without its shared expert",
+                        pack.path().display()
+                    )));
+                };
+                let mut linears = Vec::with_capacity(3 * (m.num_experts + 1));
+                for p in ExpertProj::ALL {
+                    linears.push(table(&packs::moe::shared_expert(l, p))?);
+                }
+                for e in 0..m.num_experts {
+                    for p in ExpertProj::ALL {
+                        linears.push(table(&packs::moe::expert(l, e, p))?);
+                    }
+                }
+                let router = pack.linear_index(&packs::moe::router(l))?;
+                let shared_gate = pack.linear_index(&packs::moe::shared_expert_gate(l))?;
+                let h = runtime.register(pack, &linears)?;
+                Mlp::Sparse {
+                    router,
+                    shared: gated(&h[..3]),
+                    experts: h[3..].chunks_exact(3).map(gated).collect(),
+                    shared_gate,
+                    shared_intermediate,
+                }
+            }
+        };
         let norm = |n: Norm| pack.norm_index(&names::norm(l, n));
         Ok(Layer {
             input_norm: norm(Norm::Input)?,
             post_attention_norm: norm(Norm::PostAttention)?,
             mixer,
-            mlp: GatedMlp {
-                gate: h[0],
-                up: h[1],
-                down: h[2],
-            },
+            mlp,
         })
     }
 
@@ -100,7 +148,57 @@ impl Layer {
             Mixer::Attention { attn, kv_layer } => attn.forward(*kv_layer, step, caches, st, x)?,
         }
         let w_post = norm_weights(step, self.post_attention_norm);
-        dense_mlp_block(step, st, &w_post, self.mlp, x)
+        match &self.mlp {
+            Mlp::Dense(mlp) => dense_mlp_block(step, st, &w_post, *mlp, x),
+            Mlp::Sparse {
+                router,
+                experts,
+                shared,
+                shared_gate,
+                shared_intermediate,
+            } => {
+                let xn = grow(&mut st.scratch.xn, rows * hidden);
+                for_rows(pool, xn, hidden, |r, nr| {
+                    rmsnorm(&x[r * hidden..(r + 1) * hidden], &w_post, eps, nr)
+                });
+                sparse_mlp(step, st, *router, experts)?;
+                // Qwen3NextSparseMoeBlock: routed + sigmoid(shared_gate · x) · shared(x).
+                let s = &mut st.scratch;
+                gated_mlp(
+                    step,
+                    *shared,
+                    *shared_intermediate,
+                    &s.xn[..rows * hidden],
+                    rows,
+                    &mut s.gate,
+                    &mut s.up,
+                    grow(&mut s.shared, rows * hidden),
+                    false,
+                )?;
+                let Some(gemm) = st.router_gemm.as_mut() else {
+                    unreachable!("a sparse layer has the router's host GEMM (Decoder::new)")
+                };
+                let gate = WeightRef {
+                    id: 0,
+                    linear: step.pack.linear_at(*shared_gate),
+                };
+                gemm.gemm(
+                    &gate,
+                    &s.xn[..rows * hidden],
+                    rows,
+                    grow(&mut s.shared_gate, rows),
+                )?;
+                let (shared, g) = (&s.shared, &s.shared_gate);
+                for_rows(pool, &mut s.proj[..rows * hidden], hidden, |r, row| {
+                    let w = sigmoid(g[r]);
+                    for (p, &v) in row.iter_mut().zip(&shared[r * hidden..(r + 1) * hidden]) {
+                        *p += w * v;
+                    }
+                });
+                add_rows(pool, x, &s.proj, hidden);
+                Ok(())
+            }
+        }
     }
 }
 

@@ -296,7 +296,7 @@ fn gated(h: &[LinearHandle]) -> GatedMlp {
 
 /// `down(silu(gate(x)) * up(x))` of `rows` rows `x` into `y`; `swap` (a control) runs gate as up.
 #[allow(clippy::too_many_arguments)]
-fn gated_mlp(
+pub(crate) fn gated_mlp(
     step: &Step<'_>,
     mlp: GatedMlp,
     inter: usize,
@@ -331,7 +331,7 @@ fn gated_mlp(
 /// The MoE MLP of sparse layer `l` on the normalized rows `scratch.xn`, into `scratch.proj`: the
 /// router on the host in f32, then each chosen expert's gate/up/down on the backend, once per
 /// batch ([`moe`]).
-fn sparse_mlp(
+pub(crate) fn sparse_mlp(
     step: &Step<'_>,
     st: &mut StepState,
     router: LinearIndex,

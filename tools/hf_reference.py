@@ -344,6 +344,7 @@ PRESETS.update({
         "(rotary 8, mrope [2,1,1]), linear key heads 3 x 16, value heads 6 x 32, conv 4, untied head, "
         "two images, 84-row prompt (crosses transformers' 64-row chunk); f32, 5.x config",
         model="qwen3_5",
+        mtp=True,
         seed=8008,
         dtype="float32",
         config_spelling="5.x",
@@ -393,6 +394,7 @@ PRESETS.update({
         "heads 2 / kv 1, 4 layers by full_attention_interval 4 (linear x3, full), linear key heads 2 x 32, "
         "value heads 4 x 32, tied head, one image; bf16 in shards",
         model="qwen3_5",
+        mtp=True,
         seed=9009,
         dtype="bfloat16",
         config_spelling="interval",
@@ -1123,6 +1125,102 @@ def save_checkpoint(model, spec: dict, ck_dir: str) -> None:
         rewrite_experts_hub(ck_dir)
 
 
+class Mtp(torch.nn.Module):
+    """Qwen3.5's multi-token-prediction head as hub checkpoints carry it (`mtp.*`; transformers
+    ignores it, vLLM's `Qwen3_5MultiTokenPredictor` runs it): for row j, the embedding of the next
+    token and the model's final (normed) hidden state of row j, each RMS-normed (zero-centred),
+    concatenated [embedding | hidden], `fc` to hidden, one full-attention decoder layer at row j's
+    positions, `norm`; the head gives the logits of the token after the next."""
+
+    def __init__(self, text_config):
+        super().__init__()
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm
+
+        h, eps = text_config.hidden_size, text_config.rms_norm_eps
+        full = text_config.layer_types.index("full_attention")
+        self.fc = torch.nn.Linear(2 * h, h, bias=False)
+        self.pre_fc_norm_embedding = Qwen3_5RMSNorm(h, eps=eps)
+        self.pre_fc_norm_hidden = Qwen3_5RMSNorm(h, eps=eps)
+        self.layers = torch.nn.ModuleList([Qwen3_5DecoderLayer(text_config, full)])
+        self.norm = Qwen3_5RMSNorm(h, eps=eps)
+
+    def randomize(self, gen: torch.Generator, std: float) -> None:
+        with torch.no_grad():
+            for name, t in self.named_parameters():
+                if name.endswith("norm.weight") or "layernorm" in name or "_norm." in name:
+                    t.copy_(0.1 * torch.randn(t.shape, generator=gen))  # zero-centred norms
+                else:
+                    t.copy_(std * torch.randn(t.shape, generator=gen))
+
+    def forward(self, embeds, hidden, position_embeddings):
+        x = torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], -1)
+        x = self.fc(x)
+        n = x.shape[0]
+        causal = torch.full((n, n), float("-inf")).triu(1)[None, None]  # eager attention adds it
+        x = self.layers[0](x[None], position_embeddings=position_embeddings, attention_mask=causal,
+                           cache=None)[0]
+        return self.norm(x)
+
+
+def add_mtp(spec: dict, model, ck_dir: str) -> Mtp:
+    """Random `mtp.*` weights written beside the checkpoint's shards (an extra file in the index)."""
+    from safetensors.torch import save_file
+
+    mtp = Mtp(model.config.text_config).eval()
+    mtp.randomize(torch.Generator().manual_seed(int(spec["seed"]) + 5), spec["text"]["initializer_range"])
+    dtype = torch.bfloat16 if spec["dtype"] == "bfloat16" else torch.float32
+    tensors = {f"mtp.{k}": v.detach().to(dtype).contiguous() for k, v in mtp.state_dict().items()}
+    save_file(tensors, os.path.join(ck_dir, "model-mtp.safetensors"), metadata={"format": "pt"})
+    index = os.path.join(ck_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            doc = json.load(f)
+    else:  # one file: an index over it and the MTP file
+        from safetensors import safe_open
+
+        with safe_open(os.path.join(ck_dir, "model.safetensors"), "pt") as st:
+            doc = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in st.keys()}}
+    doc["weight_map"].update({k: "model-mtp.safetensors" for k in tensors})
+    with open(index, "w") as f:
+        json.dump(doc, f, indent=2, sort_keys=True)
+        f.write("\n")
+    cfg_path = os.path.join(ck_dir, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["text_config"]["mtp_num_hidden_layers"] = 1
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+    # The reference runs the head as saved (bf16 values in f32).
+    mtp.load_state_dict({k: v.to(torch.float32) for k, v in
+                         ((k[4:], t) for k, t in tensors.items())})
+    return mtp
+
+
+def mtp_reference(model, mtp: Mtp, inputs: "HybridInputs", ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
+    """The MTP head's logits, teacher-forced, for every prompt row and greedy decode row but the
+    last: row j sees the model's final hidden state of row j and the embedding row j + 1 was fed
+    with (image rows: their image embedding), at row j's positions (vLLM's convention)."""
+    lm = model.model.language_model
+    rows = inputs.input_ids.shape[0]
+    mask = inputs.input_ids == image_token_id
+    emb = lm.embed_tokens(inputs.input_ids).detach().clone()
+    emb[mask] = inputs.image_embeds
+    fed = torch.cat([emb, lm.embed_tokens(ids[:-1])])  # prompt rows, then the fed greedy ids
+    extra = torch.arange(len(ids) - 1) + rows + inputs.rope_delta
+    planes = torch.cat([inputs.position_ids, extra.view(1, -1).expand(3, -1)], 1)
+    out = lm(inputs_embeds=fed[None], position_ids=planes[:, None, :])
+    hidden = out.last_hidden_state[0]  # final-normed
+    n = fed.shape[0]
+    nxt = torch.cat([fed[1:], lm.embed_tokens(ids[-1:])])  # the embedding fed after each row
+    pos = planes[:, None, :]
+    cos, sin = lm.rotary_emb(hidden[None], pos)
+    x = mtp(nxt, hidden, (cos, sin))
+    logits = model.lm_head(x)
+    assert logits.shape[0] == n, logits.shape
+    return logits
+
+
 def rewrite_config_interval(path: str) -> None:
     """Qwen3.5 with the layer kinds given by full_attention_interval instead of layer_types (the
     config's default rule: every interval-th layer full)."""
@@ -1302,6 +1400,7 @@ def generate_case(name: str, spec: dict, out_root: str, quant: bool = True) -> d
     randomize_norms(fresh, torch.Generator().manual_seed(seed + 1))
     tie_router_rows(fresh, spec)
     save_checkpoint(fresh, spec, ck_dir)
+    mtp = add_mtp(spec, fresh, ck_dir) if spec.get("mtp") else None
 
     model = Qwen3VLForConditionalGeneration.from_pretrained(
         ck_dir, dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
@@ -1361,6 +1460,16 @@ def generate_case(name: str, spec: dict, out_root: str, quant: bool = True) -> d
         greedy_rows = torch.cat([ref["prefill_logits"][-1:], ref["decode_logits"]])
         summary[f"{kind}_greedy_min_margin"] = round(greedy_margin(greedy_rows), 5)
         summary[f"{kind}_greedy_ids"] = ref["greedy_ids"].tolist()
+
+    if mtp is not None:
+        with torch.no_grad():
+            mtp_logits = mtp_reference(model, mtp, inputs, refs["f32"]["greedy_ids"], image_token_id)
+        save_safetensors(os.path.join(case_dir, "reference-mtp.safetensors"),
+                         dict(mtp_logits=mtp_logits.contiguous().to(torch.float32)),
+                         {"case": name, "kind": "mtp", "transformers_version": transformers.__version__,
+                          "torch_version": torch.__version__,
+                          "rule": "row j: hidden j (final-normed) + embedding fed at row j+1, positions of row j"})
+        summary["mtp_rows"] = int(mtp_logits.shape[0])
 
     tc = model.config.text_config
     summary.update(

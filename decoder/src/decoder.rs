@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use compute::ops::norm::rmsnorm;
 use compute::ops::rope::{RopeLayout, Rotary};
-use compute::ops::rows::grow;
+use compute::ops::rows::{for_rows, grow};
 use compute::timing::TimeSpent;
 use compute::{HostGemm, LinearHandle, PackLinear, Runtime};
 use packs::{Embedding, NormIndex, Pack, Semantics};
@@ -41,6 +41,12 @@ pub struct Decoder {
     options: DecoderOptions,
     /// Hidden states after each layer of the last step, when tracing.
     trace: Vec<Vec<f32>>,
+    /// Qwen3.5's MTP head, when the pack carries it.
+    mtp: Option<qwen3_5::mtp::Mtp>,
+    /// With an MTP head: every row's final (normed) hidden state of the last step.
+    hidden: Vec<f32>,
+    /// The MTP head's output rows of its last step.
+    mtp_out: Vec<f32>,
 }
 
 impl Decoder {
@@ -85,6 +91,7 @@ impl Decoder {
             )
         };
         let final_norm = pack.norm_index(packs::names::FINAL_NORM)?;
+        let mtp = qwen3_5::mtp::Mtp::resolve(pack, runtime)?;
         let head = runtime.register(pack, &[PackLinear::Head])?[0];
         let routing = sem.moe.as_ref().map(|m| Routing {
             num_experts: m.num_experts,
@@ -116,6 +123,9 @@ impl Decoder {
             state,
             options,
             trace: Vec::new(),
+            mtp,
+            hidden: Vec::new(),
+            mtp_out: Vec::new(),
         })
     }
 
@@ -223,6 +233,113 @@ impl Decoder {
     /// A KV cache for one sequence of this decoder: `capacity` slots, allocated now.
     pub fn new_cache(&self, capacity: usize, dtype: KvDtype) -> KvCache {
         cache_for(&self.sem, self.shape, capacity, dtype)
+    }
+
+    /// Whether the pack carries Qwen3.5's MTP head (a draft source: [`Decoder::mtp_step`]).
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// With an MTP head: the final (normed) hidden state of every row of the last step
+    /// (`rows x hidden`, the rows of all its sequences one after another).
+    pub fn last_hidden(&self) -> &[f32] {
+        &self.hidden
+    }
+
+    /// The MTP head's cache for one sequence: one attention layer, `capacity` slots.
+    pub fn new_mtp_cache(&self, capacity: usize, dtype: KvDtype) -> KvCache {
+        KvCache::new(dtype, 1, capacity, self.shape.kv_heads, self.shape.head_dim)
+    }
+
+    /// The MTP head's output rows of its last step (`rows x hidden`): a chained draft reads the
+    /// last one as its hidden state.
+    pub fn mtp_hidden(&self) -> &[f32] {
+        &self.mtp_out
+    }
+
+    /// The MTP head over rows of one sequence: row r reads `hidden` row r (the model's final
+    /// hidden state of a row, or the head's own output row when chaining) and `embeds` row r (the
+    /// embedding fed after that row), at `hybrid`'s positions; its K/V go to `cache` (from
+    /// [`Decoder::new_mtp_cache`]) from its next slot. Returns the head's logits of the rows
+    /// `logits` asks for: the token two after each row's.
+    pub fn mtp_step(
+        &mut self,
+        cache: &mut KvCache,
+        hidden: &[f32],
+        embeds: &[f32],
+        hybrid: &HybridInputs,
+        logits: Logits,
+    ) -> Result<&[f32], DecoderError> {
+        let h = self.sem.hidden_size;
+        let Some(mtp) = self.mtp.take() else {
+            return Err(DecoderError::Options(format!(
+                "{}: the pack has no MTP head (mtp.*): use prompt-lookup drafts instead",
+                self.pack.path().display()
+            )));
+        };
+        let rows = embeds.len() / h.max(1);
+        let result = (|| {
+            if rows == 0 || embeds.len() != rows * h || hidden.len() != rows * h {
+                return Err(DecoderError::Options(format!(
+                    "mtp_step: {} hidden and {} embedding values, expected the same positive \
+                     number of rows of {h}",
+                    hidden.len(),
+                    embeds.len()
+                )));
+            }
+            if cache.layers() != 1 || cache.kv_dim() != self.shape.kv_dim() {
+                return Err(DecoderError::Options(
+                    "the MTP head's cache must come from Decoder::new_mtp_cache".into(),
+                ));
+            }
+            self.check_hybrid(hybrid, rows)?;
+            self.check_room(cache, cache.len(), rows)?;
+            let segments = [Segment {
+                row0: 0,
+                rows,
+                start_slot: cache.len(),
+                hybrid,
+            }];
+            let runtime = self.runtime.clone();
+            let n = match logits {
+                Logits::LastRow => 1,
+                Logits::AllRows => rows,
+            };
+            runtime.pass(|| {
+                let step = Step {
+                    pack: &self.pack,
+                    runtime: &self.runtime,
+                    pool: self.runtime.pool(),
+                    rows,
+                    segments: &segments,
+                    hidden: h,
+                    intermediate: self.sem.intermediate_size,
+                    eps: self.eps,
+                    shape: self.shape,
+                    rotary_dim: self.rotary.head_dim,
+                    ablation: self.options.ablation,
+                };
+                rotary_tables(&self.rotary, &segments, &mut self.state.scratch);
+                let mut out = std::mem::take(&mut self.mtp_out);
+                let r = mtp.forward(&step, cache, &mut self.state, hidden, embeds, &mut out);
+                self.mtp_out = out;
+                r?;
+                let vocab = self.sem.vocab_size;
+                let s = &mut self.state.scratch;
+                self.runtime.gemm(
+                    &self.pack,
+                    self.head,
+                    &self.mtp_out[(rows - n) * h..rows * h],
+                    n,
+                    grow(&mut s.logits, n * vocab),
+                )?;
+                cache.commit(cache.len() + rows);
+                Ok(n * vocab)
+            })
+        })();
+        self.mtp = Some(mtp);
+        let len = result?;
+        Ok(&self.state.scratch.logits[..len])
     }
 
     /// One forward over the rows of several sequences: every GEMM runs once over all rows (one
@@ -495,7 +612,6 @@ impl Decoder {
     ) -> Result<Vec<(usize, usize)>, DecoderError> {
         let rows: usize = segments.iter().map(|s| s.rows).sum();
         let hidden = self.sem.hidden_size;
-        let half = self.rotary.head_dim / 2;
         let ablation = self.options.ablation;
         let x = &mut x[..rows * hidden];
         self.trace.clear();
@@ -514,20 +630,7 @@ impl Decoder {
             ablation,
         };
         let st = &mut self.state;
-        // cos/sin of every row, shared by all layers.
-        let s = &mut st.scratch;
-        grow(&mut s.cos, rows * half);
-        grow(&mut s.sin, rows * half);
-        for seg in segments {
-            for r in 0..seg.rows {
-                let at = (seg.row0 + r) * half;
-                self.rotary.cos_sin(
-                    seg.hybrid.position(r, seg.rows),
-                    &mut s.cos[at..at + half],
-                    &mut s.sin[at..at + half],
-                );
-            }
-        }
+        rotary_tables(&self.rotary, segments, &mut st.scratch);
         let deepstack = |x: &mut [f32], l: usize| {
             for seg in segments {
                 let xs = &mut x[seg.row0 * hidden..(seg.row0 + seg.rows) * hidden];
@@ -564,6 +667,15 @@ impl Decoder {
                     }
                 }
             }
+        }
+        if self.mtp.is_some() {
+            // The MTP head reads every row's final hidden state.
+            let w = self.pack.norm_at(self.final_norm);
+            self.hidden.resize(rows * hidden, 0.0);
+            let out = &mut self.hidden[..];
+            for_rows(self.runtime.pool(), out, hidden, |r, o| {
+                rmsnorm(&x[r * hidden..(r + 1) * hidden], w, self.eps, o)
+            });
         }
         // Final norm and head, on the rows whose logits are wanted, segment after segment.
         let mut spans = Vec::with_capacity(segments.len());
@@ -603,6 +715,24 @@ impl Decoder {
             }
         }
         Ok(spans)
+    }
+}
+
+/// cos/sin of every row of the step (`rotary_dim / 2` each), shared by all layers.
+fn rotary_tables(rotary: &Rotary, segments: &[Segment<'_>], s: &mut Scratch) {
+    let half = rotary.head_dim / 2;
+    let rows: usize = segments.iter().map(|g| g.rows).sum();
+    grow(&mut s.cos, rows * half);
+    grow(&mut s.sin, rows * half);
+    for seg in segments {
+        for r in 0..seg.rows {
+            let at = (seg.row0 + r) * half;
+            rotary.cos_sin(
+                seg.hybrid.position(r, seg.rows),
+                &mut s.cos[at..at + half],
+                &mut s.sin[at..at + half],
+            );
+        }
     }
 }
 

@@ -512,6 +512,8 @@ fn parse_delta_net(
         value_head_dim: size("linear_value_head_dim", 128)?,
         conv_kernel: size("linear_conv_kernel_dim", 4)?,
         rotary_dim: 0,
+        // Set by `Checkpoint::open` when the shards hold the head.
+        mtp: false,
     })
 }
 
@@ -900,6 +902,32 @@ impl Checkpoint {
         };
         let mut semantics = finish_config(&config_path, &facts, inferred_head_dim, mrope_override)?;
         let mut warnings = Vec::new();
+        // Qwen3.5's MTP head: carried when the shards hold it (transformers itself ignores it).
+        let mtp_layers = config
+            .get("text_config")
+            .and_then(|t| t.get("mtp_num_hidden_layers"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        if let Some(d) = semantics.delta_net.as_mut() {
+            if find(names::mtp::FC).is_ok() {
+                if semantics.moe.is_some() {
+                    warnings.push(format!(
+                        "{}: the mtp.* head of a MoE checkpoint is left out (MTP drafts run on \
+                         dense Qwen3.5 packs only); decoding is unchanged",
+                        dir.display()
+                    ));
+                } else {
+                    if mtp_layers > 1 {
+                        warnings.push(format!(
+                            "{}: mtp_num_hidden_layers {mtp_layers}: only the first MTP layer is \
+                             carried (drafts chain it)",
+                            dir.display()
+                        ));
+                    }
+                    d.mtp = true;
+                }
+            }
+        }
         let has_tower = !text_only && find(names::visual::PATCH_EMBED).is_ok();
         let processor_settings = if with_vision && has_tower {
             image_processor::find(dir)?

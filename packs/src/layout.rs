@@ -237,6 +237,32 @@ fn decoder_weights(sem: &Semantics) -> Vec<WeightPlan> {
         }
     }
     plan.push(norm(FINAL_NORM.to_string(), h));
+    if sem.delta_net.as_ref().is_some_and(|d| d.mtp) {
+        // Qwen3.5's MTP head: its norms zero-centred like the model's, one full-attention layer.
+        use names::mtp;
+        plan.push(norm(mtp::NORM_EMBEDDING.to_string(), h));
+        plan.push(norm(mtp::NORM_HIDDEN.to_string(), h));
+        plan.push(linear(mtp::FC.to_string(), h, 2 * h));
+        plan.push(norm(names::norm_in(mtp::LAYER, Norm::Input), h));
+        for p in Proj::ALL {
+            let (rows, cols) = match p {
+                Proj::Q => (sem.q_proj_rows(), h),
+                Proj::K | Proj::V => (sem.kv_dim(), h),
+                Proj::O => (h, sem.q_dim()),
+                Proj::Gate | Proj::Up => (sem.intermediate_size, h),
+                Proj::Down => (h, sem.intermediate_size),
+            };
+            plan.push(linear(names::proj_in(mtp::LAYER, p), rows, cols));
+            if p == Proj::K {
+                plan.push(norm(names::norm_in(mtp::LAYER, Norm::QNorm), sem.head_dim));
+                plan.push(norm(names::norm_in(mtp::LAYER, Norm::KNorm), sem.head_dim));
+            }
+            if p == Proj::O {
+                plan.push(norm(names::norm_in(mtp::LAYER, Norm::PostAttention), h));
+            }
+        }
+        plan.push(norm(mtp::NORM.to_string(), h));
+    }
     if head_is_stored(sem) {
         let mut head = linear(LM_HEAD.to_string(), sem.vocab_size, h);
         if sem.tie_word_embeddings {

@@ -118,12 +118,35 @@ pub fn layer_prefix(layer: usize) -> String {
 
 /// "model.language_model.layers.{layer}.self_attn.q_proj.weight", ".mlp.gate_proj.weight", ...
 pub fn proj(layer: usize, p: Proj) -> String {
-    format!("{LAYERS}.{layer}.{}", p.suffix())
+    proj_in(&layer_prefix(layer), p)
 }
 
 /// "model.language_model.layers.{layer}.input_layernorm.weight", ...
 pub fn norm(layer: usize, n: Norm) -> String {
-    format!("{LAYERS}.{layer}.{}", n.suffix())
+    norm_in(&layer_prefix(layer), n)
+}
+
+/// A projection of the decoder layer whose tensors start with `prefix` (a decoder layer's, or the
+/// MTP head's layer, `mtp::LAYER`).
+pub fn proj_in(prefix: &str, p: Proj) -> String {
+    format!("{prefix}.{}", p.suffix())
+}
+
+/// A norm of the decoder layer whose tensors start with `prefix`.
+pub fn norm_in(prefix: &str, n: Norm) -> String {
+    format!("{prefix}.{}", n.suffix())
+}
+
+/// Qwen3.5's multi-token-prediction head (`mtp.*` in hub checkpoints, one layer): the hub names.
+pub mod mtp {
+    /// `[hidden, 2 x hidden]`: [normed embedding | normed hidden state] to hidden.
+    pub const FC: &str = "mtp.fc.weight";
+    pub const NORM_EMBEDDING: &str = "mtp.pre_fc_norm_embedding.weight";
+    pub const NORM_HIDDEN: &str = "mtp.pre_fc_norm_hidden.weight";
+    /// The head's final norm (before the model's head).
+    pub const NORM: &str = "mtp.norm.weight";
+    /// Its one decoder layer (full attention and a dense MLP).
+    pub const LAYER: &str = "mtp.layers.0";
 }
 
 /// The scales tensor of quantized weight `name`: `name` + ".scales".

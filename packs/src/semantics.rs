@@ -69,6 +69,9 @@ pub struct DeltaNetSemantics {
     pub conv_kernel: usize,
     /// Rotated values at the front of each full-attention head: head_dim x partial_rotary_factor.
     pub rotary_dim: usize,
+    /// The pack carries the multi-token-prediction head (`mtp.*`): a draft source.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mtp: bool,
 }
 
 impl DeltaNetSemantics {

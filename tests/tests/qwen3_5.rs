@@ -246,3 +246,101 @@ fn a_cut_the_recurrent_state_cannot_make_forgets_everything() {
     prefilled(&vl, &mut g);
     assert_eq!(g.truncate(5), 5);
 }
+
+/// The MTP head's teacher-forced inputs for the prompt and the fed greedy ids: every row's final
+/// hidden state (prefilled whole, then the greedy ids as one step), the embedding fed after each
+/// row, and the rows' planes.
+fn mtp_inputs(case: &Case, f: &mut Decoder) -> (Vec<f32>, Vec<f32>, decoder::HybridInputs) {
+    let inputs = case.inputs();
+    let reference = case.reference(QuantKind::F32);
+    let ids: Vec<u32> = reference.greedy_ids.iter().map(|&t| t as u32).collect();
+    let h = f.semantics().hidden_size;
+    let rows = inputs.rows();
+    let prompt = inputs.embeds(f);
+    f.reset();
+    f.step_batch_embeds(&prompt, &inputs.hybrid(), 0, Logits::LastRow)
+        .unwrap();
+    let mut hidden = f.last_hidden().to_vec();
+    let pos = inputs.next_rotary_pos();
+    f.step_batch(&ids[..ids.len() - 1], pos, rows, Logits::LastRow)
+        .unwrap();
+    hidden.extend_from_slice(f.last_hidden());
+    // Row j reads the embedding fed at row j + 1 (image rows: their image embedding).
+    let mut embeds = prompt[h..].to_vec();
+    let mut row = vec![0.0; h];
+    for &id in &ids {
+        f.embed_row(id, &mut row);
+        embeds.extend_from_slice(&row);
+    }
+    let n = rows + ids.len() - 1;
+    let planes_in = inputs.hybrid();
+    let mut planes = vec![0i64; 3 * n];
+    for r in 0..n {
+        let p = if r < rows {
+            planes_in.position(r, rows)
+        } else {
+            [pos + (r - rows) as i64; 3]
+        };
+        for (k, v) in p.iter().enumerate() {
+            planes[k * n + r] = *v;
+        }
+    }
+    let mut hybrid = decoder::HybridInputs::text(0);
+    hybrid.planes = Some(planes);
+    (hidden, embeds, hybrid)
+}
+
+#[test]
+fn the_mtp_head_matches_its_reference_whole_and_row_by_row() {
+    let mut checked = 0;
+    for case in qwen3_5_cases() {
+        let path = case.dir.join("reference-mtp.safetensors");
+        if !path.exists() {
+            continue;
+        }
+        let st = packs::stfile::StFile::open(&path).unwrap();
+        let (expected, shape) = st.f32("mtp_logits", 2).unwrap();
+        let (_dir, pack) = case.pack(QuantKind::F32);
+        let mut f = forward(&pack, options());
+        assert!(f.has_mtp(), "{}: the pack left the MTP head out", case.name);
+        let (hidden, embeds, hybrid) = mtp_inputs(&case, &mut f);
+        let h = f.semantics().hidden_size;
+        let n = embeds.len() / h;
+        assert_eq!(shape, [n, f.semantics().vocab_size]);
+        let mut cache = f.new_mtp_cache(256, decoder::KvDtype::F32);
+        let whole = f
+            .mtp_step(&mut cache, &hidden, &embeds, &hybrid, Logits::AllRows)
+            .unwrap()
+            .to_vec();
+        let d = max_abs_diff(&whole, &expected);
+        println!("{}: MTP logits of {n} rows max |Δ| {d:.3e}", case.name);
+        assert!(d <= EXACT, "{}: {d}", case.name);
+        // Row by row (as drafting feeds it) gives the same rows.
+        let mut cache = f.new_mtp_cache(256, decoder::KvDtype::F32);
+        let vocab = f.semantics().vocab_size;
+        for r in 0..n {
+            let one = hybrid.slice_rows(r, 1, n, h);
+            let got = f
+                .mtp_step(
+                    &mut cache,
+                    &hidden[r * h..(r + 1) * h],
+                    &embeds[r * h..(r + 1) * h],
+                    &one,
+                    Logits::LastRow,
+                )
+                .unwrap();
+            let d = max_abs_diff(got, &expected[r * vocab..(r + 1) * vocab]);
+            assert!(d <= EXACT, "{}: row {r}: {d}", case.name);
+        }
+        // Control: each row reading the next row's hidden state is caught.
+        let mut cache = f.new_mtp_cache(256, decoder::KvDtype::F32);
+        let mut shifted = hidden[h..].to_vec();
+        shifted.extend_from_slice(&hidden[(n - 1) * h..]);
+        let wrong = f
+            .mtp_step(&mut cache, &shifted, &embeds, &hybrid, Logits::AllRows)
+            .unwrap();
+        assert!(max_abs_diff(wrong, &expected) > 10.0 * EXACT);
+        checked += 1;
+    }
+    assert!(checked >= 2, "no MTP fixtures");
+}

@@ -28,13 +28,16 @@ pub struct GatedAttention {
 }
 
 impl GatedAttention {
+    /// The attention of the layer whose tensors start with `prefix`.
     pub fn resolve(
         pack: &Pack,
         runtime: &Runtime,
-        l: usize,
+        prefix: &str,
     ) -> Result<GatedAttention, DecoderError> {
         let proj = |p: Proj| -> Result<PackLinear, DecoderError> {
-            Ok(PackLinear::Table(pack.linear_index(&names::proj(l, p))?))
+            Ok(PackLinear::Table(
+                pack.linear_index(&names::proj_in(prefix, p))?,
+            ))
         };
         let linears = [
             proj(Proj::Q)?,
@@ -42,7 +45,7 @@ impl GatedAttention {
             proj(Proj::V)?,
             proj(Proj::O)?,
         ];
-        let norm = |n: Norm| pack.norm_index(&names::norm(l, n));
+        let norm = |n: Norm| pack.norm_index(&names::norm_in(prefix, n));
         let (q_norm, k_norm) = (norm(Norm::QNorm)?, norm(Norm::KNorm)?);
         let h = runtime.register(pack, &linears)?;
         Ok(GatedAttention {

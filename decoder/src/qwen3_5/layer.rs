@@ -68,10 +68,34 @@ impl Layer {
         } else {
             let kv_layer = (0..l).filter(|&j| !d.is_linear(j)).count();
             Mixer::Attention {
-                attn: GatedAttention::resolve(pack, runtime, l)?,
+                attn: GatedAttention::resolve(pack, runtime, &names::layer_prefix(l))?,
                 kv_layer,
             }
         };
+        Layer::with_mixer(pack, runtime, l, &names::layer_prefix(l), mixer)
+    }
+
+    /// The MTP head's one layer (`mtp.layers.0`): full attention over its own one-layer cache
+    /// and a dense MLP.
+    pub fn resolve_mtp(pack: &Pack, runtime: &Runtime) -> Result<Layer, DecoderError> {
+        let prefix = names::mtp::LAYER;
+        let mixer = Mixer::Attention {
+            attn: GatedAttention::resolve(pack, runtime, prefix)?,
+            kv_layer: 0,
+        };
+        Layer::with_mixer(pack, runtime, usize::MAX, prefix, mixer)
+    }
+
+    /// The layer at `prefix` (decoder layer `l`, or `usize::MAX` for the MTP layer) with its
+    /// mixer: the norms and the MLP.
+    fn with_mixer(
+        pack: &Pack,
+        runtime: &Runtime,
+        l: usize,
+        prefix: &str,
+        mixer: Mixer,
+    ) -> Result<Layer, DecoderError> {
+        let sem = pack.semantics();
         let table = |name: &str| -> Result<PackLinear, DecoderError> {
             Ok(PackLinear::Table(pack.linear_index(name)?))
         };
@@ -83,7 +107,7 @@ impl Layer {
         let mlp = match sem.moe.as_ref().filter(|_| sem.is_sparse(l)) {
             None => {
                 let linears = [Proj::Gate, Proj::Up, Proj::Down]
-                    .map(|p| table(&names::proj(l, p)))
+                    .map(|p| table(&names::proj_in(prefix, p)))
                     .into_iter()
                     .collect::<Result<Vec<_>, _>>()?;
                 Mlp::Dense(gated(&runtime.register(pack, &linears)?))
@@ -116,7 +140,7 @@ impl Layer {
                 }
             }
         };
-        let norm = |n: Norm| pack.norm_index(&names::norm(l, n));
+        let norm = |n: Norm| pack.norm_index(&names::norm_in(prefix, n));
         Ok(Layer {
             input_norm: norm(Norm::Input)?,
             post_attention_norm: norm(Norm::PostAttention)?,

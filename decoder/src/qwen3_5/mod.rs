@@ -6,5 +6,6 @@
 pub mod delta_net;
 pub mod gated_attention;
 pub mod layer;
+pub mod mtp;
 
 pub use layer::Layer;

@@ -8,7 +8,8 @@ template, tokenizer, pictures through the Rust tower, the hybrid decoder) is che
 
 writes
   tests/fixtures/chat-qwen3_5/Qwen3.5-tiny/   config.json + model.safetensors (f32; layers
-      linear/full/linear, linear first and last), and the tokenizer, chat template and processor
+      linear/full/linear, linear first and last; random mtp.* as hub checkpoints carry), and the
+      tokenizer, chat template and processor
       files of tests/fixtures/chat/Qwen3-VL-tiny (the same special ids: <|image_pad|> 510, ...)
   tests/fixtures/chat-qwen3_5/answer.json     greedy ids from model.generate(do_sample=False,
       eos <|im_end|>, 12 new tokens) for: a text question, the two pictures with a question, and a
@@ -97,6 +98,8 @@ def write_checkpoint(seed: int, out_dir: str) -> None:
         os.remove(gen)
     for f in COPIED:
         shutil.copy(os.path.join(SOURCE, f), os.path.join(out_dir, f))
+    # The MTP head hub checkpoints carry (transformers ignores it; `--drafts mtp` reads it).
+    hr.add_mtp(dict(SPEC, seed=seed), model, out_dir)
 
 
 def answers(model_dir: str) -> tuple[dict, float]:

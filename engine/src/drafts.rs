@@ -50,6 +50,16 @@ pub fn prompt_lookup(ids: &[u32], max_ngram: usize, k: usize) -> Vec<u32> {
     Vec::new()
 }
 
+/// Where a session's drafts come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DraftSource {
+    /// Prompt lookup ([`PromptLookup`]), or the drafter set with `Session::set_drafter`.
+    #[default]
+    PromptLookup,
+    /// Qwen3.5's MTP head (`crate::mtp_drafts`); a pack without one is refused by name.
+    Mtp,
+}
+
 /// The most draft tokens a step may carry (`--drafts 0..=16`).
 pub const MAX_DRAFTS: usize = 16;
 

@@ -16,6 +16,7 @@ pub mod format;
 pub mod generation_config;
 pub mod images;
 pub mod message;
+pub mod mtp_drafts;
 pub mod prompt;
 pub mod rope_index;
 pub mod sampling;
@@ -26,7 +27,7 @@ pub mod template;
 pub mod tokenizer;
 
 pub use assets::ChatAssets;
-pub use drafts::{DraftAblation, Drafter, PromptLookup, MAX_DRAFTS};
+pub use drafts::{DraftAblation, DraftSource, Drafter, PromptLookup, MAX_DRAFTS};
 pub use error::{EngineError, Result};
 pub use format::ChatFormat;
 pub use generation_config::GenerationConfig;

@@ -14,11 +14,12 @@ use vision::preprocess::PreprocessOptions;
 
 use crate::assets::ChatAssets;
 use crate::decoding::{Decoding, Next};
-use crate::drafts::{DraftAblation, Drafter, PromptLookup, MAX_DRAFTS};
+use crate::drafts::{DraftAblation, DraftSource, Drafter, PromptLookup, MAX_DRAFTS};
 use crate::error::{EngineError, Result};
 use crate::format::ChatFormat;
 use crate::images::{ImageEncoder, ImageSettings, TowerEncoder};
 use crate::message::{Image, Message};
+use crate::mtp_drafts::MtpDrafter;
 use crate::prompt::{Prompt, PromptAblation, PromptBuilder};
 use crate::sampling::SamplingParams;
 use vision::tower::VisionOutput;
@@ -38,6 +39,8 @@ pub struct SessionOptions {
     /// as without drafts; sampling at temperature > 0 uses none (its speculative acceptance rule
     /// is a later step).
     pub drafts: usize,
+    /// Where the drafts come from: prompt lookup, or the pack's MTP head (Qwen3.5).
+    pub draft_source: DraftSource,
     /// Deliberate mistakes in the draft windows' rollback, for controls.
     pub draft_ablation: DraftAblation,
 }
@@ -50,6 +53,7 @@ impl Default for SessionOptions {
             kv_dtype: KvDtype::F32,
             ablation: PromptAblation::default(),
             drafts: 0,
+            draft_source: DraftSource::PromptLookup,
             draft_ablation: DraftAblation::default(),
         }
     }
@@ -175,6 +179,8 @@ pub struct Session {
     /// Draft tokens per decode step (0 = off) and where they come from.
     drafts: usize,
     drafter: Box<dyn Drafter>,
+    /// With `--drafts mtp`: the MTP head's drafter (it replaces `drafter`).
+    mtp: Option<MtpDrafter>,
     draft_ablation: DraftAblation,
     /// The rows the KV cache holds, in slot order (always `forward.next_slot()` long).
     cached: Vec<RowKey>,
@@ -225,6 +231,19 @@ impl Session {
                 ..DecoderOptions::default()
             },
         )?;
+        let mtp = match options.draft_source {
+            DraftSource::PromptLookup => None,
+            DraftSource::Mtp if forward.has_mtp() => {
+                Some(MtpDrafter::new(&forward, options.context, options.kv_dtype))
+            }
+            DraftSource::Mtp => {
+                return Err(EngineError::Sampling(format!(
+                    "--drafts mtp: {} has no MTP head (mtp.*: Qwen3.5 checkpoints carry one, \
+                     packs build keeps it for dense models); use --drafts N (prompt lookup)",
+                    pack.path().display()
+                )))
+            }
+        };
         let mut session = Session {
             forward,
             format,
@@ -234,6 +253,7 @@ impl Session {
             ablation: options.ablation,
             drafts: options.drafts,
             drafter: Box::new(PromptLookup::default()),
+            mtp,
             draft_ablation: options.draft_ablation,
             cached: Vec::new(),
             next_rotary_pos: 0,
@@ -345,6 +365,9 @@ impl Session {
     pub fn reset(&mut self) {
         self.history.clear();
         self.forward.reset();
+        if let Some(m) = self.mtp.as_mut() {
+            m.truncate(0);
+        }
         self.cached.clear();
         self.next_rotary_pos = 0;
     }
@@ -476,10 +499,17 @@ impl Session {
                     self.draft_ablation,
                     kept,
                 )?;
+                if let Some(m) = self.mtp.as_mut() {
+                    m.truncate(self.forward.next_slot());
+                }
                 // The sampled token and its drafts (as many as the cache has slots for).
                 let room = (self.context - self.forward.next_slot()).saturating_sub(1);
                 let drafts = if k == 0 {
                     Vec::new()
+                } else if let Some(m) = self.mtp.as_mut() {
+                    let mut d = m.propose(&mut self.forward, token, k.min(room))?;
+                    d.truncate(k.min(room));
+                    d
                 } else {
                     let mut seen = prompt.ids.clone();
                     seen.extend_from_slice(decoding.ids());
@@ -488,11 +518,16 @@ impl Session {
                     d
                 };
                 let slot = self.forward.next_slot();
+                let first_pos = self.next_rotary_pos;
                 if drafts.is_empty() {
                     // Feed through the decoder (not `self.feed`: the tokenizer is borrowed).
                     let logits = decode_step(&mut self.forward, token, &mut self.next_rotary_pos)?;
                     self.logits.clear();
                     self.logits.extend_from_slice(logits);
+                    if let Some(m) = self.mtp.as_mut() {
+                        let embeds = token_embeds(&self.forward, &[token]);
+                        m.ran(slot, &self.forward, &embeds, &HybridInputs::text(first_pos));
+                    }
                     self.cached.push(RowKey {
                         id: token,
                         image: None,
@@ -512,6 +547,10 @@ impl Session {
                     window.logits.extend_from_slice(logits);
                     self.logits.clear();
                     self.logits.extend_from_slice(&window.logits[..vocab]);
+                    if let Some(m) = self.mtp.as_mut() {
+                        let embeds = token_embeds(&self.forward, &rows);
+                        m.ran(slot, &self.forward, &embeds, &HybridInputs::text(first_pos));
+                    }
                     self.next_rotary_pos += rows.len() as i64;
                     timings.drafts_proposed += drafts.len();
                     for &id in &rows {
@@ -533,6 +572,9 @@ impl Session {
             self.draft_ablation,
             kept,
         )?;
+        if let Some(m) = self.mtp.as_mut() {
+            m.truncate(self.forward.next_slot());
+        }
         timings.decode = decode_start.elapsed();
         let (text, ids) = decoding.finish(&finish, tokenizer, &mut on_text)?;
         Ok(Generation {
@@ -593,6 +635,9 @@ impl Session {
             .step_batch_embeds(&embeds, &hybrid, reuse, Logits::LastRow)?;
         self.logits.clear();
         self.logits.extend_from_slice(logits);
+        if let Some(m) = self.mtp.as_mut() {
+            m.ran(reuse, &self.forward, &embeds, &hybrid);
+        }
         // A Qwen3.5 cache keeps its recurrent state here: the next turn resumes from it.
         self.forward.checkpoint();
         self.cached.extend_from_slice(&keys[reuse..]);
@@ -601,6 +646,16 @@ impl Session {
         timings.prefilled_tokens = new_rows;
         Ok(reuse)
     }
+}
+
+/// The embedding rows of `tokens` (`tokens x hidden`).
+fn token_embeds(decoder: &Decoder, tokens: &[u32]) -> Vec<f32> {
+    let h = decoder.semantics().hidden_size;
+    let mut out = vec![0.0; tokens.len() * h];
+    for (row, &t) in out.chunks_exact_mut(h).zip(tokens) {
+        decoder.embed_row(t, row);
+    }
+    out
 }
 
 /// The request's sampling with the checkpoint's eos ids when it names none; bad parameters are

@@ -155,27 +155,55 @@ pub struct ModelArgs {
     /// when written). Example: --kv bf16
     #[arg(long, value_enum, default_value = "f32")]
     pub kv: KvArg,
-    /// Draft tokens per decode step, from prompt lookup (the tokens that followed the latest
-    /// earlier occurrence of the answer's last 3, 2 or 1 tokens in the prompt and answer): the
-    /// sampled token and N guesses go through one forward and the guesses the model confirms are
-    /// kept, so the answer is the same, in fewer forwards when the answer copies text. Greedy
-    /// answers only (sampling at temperature > 0 uses none for now); `serve` drafts with
-    /// --parallel 1 only. 0..=16 or off (the default). Example: --drafts 4
-    #[arg(long, value_name = "N|off", default_value = "off", value_parser = parse_drafts)]
-    pub drafts: usize,
+    /// Draft tokens per decode step: the sampled token and N guesses go through one forward
+    /// and the guesses the model confirms are kept, so the answer is the same, in fewer forwards
+    /// when the guesses are right. N (0..=16) guesses from prompt lookup (the tokens that
+    /// followed the latest earlier occurrence of the answer's last 3, 2 or 1 tokens), or `mtp`
+    /// / `mtp:N` from a Qwen3.5 pack's multi-token-prediction head (3 chained drafts, or N; a
+    /// pack without the head is refused). Greedy answers only (sampling at temperature > 0 uses
+    /// none for now); `serve` drafts with --parallel 1 only. Default off.
+    /// Examples: --drafts 4, --drafts mtp, --drafts mtp:2
+    #[arg(long, value_name = "N|mtp[:N]|off", default_value = "off", value_parser = parse_drafts)]
+    pub drafts: DraftsArg,
 }
 
-/// `--drafts N|off`: 0..=16 draft tokens per step (off = 0).
-fn parse_drafts(s: &str) -> Result<usize, String> {
-    if s == "off" {
-        return Ok(0);
-    }
-    match s.parse::<usize>() {
-        Ok(n) if n <= engine::MAX_DRAFTS => Ok(n),
-        _ => Err(format!(
-            "--drafts {s}: must be a number of draft tokens in 0..={} or off",
-            engine::MAX_DRAFTS
-        )),
+/// `--drafts`: how many draft tokens per step, and from where.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftsArg {
+    pub n: usize,
+    pub source: engine::DraftSource,
+}
+
+/// Chained MTP drafts when `--drafts mtp` names no count.
+const MTP_DRAFTS: usize = 3;
+
+/// `--drafts N|mtp[:N]|off`.
+fn parse_drafts(s: &str) -> Result<DraftsArg, String> {
+    let lookup = |n| DraftsArg {
+        n,
+        source: engine::DraftSource::PromptLookup,
+    };
+    let mtp = |n| DraftsArg {
+        n,
+        source: engine::DraftSource::Mtp,
+    };
+    let max = engine::MAX_DRAFTS;
+    let bad = || {
+        format!("--drafts {s}: must be a number of draft tokens in 0..={max}, mtp, mtp:N (1..={max}) or off")
+    };
+    match s {
+        "off" => Ok(lookup(0)),
+        "mtp" => Ok(mtp(MTP_DRAFTS)),
+        _ => match s.strip_prefix("mtp:") {
+            Some(n) => match n.parse::<usize>() {
+                Ok(n) if (1..=max).contains(&n) => Ok(mtp(n)),
+                _ => Err(bad()),
+            },
+            None => match s.parse::<usize>() {
+                Ok(n) if n <= max => Ok(lookup(n)),
+                _ => Err(bad()),
+            },
+        },
     }
 }
 

@@ -64,7 +64,8 @@ pub fn open_session(model: &ModelArgs) -> Result<Session, String> {
         context: model.ctx,
         runtime: model.runtime.options("xdna-vl"),
         kv_dtype: model.kv_dtype(),
-        drafts: model.drafts,
+        drafts: model.drafts.n,
+        draft_source: model.drafts.source,
         ..SessionOptions::default()
     };
     Session::open(&pack, assets.as_ref(), &options).map_err(|e| e.to_string())

@@ -35,16 +35,25 @@ fn pack() -> Arc<packs::Pack> {
     Arc::new(packs::Pack::open(p).unwrap())
 }
 
-fn session(drafts: usize) -> Session {
+/// `drafts` per step from prompt lookup, or from the MTP head with `mtp`.
+fn session_with(drafts: usize, mtp: bool) -> Session {
     let options = SessionOptions {
         context: 256,
         runtime: compute::RuntimeOptions::host(2),
         drafts,
+        draft_source: if mtp {
+            engine::DraftSource::Mtp
+        } else {
+            engine::DraftSource::PromptLookup
+        },
         ..SessionOptions::default()
     };
     let assets = ChatAssets::from_dir(&dir().join("Qwen3.5-tiny")).unwrap();
     Session::new(&pack(), &assets, &options).unwrap()
 }
+
+/// Drafts off, prompt lookup, the MTP head chaining 1 and 3 drafts.
+const DRAFTS: [(usize, bool); 4] = [(0, false), (4, false), (1, true), (3, true)];
 
 fn greedy() -> SamplingParams {
     SamplingParams {
@@ -93,13 +102,13 @@ fn answer_of(s: &mut Session, run: &str) -> Vec<u32> {
 #[test]
 fn text_and_two_pictures_give_transformers_greedy_ids() {
     let runs = &answers()["runs"];
-    for drafts in [0, 4] {
-        let mut s = session(drafts);
+    for (drafts, mtp) in DRAFTS {
+        let mut s = session_with(drafts, mtp);
         for run in ["text", "two_images"] {
             assert_eq!(
                 answer_of(&mut s, run),
                 ids(&runs[run]["greedy_ids"]),
-                "{run} (drafts {drafts})"
+                "{run} (drafts {drafts}, mtp {mtp})"
             );
         }
     }
@@ -108,8 +117,8 @@ fn text_and_two_pictures_give_transformers_greedy_ids() {
 #[test]
 fn a_second_chat_turn_on_the_whole_history_gives_transformers_ids() {
     let runs = &answers()["runs"];
-    for drafts in [0, 4] {
-        let mut s = session(drafts);
+    for (drafts, mtp) in DRAFTS {
+        let mut s = session_with(drafts, mtp);
         let turn1 = messages(&mut s, &runs["chat_turn1"]).remove(0);
         let g1 = s.chat(turn1, &greedy(), &mut |_| true).unwrap();
         assert_eq!(g1.ids, ids(&runs["chat_turn1"]["greedy_ids"]));
@@ -154,4 +163,33 @@ fn control_a_window_keeping_a_rejected_row_changes_the_answer() {
         .filter(|run| answer_of(&mut s, run) != ids(&runs[**run]["greedy_ids"]))
         .count();
     assert!(differing >= 1, "the planted rollback went unnoticed");
+}
+
+#[test]
+fn mtp_drafts_are_proposed_and_a_pack_without_the_head_is_refused() {
+    let mut s = session_with(3, true);
+    let run = &answers()["runs"]["two_images"];
+    let msgs = messages(&mut s, run);
+    let g = s.generate(&msgs, &greedy(), &mut |_| true).unwrap();
+    println!(
+        "MTP drafts: {} proposed, {} accepted, {} forwards for {} steps",
+        g.timings.drafts_proposed,
+        g.timings.drafts_accepted,
+        g.timings.decode_forwards,
+        g.timings.decode_steps
+    );
+    assert!(g.timings.drafts_proposed > 0, "the head proposed nothing");
+    // A Qwen3-VL pack has no head: refused by name, not decoded without drafts.
+    let options = SessionOptions {
+        draft_source: engine::DraftSource::Mtp,
+        drafts: 3,
+        runtime: compute::RuntimeOptions::host(2),
+        ..SessionOptions::default()
+    };
+    let vl = crate::common::pack();
+    let e = Session::new(&vl, &crate::common::assets(), &options)
+        .err()
+        .expect("a pack without an MTP head took --drafts mtp")
+        .to_string();
+    assert!(e.contains("no MTP head"), "{e}");
 }

@@ -268,7 +268,16 @@ fn bad_input_is_refused_by_name_with_status_2() {
     );
     refused(
         &xdna_vl(&["chat", "/no/such.pack", "--drafts=-1"], None, None),
-        "--drafts -1: must be a number of draft tokens in 0..=16 or off",
+        "--drafts -1: must be a number of draft tokens in 0..=16, mtp, mtp:N (1..=16) or off",
+    );
+    refused(
+        &run(&["--prompt", "hi", "--drafts", "mtp:0"]),
+        "--drafts mtp:0",
+    );
+    // The bundled Qwen3-VL pack has no MTP head: refused by name, not decoded without drafts.
+    refused(
+        &run(&["--prompt", "hi", "--drafts", "mtp"]),
+        "has no MTP head",
     );
     refused(
         &xdna_vl(&["serve", "/no/such.pack", "--drafts", "99"], None, None),
@@ -531,4 +540,50 @@ fn a_bf16_kv_cache_is_chosen_by_flag() {
         &run(&["--prompt", "hi", "--kv", "f16"]),
         "invalid value 'f16'",
     );
+}
+
+/// A Qwen3.5 pack (tests/fixtures/chat-qwen3_5) through the same commands: `run` with two
+/// pictures gives transformers' greedy ids, with and without the MTP head's drafts.
+#[test]
+fn run_on_a_qwen3_5_pack_gives_transformers_answer() {
+    let fx = root().join("tests/fixtures/chat-qwen3_5");
+    let answers: Value =
+        serde_json::from_str(&std::fs::read_to_string(fx.join("answer.json")).unwrap()).unwrap();
+    let want = &answers["runs"]["two_images"];
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("q35.pack");
+    let opts = packs::build::BuildOptions::new(packs::QuantKind::F32);
+    packs::build::build_from_hf(&fx.join("Qwen3.5-tiny"), &pack, &opts).unwrap();
+    let (p1, p2) = (fx.join("picture-1.png"), fx.join("picture-2.png"));
+    for drafts in ["off", "mtp", "mtp:2"] {
+        let o = xdna_vl(
+            &[
+                "run",
+                pack.to_str().unwrap(),
+                "--image",
+                p1.to_str().unwrap(),
+                "--image",
+                p2.to_str().unwrap(),
+                "--prompt",
+                "Describe these pictures.",
+                "--max-tokens",
+                "12",
+                "--json",
+                "--drafts",
+                drafts,
+            ],
+            None,
+            None,
+        );
+        assert_eq!(o.code, 0, "--drafts {drafts}: {}", o.stderr);
+        let v: Value = serde_json::from_str(&o.stdout).unwrap();
+        assert_eq!(
+            ids(&v["ids"]),
+            ids(&want["greedy_ids"]),
+            "--drafts {drafts}"
+        );
+        if drafts != "off" {
+            assert!(v["timings"]["drafts_proposed"].as_u64() > Some(0), "{v}");
+        }
+    }
 }

@@ -193,3 +193,60 @@ fn mtp_drafts_are_proposed_and_a_pack_without_the_head_is_refused() {
         .to_string();
     assert!(e.contains("no MTP head"), "{e}");
 }
+
+/// `serve --parallel`: Qwen3.5 conversations beside each other (each sequence with its own
+/// recurrent state, prompts prefilled in 4-row slices between the others' decode rows) answer
+/// as alone, and the pool gets every cache back.
+#[test]
+fn conversations_beside_each_other_answer_as_alone() {
+    use engine::{Scheduler, SchedulerOptions};
+    let runs = &answers()["runs"];
+    let sampled = SamplingParams {
+        max_tokens: 12,
+        temperature: 0.9,
+        top_k: 40,
+        seed: 7,
+        ..SamplingParams::default()
+    };
+    let mut s = session_with(0, false);
+    let mut convs = Vec::new();
+    for run in ["text", "two_images", "chat"] {
+        let m = messages(&mut s, &runs[run]);
+        convs.push((m.clone(), greedy()));
+        convs.push((m, sampled.clone()));
+    }
+    let alone: Vec<Vec<u32>> = convs
+        .iter()
+        .map(|(m, p)| {
+            s.reset();
+            s.generate(m, p, &mut |_| true).unwrap().ids
+        })
+        .collect();
+    assert_eq!(alone[2], ids(&runs["two_images"]["greedy_ids"]));
+    assert_ne!(
+        alone[0], alone[1],
+        "control: the sampled answer is not the greedy one"
+    );
+    let options = SchedulerOptions {
+        parallel: 3,
+        prefill_chunk: 4,
+    };
+    let h = Scheduler::start(session_with(0, false), options).unwrap().0;
+    let got: Vec<Vec<u32>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = convs
+            .iter()
+            .enumerate()
+            .map(|(i, (m, p))| {
+                let h = h.clone();
+                scope.spawn(move || {
+                    std::thread::sleep(std::time::Duration::from_millis(3 * i as u64));
+                    h.generate(m, p, &mut |_| true).unwrap().ids
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    assert_eq!(got, alone);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(h.free_caches(), 3);
+}

@@ -302,12 +302,23 @@ fn the_c_program_equals_the_rust_api_byte_for_byte_on_a_tiny_random_pack() {
 /// transformers' (the reference's 8 ids: the prompt's argmax and 7 steps).
 #[test]
 fn the_c_program_equals_the_rust_api_on_the_bundled_fixture() {
-    let case = common::crate_dir().join("../tests/fixtures/hd128");
+    fixture_through_c("hd128");
+}
+
+/// The same C program on a Qwen3.5 fixture (Gated DeltaNet layers, gated attention, two
+/// pictures): the pack says the family, the ABI is unchanged.
+#[test]
+fn the_c_program_runs_a_qwen3_5_pack_unchanged() {
+    fixture_through_c("q35-odd");
+}
+
+fn fixture_through_c(name: &str) {
+    let case = common::crate_dir().join("../tests/fixtures").join(name);
     let inputs = PromptInputs::open(case.join("inputs.safetensors")).expect("fixture inputs");
     let reference = StFile::open(case.join("reference.safetensors")).expect("fixture reference");
     let (reference_ids, _) = reference.i64("greedy_ids", 1).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let pack = dir.path().join("hd128.pack");
+    let pack = dir.path().join(format!("{name}.pack"));
     packs::build_from_hf(
         &case.join("checkpoint"),
         &pack,
@@ -319,7 +330,7 @@ fn the_c_program_equals_the_rust_api_on_the_bundled_fixture() {
     let rust = rust_run(&pack, &inputs, &run);
     let c = c_run(&exe, dir.path(), &pack, &inputs, &run);
     println!("{}", c.0);
-    assert_same("hd128 fixture", &c, &rust);
+    assert_same(name, &c, &rust);
     let ids: Vec<String> = reference_ids.iter().map(|i| i.to_string()).collect();
     let expected = format!("ids {}", ids.join(" "));
     assert!(

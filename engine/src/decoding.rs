@@ -52,17 +52,26 @@ impl Decoding {
 
     /// Samples the next token from `logits` (modified: penalties) and shows its text through
     /// `on_text` (returning false cancels). `cache_full`: no slot is left for another row.
+    /// `draft`: the token fed after this row in a verified window (sampling then follows the
+    /// speculative acceptance rule: `Sampler::sample_after_draft`).
     pub fn next(
         &mut self,
         logits: &mut [f32],
         tokenizer: &Tokenizer,
         cache_full: bool,
+        draft: Option<u32>,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Next> {
         let step = self.ids.len();
-        let token = self
-            .sampler
-            .sample(logits, &self.history, &self.ids, step)?;
+        let token = match draft {
+            None => self
+                .sampler
+                .sample(logits, &self.history, &self.ids, step)?,
+            Some(d) => {
+                self.sampler
+                    .sample_after_draft(logits, &self.history, &self.ids, step, d)?
+            }
+        };
         self.ids.push(token);
         self.history.push(token);
         if self.sampler.params.eos_ids.contains(&token) {

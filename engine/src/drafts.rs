@@ -1,8 +1,9 @@
 //! Draft tokens for verified draft windows: a decode step may feed the sampled token and k
 //! guesses of what follows in one forward (k + 1 rows, every row's logits); the session then
 //! walks the rows with the normal sampler and keeps a row only while the sampled token equals
-//! the guess fed after it, so drafts change the work, never the answer (greedy only for now: the
-//! speculative acceptance rule for sampling at temperature > 0 is a later step).
+//! the guess fed after it, so drafts change the work, never the answer (greedy: the ids; sampling
+//! at temperature > 0: the distribution, by the speculative acceptance rule,
+//! `Sampler::sample_after_draft`).
 
 /// Proposes up to `k` tokens to follow `ids` (the prompt's and answer's ids so far, the token
 /// about to be fed last). Fewer (or none) is fine.

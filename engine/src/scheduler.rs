@@ -392,7 +392,7 @@ fn advance(
     let cache_full = r.cache.len() >= context;
     let next = r
         .decoding
-        .next(logits, &format.tokenizer, cache_full, &mut on_text);
+        .next(logits, &format.tokenizer, cache_full, None, &mut on_text);
     if r.decoding.ids().len() == 1 {
         r.timings.time_to_first_token = r.start.elapsed();
     }

@@ -33,11 +33,11 @@ pub struct SessionOptions {
     pub kv_dtype: KvDtype,
     /// Deliberate mistakes, for controls.
     pub ablation: PromptAblation,
-    /// Draft tokens a greedy decode step may carry (0 = off, at most [`MAX_DRAFTS`]): the
-    /// sampled token and up to this many guesses (prompt lookup, [`PromptLookup`]) go through one
-    /// forward and the rows whose guesses the sampler confirms are kept. The answer is the same
-    /// as without drafts; sampling at temperature > 0 uses none (its speculative acceptance rule
-    /// is a later step).
+    /// Draft tokens a decode step may carry (0 = off, at most [`MAX_DRAFTS`]): the sampled
+    /// token and up to this many guesses go through one forward and the rows whose guesses the
+    /// sampler confirms are kept (greedy: the argmax equals the guess; sampling: the speculative
+    /// acceptance rule). The answer is the same as without drafts (greedy: the ids; sampling:
+    /// the distribution).
     pub drafts: usize,
     /// Where the drafts come from: prompt lookup, or the pack's MTP head (Qwen3.5).
     pub draft_source: DraftSource,
@@ -457,9 +457,9 @@ impl Session {
         let mut on_text = |t: &str| on_event(Event::Text(t));
         let mut finish = FinishReason::Cancelled;
         let decode_start = Instant::now();
-        // Drafts only for greedy answers: the rule that keeps sampled answers' distribution with
-        // drafts (speculative acceptance) is a later step.
-        let k = if decoding.is_greedy() { self.drafts } else { 0 };
+        // Greedy answers keep a draft's row when the argmax equals it; sampled ones by the
+        // speculative acceptance rule (`Sampler::sample_after_draft`): same distribution.
+        let k = self.drafts;
         let vocab = self.forward.semantics().vocab_size;
         // The last forward's rows: its first cache slot, the drafts fed after its first row, all
         // its rows' logits, and the row whose logits `self.logits` holds.
@@ -470,7 +470,9 @@ impl Session {
                 // The slots kept so far: the window's rows up to the current one.
                 let kept = window.kept(self.forward.next_slot());
                 let cache_full = kept >= self.context;
-                let next = decoding.next(&mut self.logits, tokenizer, cache_full, &mut on_text)?;
+                let draft = window.drafts.get(window.row).copied();
+                let next =
+                    decoding.next(&mut self.logits, tokenizer, cache_full, draft, &mut on_text)?;
                 if decoding.ids().len() == 1 {
                     timings.time_to_first_token = start.elapsed();
                 }

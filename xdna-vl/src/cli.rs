@@ -160,8 +160,8 @@ pub struct ModelArgs {
     /// when the guesses are right. N (0..=16) guesses from prompt lookup (the tokens that
     /// followed the latest earlier occurrence of the answer's last 3, 2 or 1 tokens), or `mtp`
     /// / `mtp:N` from a Qwen3.5 pack's multi-token-prediction head (3 chained drafts, or N; a
-    /// pack without the head is refused). Greedy answers only (sampling at temperature > 0 uses
-    /// none for now); `serve` drafts with --parallel 1 only. Default off.
+    /// pack without the head is refused). Sampled answers take drafts by the speculative
+    /// acceptance rule (the same distribution); `serve` drafts with --parallel 1 only. Default off.
     /// Examples: --drafts 4, --drafts mtp, --drafts mtp:2
     #[arg(long, value_name = "N|mtp[:N]|off", default_value = "off", value_parser = parse_drafts)]
     pub drafts: DraftsArg,

@@ -283,24 +283,53 @@ impl Drafter for Fixed {
     }
 }
 
+/// Sampled answers take drafts by the speculative acceptance rule (its distribution is checked
+/// in `sampling::tests`): the same seed gives the same answer, drafts near the sampled text are
+/// taken (fewer forwards than tokens), and the cache after the answer is the one a run without
+/// drafts leaves for the same ids. Control: a drafter proposing a rare token gets nothing taken.
 #[test]
-fn sampling_uses_no_drafts() {
-    let mut s = session(4, DraftAblation::default());
-    s.set_drafter(Box::new(Fixed));
+fn sampled_answers_take_drafts_by_the_acceptance_rule() {
+    // A sharp distribution: the greedy continuation is drafted and mostly taken.
     let params = SamplingParams {
-        temperature: 0.8,
+        temperature: 0.05,
         seed: 3,
         max_tokens: 20,
         ..SamplingParams::default()
     };
-    let g = s.generate(&text_case(), &params, &mut |_| true).unwrap();
-    assert_eq!(g.timings.drafts_proposed, 0);
-    assert_eq!(g.timings.decode_forwards, g.timings.decode_steps);
-    // Control: the same session greedy drafts.
-    let g = s
-        .generate(&text_case(), &greedy(20), &mut |_| true)
-        .unwrap();
-    assert!(g.timings.drafts_proposed > 0, "{:?}", g.timings);
+    let msgs = text_case();
+    let mut plain = session(0, DraftAblation::default());
+    let want = plain.generate(&msgs, &greedy(20), &mut |_| true).unwrap();
+    let prompt_len = plain.prompt(&msgs).unwrap().ids.len();
+    let run = || {
+        let mut s = session(4, DraftAblation::default());
+        s.set_drafter(Box::new(Known {
+            kind: Kind::Oracle,
+            prompt_len,
+            answer: want.ids.clone(),
+            windows: 0,
+        }));
+        let g = s.generate(&msgs, &params, &mut |_| true).unwrap();
+        (g, cache_state(&s))
+    };
+    let (a, state_a) = run();
+    let (b, _) = run();
+    assert_eq!(a.ids, b.ids, "the same seed, another answer");
+    println!("{:?}", a.timings);
+    assert!(a.timings.drafts_accepted > 0, "{:?}", a.timings);
+    assert!(a.timings.decode_forwards < a.timings.decode_steps);
+    // The cache holds exactly the prompt and the answer's fed ids (a rollback left nothing of
+    // a rejected draft): the next slot is prompt + answer - 1 (the last id is never fed).
+    assert_eq!(state_a.0, prompt_len + a.ids.len() - 1);
+    // Control: drafts of a token the model gives little mass are (nearly) never taken.
+    let mut s = session(4, DraftAblation::default());
+    s.set_drafter(Box::new(Fixed));
+    let g = s.generate(&msgs, &params, &mut |_| true).unwrap();
+    assert!(g.timings.drafts_proposed > 0);
+    assert!(
+        g.timings.drafts_accepted * 4 < g.timings.drafts_proposed,
+        "{:?}",
+        g.timings
+    );
 }
 
 /// Penalties on the answer so far (repetition, frequency, presence) see the same history with

@@ -45,19 +45,21 @@ impl MtpDrafter {
         }
     }
 
-    /// The model ran rows `first_slot..` (`embeds` and its `last_hidden()`, `rows x hidden`
-    /// each) at `hybrid`'s positions.
+    /// The model ran rows `first_slot..` (`embeds`, `rows x hidden`) at `hybrid`'s positions:
+    /// their hidden states are `before` (rows of an earlier step of the same prompt, if it was
+    /// run in two) then the decoder's `last_hidden()`.
     pub fn ran(
         &mut self,
         first_slot: usize,
         decoder: &Decoder,
         embeds: &[f32],
         hybrid: &HybridInputs,
+        before: &[f32],
     ) {
         self.truncate(first_slot);
         let h = decoder.semantics().hidden_size;
         let rows = embeds.len() / h;
-        let hidden = decoder.last_hidden();
+        let hidden: Vec<f32> = [before, decoder.last_hidden()].concat();
         debug_assert_eq!(hidden.len(), rows * h);
         debug_assert_eq!(self.cache.len() + self.pending.len(), first_slot);
         for r in 0..rows {

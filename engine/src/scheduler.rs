@@ -32,8 +32,8 @@ use crate::message::Message;
 use crate::prompt::{Prompt, PromptAblation, PromptBuilder};
 use crate::sampling::SamplingParams;
 use crate::session::{
-    answer_params, encode_images, prompt_fits, prompt_input, refuse_images, Event, FinishReason,
-    Generation, Session, Timings,
+    answer_params, encode_images, prompt_fits, prompt_input, refuse_images, reuse_prefix, row_keys,
+    Event, FinishReason, Generation, RowKey, Session, Timings,
 };
 
 /// How many sequences and how large a prefill slice.
@@ -67,9 +67,23 @@ struct Submission {
     events: Sender<SeqEvent>,
 }
 
+/// A cache in the pool with the rows it holds: a finished conversation's prompt and answer stay
+/// there, so a later prompt that starts the same way (a shared system prompt, the same picture
+/// asked again) reuses them instead of prefilling them again.
+struct Pooled {
+    cache: KvCache,
+    keys: Vec<RowKey>,
+    /// When it was last given back (the least recently used empty one goes first).
+    last_used: u64,
+}
+
 /// A sequence being answered.
 struct Running {
     cache: KvCache,
+    /// The rows the cache holds (the prompt's, then the fed answer ids).
+    keys: Vec<RowKey>,
+    /// Prompt rows the cache already held.
+    reused: usize,
     prompt_tokens: usize,
     image_tokens: usize,
     /// The prompt's input rows, in slices; `fed` of them are in the cache.
@@ -112,8 +126,10 @@ pub struct SchedulerHandle {
 pub struct Scheduler {
     decoder: Decoder,
     format: Arc<ChatFormat>,
-    /// Caches not held by a sequence.
-    free: Vec<KvCache>,
+    /// Caches not held by a sequence, with the rows they hold.
+    free: Vec<Pooled>,
+    /// Counts give-backs, for least-recently-used choice.
+    tick: u64,
     running: Vec<Running>,
     /// Submissions waiting for a free cache, first come first served.
     waiting: VecDeque<Submission>,
@@ -145,7 +161,11 @@ impl Scheduler {
         // The decoder's own cache is not used here: its memory goes back.
         parts.decoder.release_cache();
         let free = (0..options.parallel)
-            .map(|_| parts.decoder.new_cache(parts.context, dtype))
+            .map(|_| Pooled {
+                cache: parts.decoder.new_cache(parts.context, dtype),
+                keys: Vec::new(),
+                last_used: 0,
+            })
             .collect();
         let (sender, inbox) = channel();
         let format = Arc::new(parts.format);
@@ -169,6 +189,7 @@ impl Scheduler {
             decoder: parts.decoder,
             format,
             free,
+            tick: 0,
             running: Vec::new(),
             waiting: VecDeque::new(),
             inbox,
@@ -216,33 +237,68 @@ impl Scheduler {
         if s.events.send(SeqEvent::Admitted).is_err() {
             return; // the caller left while it waited
         }
-        let Some(mut cache) = self.free.pop() else {
+        let keys = row_keys(&s.prompt);
+        // The free cache sharing the longest prefix with the prompt; with none, the least
+        // recently used (its rows are the oldest to lose).
+        let shared = |p: &Pooled| p.keys.iter().zip(&keys).take_while(|(a, b)| a == b).count();
+        let Some(best) = (0..self.free.len())
+            .max_by_key(|&i| (shared(&self.free[i]), u64::MAX - self.free[i].last_used))
+        else {
             unreachable!("admit is called with a free cache")
         };
-        cache.reset();
+        let Pooled {
+            mut cache,
+            keys: cached,
+            ..
+        } = self.free.swap_remove(best);
+        let reused = reuse_prefix(&cached, &keys, &s.prompt, |r| cache.truncate(r));
         let decoding = match Decoding::new(s.params, &s.prompt.ids) {
             Ok(d) => d,
             Err(e) => {
-                self.free.push(cache);
+                self.give_back(cache, cached);
                 let _ = s.events.send(SeqEvent::Done(Err(e)));
                 return;
             }
         };
-        let (embeds, hybrid) = prompt_input(&self.decoder, &s.prompt, 0, s.vision.as_ref());
         let rows = s.prompt.rows();
+        let vision = s
+            .vision
+            .as_ref()
+            .and_then(|v| images_from(v, &s.prompt, reused));
+        let (embeds, hybrid) = prompt_input(&self.decoder, &s.prompt, reused, vision.as_ref());
         let hidden = self.decoder.semantics().hidden_size;
-        let slices = (0..rows)
+        let new_rows = rows - reused;
+        // A recurrent (Qwen3.5) cache keeps its state before the prompt's last row (the prompt
+        // state an equal or longer prompt resumes from: the last row is always prefilled), so
+        // that row is a slice of its own.
+        let recurrent = cache.recurrent.is_some();
+        let mut bounds: Vec<(usize, usize)> = (0..new_rows)
             .step_by(self.prefill_chunk)
-            .map(|first| {
-                let n = self.prefill_chunk.min(rows - first);
+            .map(|first| (first, self.prefill_chunk.min(new_rows - first)))
+            .collect();
+        if let Some(last) = bounds.pop() {
+            if recurrent && last.1 > 1 {
+                bounds.push((last.0, last.1 - 1));
+                bounds.push((last.0 + last.1 - 1, 1));
+            } else {
+                bounds.push(last);
+            }
+        }
+        let slices = bounds
+            .into_iter()
+            .map(|(first, n)| {
                 (
                     embeds[first * hidden..(first + n) * hidden].to_vec(),
-                    hybrid.slice_rows(first, n, rows, hidden),
+                    hybrid.slice_rows(first, n, new_rows, hidden),
                 )
             })
             .collect();
+        let mut timings = s.timings;
+        timings.prefilled_tokens = new_rows;
         self.running.push(Running {
             cache,
+            keys,
+            reused,
             prompt_tokens: rows,
             image_tokens: s.prompt.image_tokens(),
             slices,
@@ -250,7 +306,7 @@ impl Scheduler {
             decoding,
             next_token: 0,
             next_rotary_pos: s.prompt.next_rotary_pos(),
-            timings: s.timings,
+            timings,
             start: s.start,
             prefill_start: Instant::now(),
             decode_start: None,
@@ -326,10 +382,23 @@ impl Scheduler {
         }
     }
 
+    /// A cache goes back to the pool holding the rows `keys` names (cut to what it holds).
+    fn give_back(&mut self, cache: KvCache, mut keys: Vec<RowKey>) {
+        keys.truncate(cache.len());
+        self.tick += 1;
+        self.free.push(Pooled {
+            cache,
+            keys,
+            last_used: self.tick,
+        });
+    }
+
     /// The sequence leaves: its cache goes back to the pool, its caller hears the end.
     fn finish(&mut self, r: Running, outcome: Result<FinishReason>) {
         let Running {
             cache,
+            mut keys,
+            reused,
             decoding,
             events,
             mut timings,
@@ -338,7 +407,9 @@ impl Scheduler {
             image_tokens,
             ..
         } = r;
-        self.free.push(cache);
+        // The fed answer ids follow the prompt's rows in the cache.
+        keys.extend(decoding.ids().iter().map(|&id| RowKey { id, image: None }));
+        self.give_back(cache, keys);
         let result = outcome.and_then(|finish| {
             if let Some(t) = decode_start {
                 timings.decode = t.elapsed();
@@ -351,7 +422,7 @@ impl Scheduler {
                 finish,
                 prompt_tokens,
                 image_tokens,
-                reused_tokens: 0,
+                reused_tokens: reused,
                 timings,
             })
         });
@@ -369,12 +440,16 @@ fn advance(
 ) -> Option<Result<FinishReason>> {
     if r.fed < r.slices.len() {
         r.fed += 1;
+        if r.fed + 1 == r.slices.len() {
+            // All but the prompt's last row: a Qwen3.5 cache keeps its state here (a prompt
+            // state a later prompt starting the same way resumes from; K/V need none).
+            r.cache.checkpoint();
+        }
         if r.fed < r.slices.len() {
             return None;
         }
         // The prompt is in: sampling starts.
         r.timings.prefill = r.prefill_start.elapsed();
-        r.timings.prefilled_tokens = r.prompt_tokens;
         r.slices = Vec::new();
         let started = SeqEvent::Started {
             prompt_tokens: r.prompt_tokens,
@@ -508,6 +583,37 @@ impl SchedulerHandle {
             "the scheduler stopped before the answer ended".into(),
         ))
     }
+}
+
+/// The tower's rows of the images at or after row `from` (a prefix reused from a cache holds the
+/// others; a cut never falls inside an image), or None when there are none.
+fn images_from(v: &VisionOutput, prompt: &Prompt, from: usize) -> Option<VisionOutput> {
+    let skip = prompt
+        .images
+        .iter()
+        .take_while(|i| i.span.first_row < from)
+        .count();
+    if skip == prompt.images.len() {
+        return None;
+    }
+    let tokens: usize = v.tokens_per_image[..skip].iter().sum();
+    let all: usize = v.tokens_per_image.iter().sum();
+    let width = v.image_embeds.len() / all.max(1);
+    let deepstack = (0..v.sets)
+        .flat_map(|set| {
+            let base = set * all * width;
+            v.deepstack[base + tokens * width..base + all * width]
+                .iter()
+                .copied()
+        })
+        .collect();
+    Some(VisionOutput {
+        image_embeds: v.image_embeds[tokens * width..].to_vec(),
+        deepstack,
+        sets: v.sets,
+        tokens_per_image: v.tokens_per_image[skip..].to_vec(),
+        grids: v.grids[skip..].to_vec(),
+    })
 }
 
 /// The answer of a caller that stopped listening.

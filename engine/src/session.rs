@@ -153,9 +153,9 @@ pub struct Generation {
 
 /// What a cache row holds: its id and, for an image row, which picture and which of its rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct RowKey {
-    id: u32,
-    image: Option<(u64, usize)>,
+pub(crate) struct RowKey {
+    pub id: u32,
+    pub image: Option<(u64, usize)>,
 }
 
 /// A session's model: decoder, chat format, tower, context.
@@ -528,7 +528,13 @@ impl Session {
                     self.logits.extend_from_slice(logits);
                     if let Some(m) = self.mtp.as_mut() {
                         let embeds = token_embeds(&self.forward, &[token]);
-                        m.ran(slot, &self.forward, &embeds, &HybridInputs::text(first_pos));
+                        m.ran(
+                            slot,
+                            &self.forward,
+                            &embeds,
+                            &HybridInputs::text(first_pos),
+                            &[],
+                        );
                     }
                     self.cached.push(RowKey {
                         id: token,
@@ -551,7 +557,13 @@ impl Session {
                     self.logits.extend_from_slice(&window.logits[..vocab]);
                     if let Some(m) = self.mtp.as_mut() {
                         let embeds = token_embeds(&self.forward, &rows);
-                        m.ran(slot, &self.forward, &embeds, &HybridInputs::text(first_pos));
+                        m.ran(
+                            slot,
+                            &self.forward,
+                            &embeds,
+                            &HybridInputs::text(first_pos),
+                            &[],
+                        );
                     }
                     self.next_rotary_pos += rows.len() as i64;
                     timings.drafts_proposed += drafts.len();
@@ -597,29 +609,7 @@ impl Session {
         let keys = row_keys(prompt);
         // The cache may hold rows of a failed step only up to the forward's slot.
         self.cached.truncate(self.forward.next_slot());
-        let mut reuse = self
-            .cached
-            .iter()
-            .zip(&keys)
-            .take_while(|(a, b)| a == b)
-            .count()
-            // At least the last row is prefilled: its logits choose the first token.
-            .min(rows - 1);
-        loop {
-            // A cut inside an image moves to the image's start: its rows are encoded whole.
-            for img in &prompt.images {
-                let (first, end) = (img.span.first_row, img.span.first_row + img.tokens);
-                if first < reuse && reuse < end {
-                    reuse = first;
-                }
-            }
-            // A recurrent (Qwen3.5) cache goes back only to a kept state: it may keep fewer.
-            let kept = self.forward.truncate(reuse);
-            if kept == reuse {
-                break;
-            }
-            reuse = kept;
-        }
+        let reuse = reuse_prefix(&self.cached, &keys, prompt, |r| self.forward.truncate(r));
         self.cached.truncate(reuse);
 
         let vision = match self.encoder.as_mut() {
@@ -632,21 +622,71 @@ impl Session {
         let prefill_start = Instant::now();
         let new_rows = rows - reuse;
         let (embeds, hybrid) = prompt_input(&self.forward, prompt, reuse, vision.as_ref());
-        let logits = self
-            .forward
-            .step_batch_embeds(&embeds, &hybrid, reuse, Logits::LastRow)?;
+        let hidden = self.forward.semantics().hidden_size;
+        let mut first = 0;
+        let mut mtp_hidden = Vec::new();
+        if self.forward.kv().recurrent.is_some() && new_rows > 1 {
+            // A Qwen3.5 cache keeps its recurrent state before the prompt's last row: the next
+            // turn (or the same prompt again) resumes from it; the last row is always prefilled.
+            first = new_rows - 1;
+            let head = hybrid.slice_rows(0, first, new_rows, hidden);
+            self.forward.step_batch_embeds(
+                &embeds[..first * hidden],
+                &head,
+                reuse,
+                Logits::LastRow,
+            )?;
+            self.forward.checkpoint();
+            mtp_hidden.extend_from_slice(self.forward.last_hidden());
+        }
+        let tail = hybrid.slice_rows(first, new_rows - first, new_rows, hidden);
+        let logits = self.forward.step_batch_embeds(
+            &embeds[first * hidden..],
+            &tail,
+            reuse + first,
+            Logits::LastRow,
+        )?;
         self.logits.clear();
         self.logits.extend_from_slice(logits);
         if let Some(m) = self.mtp.as_mut() {
-            m.ran(reuse, &self.forward, &embeds, &hybrid);
+            m.ran(reuse, &self.forward, &embeds, &hybrid, &mtp_hidden);
         }
-        // A Qwen3.5 cache keeps its recurrent state here: the next turn resumes from it.
-        self.forward.checkpoint();
         self.cached.extend_from_slice(&keys[reuse..]);
         self.next_rotary_pos = prompt.next_rotary_pos();
         timings.prefill = prefill_start.elapsed();
         timings.prefilled_tokens = new_rows;
         Ok(reuse)
+    }
+}
+
+/// How many of `prompt`'s rows (`keys`) a cache holding `cached` rows keeps: the shared prefix,
+/// but never the last row (its logits choose the first token) and never part of an image (its
+/// rows are encoded whole); `truncate` cuts the cache and says what it kept (a recurrent
+/// Qwen3.5 cache keeps only to a kept state, maybe less). The cache is cut on return.
+pub(crate) fn reuse_prefix(
+    cached: &[RowKey],
+    keys: &[RowKey],
+    prompt: &Prompt,
+    mut truncate: impl FnMut(usize) -> usize,
+) -> usize {
+    let mut reuse = cached
+        .iter()
+        .zip(keys)
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(keys.len().saturating_sub(1));
+    loop {
+        for img in &prompt.images {
+            let (first, end) = (img.span.first_row, img.span.first_row + img.tokens);
+            if first < reuse && reuse < end {
+                reuse = first;
+            }
+        }
+        let kept = truncate(reuse);
+        if kept == reuse {
+            return reuse;
+        }
+        reuse = kept;
     }
 }
 
@@ -846,7 +886,7 @@ pub(crate) fn prompt_input(
 }
 
 /// Each prompt row's key: image rows carry their picture's identity and their index in it.
-fn row_keys(prompt: &Prompt) -> Vec<RowKey> {
+pub(crate) fn row_keys(prompt: &Prompt) -> Vec<RowKey> {
     let mut keys: Vec<RowKey> = prompt
         .ids
         .iter()

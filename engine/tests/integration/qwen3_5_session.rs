@@ -134,10 +134,10 @@ fn a_second_chat_turn_on_the_whole_history_gives_transformers_ids() {
             ids(&runs["chat"]["greedy_ids"]),
             "turn 2 (drafts {drafts})"
         );
-        // The recurrent state after turn 1's prompt was kept: turn 2 resumes there (the picture
+        // The recurrent state before turn 1's last prompt row was kept: turn 2 resumes there (the picture
         // is in it, so the tower does not run), not from nothing.
         let turn1_rows = runs["chat_turn1"]["prompt_rows"].as_u64().unwrap() as usize;
-        assert_eq!(g2.reused_tokens, turn1_rows, "drafts {drafts}");
+        assert_eq!(g2.reused_tokens, turn1_rows - 1, "drafts {drafts}");
         assert_eq!(g2.timings.tower, std::time::Duration::ZERO);
     }
 }
@@ -247,6 +247,15 @@ fn conversations_beside_each_other_answer_as_alone() {
         threads.into_iter().map(|t| t.join().unwrap()).collect()
     });
     assert_eq!(got, alone);
+    // Again one after another: each prompt finds its earlier rows in a pooled cache (the
+    // recurrent state kept after that prompt) and answers the same.
+    let mut reused = 0;
+    for ((m, p), want) in convs.iter().zip(&alone) {
+        let g = h.generate(m, p, &mut |_| true).unwrap();
+        assert_eq!(&g.ids, want);
+        reused += g.reused_tokens;
+    }
+    assert!(reused > 0, "no prompt state was reused");
     std::thread::sleep(std::time::Duration::from_millis(50));
     assert_eq!(h.free_caches(), 3);
 }

@@ -167,3 +167,40 @@ fn clients_that_leave_cost_the_others_nothing() {
     let got = together(&h, &convs, 3);
     assert_eq!(got, want);
 }
+
+/// A finished conversation's rows stay in its cache: a later prompt that starts the same way (the
+/// same picture, the same question again) reuses them, and its answer is its answer alone. The
+/// reuse is measured (`reused_tokens`) so the check cannot pass by prefilling everything.
+#[test]
+fn a_later_prompt_reuses_a_finished_conversations_rows_and_answers_the_same() {
+    let names = ["one_image", "one_image", "chat", "two_images", "text"];
+    let convs: Vec<(String, Vec<Message>, SamplingParams)> = names
+        .iter()
+        .map(|n| (n.to_string(), messages(&cases()["cases"][*n]), greedy()))
+        .collect();
+    let want = alone(&convs);
+    let h = start(2);
+    let mut reused = Vec::new();
+    for ((name, m, p), (w, _)) in convs.iter().zip(&want) {
+        let g = h.generate(m, p, &mut |_| true).unwrap();
+        assert_eq!(&g.ids, w, "{name}");
+        reused.push(g.reused_tokens);
+    }
+    println!("reused rows: {reused:?}");
+    // "one_image" again reuses all but the last row of its prompt; "chat" starts with the
+    // picture "one_image" showed.
+    let one_image_rows = PromptBuilderRows::rows(&convs[0].1);
+    assert_eq!(reused[1], one_image_rows - 1, "{reused:?}");
+    assert!(reused[2] > 0, "{reused:?}");
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(h.free_caches(), 2);
+}
+
+/// The prompt rows of a conversation, as a session builds them.
+struct PromptBuilderRows;
+
+impl PromptBuilderRows {
+    fn rows(m: &[Message]) -> usize {
+        tower_session().prompt(m).unwrap().rows()
+    }
+}

@@ -9,6 +9,7 @@
 //! - [`stream`]: UTF-8-safe incremental text and stop strings.
 
 pub mod assets;
+pub mod constraint;
 pub mod decoding;
 pub mod drafts;
 pub mod error;
@@ -26,6 +27,7 @@ pub mod template;
 pub mod tokenizer;
 
 pub use assets::ChatAssets;
+pub use constraint::{Constraint, Grammar, TokenSpace};
 pub use drafts::{DraftAblation, Drafter, PromptLookup, MAX_DRAFTS};
 pub use error::{EngineError, Result};
 pub use format::ChatFormat;

@@ -220,7 +220,7 @@ impl Scheduler {
             unreachable!("admit is called with a free cache")
         };
         cache.reset();
-        let decoding = match Decoding::new(s.params, &s.prompt.ids) {
+        let decoding = match Decoding::new(s.params, &s.prompt.ids, &self.format.tokenizer) {
             Ok(d) => d,
             Err(e) => {
                 self.free.push(cache);

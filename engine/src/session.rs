@@ -422,7 +422,7 @@ impl Session {
         let params = answer_params(params, &self.format)?;
         let prompt = self.prompt(messages)?;
         let rows = prompt_fits(&prompt, self.context)?;
-        let mut decoding = Decoding::new(params, &prompt.ids)?;
+        let mut decoding = Decoding::new(params, &prompt.ids, &self.format.tokenizer)?;
         let mut timings = Timings::default();
         let reused = self.prefill(&prompt, &mut timings)?;
         let started = on_event(Event::Started {
@@ -434,9 +434,14 @@ impl Session {
         let mut on_text = |t: &str| on_event(Event::Text(t));
         let mut finish = FinishReason::Cancelled;
         let decode_start = Instant::now();
-        // Drafts only for greedy answers: the rule that keeps sampled answers' distribution with
-        // drafts (speculative acceptance) is a later step.
-        let k = if decoding.is_greedy() { self.drafts } else { 0 };
+        // Drafts only for greedy, unconstrained answers: the rule that keeps sampled answers'
+        // distribution with drafts (speculative acceptance) is a later step; prompt lookup
+        // rarely guesses a constrained answer's next tokens, so drafts stay off there.
+        let k = if decoding.is_greedy() && !decoding.is_constrained() {
+            self.drafts
+        } else {
+            0
+        };
         let vocab = self.forward.semantics().vocab_size;
         // The last forward's rows: its first cache slot, the drafts fed after its first row, all
         // its rows' logits, and the row whose logits `self.logits` holds.

@@ -4,6 +4,7 @@
 //! runs one.
 
 mod common;
+mod constraint;
 
 mod drafts;
 mod prompt_fixtures;

@@ -61,7 +61,8 @@ enum SeqEvent {
 struct Submission {
     prompt: Prompt,
     vision: Option<VisionOutput>,
-    params: SamplingParams,
+    /// Made on the caller's thread: a grammar is compiled (or refused) there, not in the step loop.
+    decoding: Decoding,
     timings: Timings,
     start: Instant,
     events: Sender<SeqEvent>,
@@ -220,14 +221,7 @@ impl Scheduler {
             unreachable!("admit is called with a free cache")
         };
         cache.reset();
-        let decoding = match Decoding::new(s.params, &s.prompt.ids, &self.format.tokenizer) {
-            Ok(d) => d,
-            Err(e) => {
-                self.free.push(cache);
-                let _ = s.events.send(SeqEvent::Done(Err(e)));
-                return;
-            }
-        };
+        let decoding = s.decoding;
         let (embeds, hybrid) = prompt_input(&self.decoder, &s.prompt, 0, s.vision.as_ref());
         let rows = s.prompt.rows();
         let hidden = self.decoder.semantics().hidden_size;
@@ -446,6 +440,17 @@ impl SchedulerHandle {
         params: &SamplingParams,
         on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<Generation> {
+        self.generate_with_tools(messages, &[], params, on_event)
+    }
+
+    /// [`SchedulerHandle::generate`] with `tools` given to the chat template.
+    pub fn generate_with_tools(
+        &self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        params: &SamplingParams,
+        on_event: &mut dyn FnMut(Event<'_>) -> bool,
+    ) -> Result<Generation> {
         let start = Instant::now();
         let sh = &self.shared;
         let params = answer_params(params, &sh.format)?;
@@ -455,8 +460,9 @@ impl SchedulerHandle {
             merge: sh.merge,
             ablation: sh.ablation,
         }
-        .build(messages)?;
+        .build_with_tools(messages, tools)?;
         let rows = prompt_fits(&prompt, sh.context)?;
+        let decoding = Decoding::new(params, &prompt.ids, &sh.format.tokenizer)?;
         let mut timings = Timings::default();
         let vision = match &sh.encoder {
             Some(encoder) => {
@@ -469,7 +475,7 @@ impl SchedulerHandle {
         let submission = Submission {
             prompt,
             vision,
-            params,
+            decoding,
             timings,
             start,
             events,

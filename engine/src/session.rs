@@ -418,9 +418,21 @@ impl Session {
         params: &SamplingParams,
         on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<Generation> {
+        self.generate_with_tools(messages, &[], params, on_event)
+    }
+
+    /// [`Session::generate`] with `tools` (OpenAI's function tools) given to the chat template,
+    /// which tells the model how to call them.
+    pub fn generate_with_tools(
+        &mut self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        params: &SamplingParams,
+        on_event: &mut dyn FnMut(Event<'_>) -> bool,
+    ) -> Result<Generation> {
         let start = Instant::now();
         let params = answer_params(params, &self.format)?;
-        let prompt = self.prompt(messages)?;
+        let prompt = self.builder().build_with_tools(messages, tools)?;
         let rows = prompt_fits(&prompt, self.context)?;
         let mut decoding = Decoding::new(params, &prompt.ids, &self.format.tokenizer)?;
         let mut timings = Timings::default();

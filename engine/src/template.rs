@@ -64,13 +64,31 @@ impl ChatTemplate {
         messages: &serde_json::Value,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with `tools` (OpenAI's function tools, as transformers'
+    /// `apply_chat_template(tools=...)` passes them; none passes `None`, as transformers does).
+    pub fn render_with_tools(
+        &self,
+        messages: &serde_json::Value,
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let tmpl = self
             .env
             .get_template(NAME)
             .map_err(|e| EngineError::Template(e.to_string()))?;
         let mut ctx: Vec<(&str, Value)> = vec![
             ("messages", Value::from_serialize(messages)),
-            ("tools", Value::from(())),
+            (
+                "tools",
+                if tools.is_empty() {
+                    Value::from(())
+                } else {
+                    Value::from_serialize(tools)
+                },
+            ),
             ("documents", Value::from(())),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
         ];

@@ -11,4 +11,5 @@ mod prompt_fixtures;
 mod scheduler;
 mod session_fixtures;
 mod stream_utf8;
+mod tools;
 mod tower_session;

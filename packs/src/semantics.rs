@@ -97,14 +97,14 @@ impl VisionSemantics {
                 return err(format!("{field} = {value} is too large"));
             }
         }
-        if self.hidden_size % self.num_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_heads) {
             return err(format!(
                 "hidden_size {} is not a multiple of num_heads {}",
                 self.hidden_size, self.num_heads
             ));
         }
         // The 2-D rotary gives head_dim/4 frequencies to the row and as many to the column.
-        if self.head_dim() % 4 != 0 {
+        if !self.head_dim().is_multiple_of(4) {
             return err(format!(
                 "head_dim {} (hidden_size / num_heads) must be a multiple of 4 for the 2-D rotary",
                 self.head_dim()
@@ -358,7 +358,7 @@ impl MoeSemantics {
                 self.sparse_layers, self.decoder_sparse_step, self.mlp_only_layers
             ));
         }
-        if quant == QuantKind::Q4 && self.moe_intermediate_size % Q4_GROUP != 0 {
+        if quant == QuantKind::Q4 && !self.moe_intermediate_size.is_multiple_of(Q4_GROUP) {
             return err(format!(
                 "q4 needs moe_intermediate_size = {} to be a multiple of {Q4_GROUP} (the K of each expert's down projection)",
                 self.moe_intermediate_size
@@ -448,13 +448,13 @@ impl Semantics {
                 return Err(E::Overflow { field, value });
             }
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(E::HeadGroups {
                 heads: self.num_heads,
                 kv_heads: self.num_kv_heads,
             });
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(E::OddHeadDim(self.head_dim));
         }
         for (field, value) in [

@@ -5,11 +5,15 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use engine::tool_calls::{calls_grammar, CallSplitter, FunctionTool};
 use engine::{
-    Content, EngineError, FinishReason, Generation, Message, Role, SamplingParams, Scheduler,
-    SchedulerHandle, SchedulerOptions, Session,
+    Content, EngineError, FinishReason, Generation, Grammar, Message, Role, SamplingParams,
+    Scheduler, SchedulerHandle, SchedulerOptions, Session, ToolCall,
 };
-use server::chat::{self as api, ChatEngine, ChatRequest, Completion, Finish};
+use serde_json::Value;
+use server::chat::{
+    self as api, ChatEngine, ChatRequest, Completion, Finish, ResponseFormat, ToolChoice,
+};
 use server::{MediaPolicy, ModelInfo, ServeOptions};
 
 use crate::cli::ServeArgs;
@@ -22,6 +26,7 @@ trait Answerer: Send + 'static {
     fn generate(
         &mut self,
         messages: &[Message],
+        tools: &[Value],
         params: &SamplingParams,
         on_event: &mut dyn FnMut(engine::Event<'_>) -> bool,
     ) -> engine::Result<Generation>;
@@ -37,10 +42,11 @@ impl Answerer for Session {
     fn generate(
         &mut self,
         messages: &[Message],
+        tools: &[Value],
         params: &SamplingParams,
         on_event: &mut dyn FnMut(engine::Event<'_>) -> bool,
     ) -> engine::Result<Generation> {
-        Session::generate(self, messages, params, on_event)
+        Session::generate_with_tools(self, messages, tools, params, on_event)
     }
 }
 
@@ -60,10 +66,12 @@ impl Answerer for Parallel {
     fn generate(
         &mut self,
         messages: &[Message],
+        tools: &[Value],
         params: &SamplingParams,
         on_event: &mut dyn FnMut(engine::Event<'_>) -> bool,
     ) -> engine::Result<Generation> {
-        self.handle.generate(messages, params, on_event)
+        self.handle
+            .generate_with_tools(messages, tools, params, on_event)
     }
 }
 
@@ -79,24 +87,67 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
         on_event: &mut dyn FnMut(api::Event<'_>) -> bool,
     ) -> Result<Completion, api::EngineError> {
         let messages = self.messages(request).map_err(refusal)?;
-        let params = sampling(self.answerer.default_sampling(), &request.sampling);
+        let mut params = sampling(self.answerer.default_sampling(), &request.sampling);
+        params.grammar = grammar(request);
+        let tools = &request.tools;
+        // tool_choice "none": the model is not told about the tools, so it calls none.
+        let shown_tools: &[Value] = if tools.choice == ToolChoice::None {
+            &[]
+        } else {
+            &tools.list
+        };
+        // Calls are read out of free text and out of the calls grammar's answer alike; a JSON
+        // answer (response_format) is only JSON.
+        let reads_calls = tools.in_use() && request.format == ResponseFormat::Text;
+        let functions = tools.functions();
+        let names: Vec<&str> = functions.iter().map(|(n, _)| n.as_str()).collect();
+        let mut splitter = CallSplitter::default();
+        let mut shown = String::new();
+        let mut show = |t: &str, on_event: &mut dyn FnMut(api::Event<'_>) -> bool| {
+            shown.push_str(t);
+            t.is_empty() || on_event(api::Event::Text(t))
+        };
         let mut forward_event = |e: engine::Event<'_>| match e {
             engine::Event::Started { prompt_tokens, .. } => {
                 on_event(api::Event::Started { prompt_tokens })
             }
-            engine::Event::Text(t) => on_event(api::Event::Text(t)),
+            engine::Event::Text(t) if reads_calls => show(&splitter.push(t), on_event),
+            engine::Event::Text(t) => show(t, on_event),
         };
         let g = self
             .answerer
-            .generate(&messages, &params, &mut forward_event)
+            .generate(&messages, shown_tools, &params, &mut forward_event)
             .map_err(refusal)?;
-        let finish = match g.finish {
+        let mut finish = match g.finish {
             FinishReason::Eos(_) | FinishReason::Stop(_) => Finish::Stop,
             FinishReason::MaxTokens | FinishReason::ContextFull => Finish::Length,
             FinishReason::Cancelled => return Err(api::EngineError::Cancelled),
         };
+        let mut tool_calls = Vec::new();
+        if reads_calls {
+            let parsed = splitter.finish(&names);
+            show(&parsed.text, on_event);
+            tool_calls = parsed
+                .calls
+                .into_iter()
+                .map(|c| api::ToolCall {
+                    id: api::new_call_id(),
+                    name: c.name,
+                    arguments: c.arguments,
+                })
+                .collect();
+            // parallel_tool_calls false: at most one call (the grammar makes one; free text may
+            // hold more, of which the first is kept).
+            if !tools.parallel {
+                tool_calls.truncate(1);
+            }
+            if !tool_calls.is_empty() && finish == Finish::Stop {
+                finish = Finish::ToolCalls;
+            }
+        }
         Ok(Completion {
-            text: g.text,
+            text: shown,
+            tool_calls,
             prompt_tokens: g.prompt_tokens,
             completion_tokens: g.ids.len(),
             finish,
@@ -104,6 +155,28 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
             answer_time: g.timings.decode,
         })
     }
+}
+
+/// The constraint a request asks for: its response format's, or the calls grammar of
+/// tool_choice "required" (any of the tools) or a named function (that one).
+fn grammar(request: &ChatRequest) -> Option<Grammar> {
+    match &request.format {
+        ResponseFormat::JsonObject => return Some(Grammar::JsonObject),
+        ResponseFormat::JsonSchema(schema) => return Some(Grammar::JsonSchema(schema.clone())),
+        ResponseFormat::Text => {}
+    }
+    let tools = &request.tools;
+    let functions: Vec<FunctionTool> = tools
+        .functions()
+        .into_iter()
+        .filter(|(name, _)| match &tools.choice {
+            ToolChoice::Required => true,
+            ToolChoice::Function(n) => n == name,
+            ToolChoice::None | ToolChoice::Auto => false,
+        })
+        .map(|(name, parameters)| FunctionTool { name, parameters })
+        .collect();
+    (!functions.is_empty()).then(|| calls_grammar(&functions, tools.parallel))
 }
 
 impl<A: Answerer> ServerEngine<A> {
@@ -127,8 +200,21 @@ impl<A: Answerer> ServerEngine<A> {
                     api::Role::System => Role::System,
                     api::Role::User => Role::User,
                     api::Role::Assistant => Role::Assistant,
+                    api::Role::Tool => Role::Tool,
                 };
-                Ok(Message { role, content })
+                Ok(Message {
+                    tool_calls: m
+                        .tool_calls
+                        .iter()
+                        .map(|c| ToolCall {
+                            id: c.id.clone(),
+                            name: c.name.clone(),
+                            arguments: c.arguments.clone(),
+                        })
+                        .collect(),
+                    tool_call_id: m.tool_call_id.clone(),
+                    ..Message::new(role, content)
+                })
             })
             .collect()
     }
@@ -143,6 +229,10 @@ fn refusal(e: EngineError) -> api::EngineError {
         | EngineError::Prompt(_)
         | EngineError::Template(_)
         | EngineError::Sampling(_) => api::EngineError::Invalid(e.to_string()),
+        // The request's schema or a tool's parameters schema, refused by the constraint parser.
+        EngineError::Grammar(m) => api::EngineError::Invalid(format!(
+            "response_format or tools: the schema is refused by the constraint: {m}"
+        )),
         other => api::EngineError::Failed(other.to_string()),
     }
 }

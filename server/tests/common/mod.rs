@@ -72,10 +72,7 @@ impl ChatEngine for ScriptedEngine {
             return Err(EngineError::Cancelled);
         }
         if request.tools.in_use() && last_text == "call" {
-            if !on_event(Event::Started {
-                prompt_tokens: prompt,
-            }) || !on_event(Event::Text("ok"))
-            {
+            if !on_event(Event::Text("ok")) {
                 return Err(EngineError::Cancelled);
             }
             let tool_calls = request

@@ -383,3 +383,145 @@ fn parallel(args: &ServeArgs, per_sequence: usize) -> Result<usize, String> {
         None => Ok(fits.min(8)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use server::chat::{Part, Tools};
+
+    /// Answers with `pieces` as its streamed text, whatever it is asked; keeps the tools and the
+    /// grammar it was given.
+    struct Scripted {
+        pieces: Vec<String>,
+        seen: Vec<(usize, Option<Grammar>)>,
+    }
+
+    impl Answerer for Scripted {
+        fn image(&self, name: &str, _: &[u8]) -> engine::Result<engine::Image> {
+            Err(EngineError::Prompt(format!("{name}: no images here")))
+        }
+        fn default_sampling(&self) -> SamplingParams {
+            SamplingParams::default()
+        }
+        fn generate(
+            &mut self,
+            _: &[Message],
+            tools: &[Value],
+            params: &SamplingParams,
+            on_event: &mut dyn FnMut(engine::Event<'_>) -> bool,
+        ) -> engine::Result<Generation> {
+            self.seen.push((tools.len(), params.grammar.clone()));
+            on_event(engine::Event::Started {
+                prompt_tokens: 1,
+                image_tokens: 0,
+                reused_tokens: 0,
+            });
+            for p in &self.pieces {
+                on_event(engine::Event::Text(p));
+            }
+            Ok(Generation {
+                text: self.pieces.concat(),
+                ids: vec![0; self.pieces.len()],
+                finish: FinishReason::Eos(0),
+                prompt_tokens: 1,
+                image_tokens: 0,
+                reused_tokens: 0,
+                timings: Default::default(),
+            })
+        }
+    }
+
+    /// (streamed text, completion) of `pieces` answered under `tools`.
+    fn answer(pieces: &[&str], tools: Tools) -> (String, Completion, Scripted) {
+        let mut engine = ServerEngine {
+            answerer: Scripted {
+                pieces: pieces.iter().map(|p| p.to_string()).collect(),
+                seen: Vec::new(),
+            },
+        };
+        let request = ChatRequest {
+            messages: vec![api::Message::new(
+                api::Role::User,
+                vec![Part::Text("hi".into())],
+            )],
+            tools,
+            ..ChatRequest::default()
+        };
+        let mut streamed = String::new();
+        let c = engine
+            .complete(&request, &mut |e| {
+                if let api::Event::Text(t) = e {
+                    streamed.push_str(t);
+                }
+                true
+            })
+            .unwrap();
+        (streamed, c, engine.answerer)
+    }
+
+    fn tools(choice: ToolChoice, parallel: bool) -> Tools {
+        Tools {
+            list: vec![serde_json::json!({"type": "function", "function": {"name": "add"}})],
+            choice,
+            parallel,
+        }
+    }
+
+    const CALL: &str = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+
+    #[test]
+    fn auto_reads_calls_and_leaves_a_malformed_one_as_text() {
+        let (streamed, c, seen) = answer(
+            vec!["Sure.\n", "<tool_", &CALL[6..]],
+            tools(ToolChoice::Auto, true),
+        );
+        assert_eq!(streamed, "Sure.\n");
+        assert_eq!(c.text, "Sure.\n");
+        assert_eq!(c.finish, Finish::ToolCalls);
+        assert_eq!(c.tool_calls.len(), 1);
+        assert_eq!(c.tool_calls[0].name, "add");
+        assert_eq!(c.tool_calls[0].arguments, r#"{"a":1}"#);
+        // auto: the tools go to the template, no grammar.
+        assert_eq!(seen.seen, vec![(1, None)]);
+
+        for bad in [
+            "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1\n</tool_call>",
+            "<tool_call>\n{\"name\": \"sub\", \"arguments\": {}}\n</tool_call>",
+            "<tool_call>\n{\"name\": \"add\", \"arguments\": {}}",
+        ] {
+            let (streamed, c, _) = answer(&["x ", bad], tools(ToolChoice::Auto, true));
+            assert_eq!(streamed, format!("x {bad}"), "shown whole, as text");
+            assert_eq!(c.text, streamed);
+            assert!(c.tool_calls.is_empty());
+            assert_eq!(c.finish, Finish::Stop);
+        }
+    }
+
+    #[test]
+    fn choices_pick_the_grammar_and_the_tools_shown() {
+        let two = format!("{CALL}\n{CALL}");
+        // parallel false keeps one call.
+        let (_, c, _) = answer(&[&two], tools(ToolChoice::Auto, false));
+        assert_eq!(c.tool_calls.len(), 1);
+        let (_, c, _) = answer(&[&two], tools(ToolChoice::Auto, true));
+        assert_eq!(c.tool_calls.len(), 2);
+        assert_ne!(c.tool_calls[0].id, c.tool_calls[1].id);
+        // none: no tools shown, no calls read (the text stays text).
+        let (streamed, c, seen) = answer(&[CALL], tools(ToolChoice::None, true));
+        assert_eq!(streamed, CALL);
+        assert!(c.tool_calls.is_empty());
+        assert_eq!(seen.seen, vec![(0, None)]);
+        // required and named: the calls grammar.
+        for choice in [ToolChoice::Required, ToolChoice::Function("add".into())] {
+            let (_, c, seen) = answer(&[CALL], tools(choice, false));
+            assert_eq!(c.finish, Finish::ToolCalls);
+            let Some(Grammar::Lark(g)) = &seen.seen[0].1 else {
+                panic!("{:?}", seen.seen)
+            };
+            assert!(
+                g.starts_with("start: call\n") && g.contains(r#"{"const":"add"}"#),
+                "{g}"
+            );
+        }
+    }
+}

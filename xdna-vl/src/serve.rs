@@ -472,7 +472,7 @@ mod tests {
     #[test]
     fn auto_reads_calls_and_leaves_a_malformed_one_as_text() {
         let (streamed, c, seen) = answer(
-            vec!["Sure.\n", "<tool_", &CALL[6..]],
+            &["Sure.\n", "<tool_", &CALL[6..]],
             tools(ToolChoice::Auto, true),
         );
         assert_eq!(streamed, "Sure.\n");

@@ -95,7 +95,7 @@ fn the_calls_grammar_makes_random_weights_call_the_tool() {
         };
         s.reset();
         let g = s
-            .generate_with_tools(&question, &[tool.clone()], &p, &mut |_| true)
+            .generate_with_tools(&question, std::slice::from_ref(&tool), &p, &mut |_| true)
             .unwrap();
         assert!(
             matches!(g.finish, FinishReason::Eos(_)),
@@ -116,7 +116,7 @@ fn the_calls_grammar_makes_random_weights_call_the_tool() {
         p.grammar = None;
         s.reset();
         let free = s
-            .generate_with_tools(&question, &[tool.clone()], &p, &mut |_| true)
+            .generate_with_tools(&question, std::slice::from_ref(&tool), &p, &mut |_| true)
             .unwrap();
         assert!(
             parse(&free.text, &["get_weather"]).calls.is_empty(),

@@ -192,3 +192,69 @@ fn the_scheduler_answers_constrained_requests_as_the_session_does() {
         assert_eq!(&text, a);
     }
 }
+
+/// What the constraint costs on a vocabulary of Qwen3's size: the tiny tokenizer with synthetic
+/// byte-level tokens (printable ASCII strings of 2 to 4 bytes, JSON's punctuation among them) up
+/// to 151,936 ids. Prints the time to build the token space and the mean and worst mask per token
+/// of a schema answer. Not a gate: `cargo test -p engine --release --test integration -- --ignored
+/// cost_on --nocapture`.
+#[test]
+#[ignore]
+fn cost_on_a_qwen_sized_vocabulary() {
+    use std::time::Instant;
+    let path = checkpoint().join("tokenizer.json");
+    let mut json: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let vocab = json["model"]["vocab"].as_object_mut().unwrap();
+    let mut next = 512u64;
+    let mut i = 95u64;
+    while next < 151_936 {
+        let (mut n, mut word) = (i, String::new());
+        while n > 0 {
+            // Printable ASCII in the byte-level alphabet (the space is 'Ġ').
+            let b = (n % 95) as u8 + 0x20;
+            word.push(if b == b' ' { 'Ġ' } else { b as char });
+            n /= 95;
+        }
+        i += 1;
+        if !vocab.contains_key(&word) {
+            vocab.insert(word, json!(next));
+            next += 1;
+        }
+    }
+    let im_end = json["added_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["content"] == "<|im_end|>")
+        .unwrap()["id"]
+        .as_u64()
+        .unwrap() as u32;
+    let start = Instant::now();
+    let space = engine::TokenSpace::new(&json, im_end).unwrap();
+    let built = start.elapsed();
+    let mut c = engine::Constraint::new(&Grammar::JsonSchema(schema()), &space, &[im_end]).unwrap();
+    let mut logits = vec![0.0f32; 151_936];
+    let (mut total, mut worst, mut steps) =
+        (std::time::Duration::ZERO, std::time::Duration::ZERO, 0);
+    loop {
+        logits.iter_mut().for_each(|l| *l = 0.0);
+        let t = Instant::now();
+        c.mask(&mut logits).unwrap();
+        let d = t.elapsed();
+        total += d;
+        worst = worst.max(d);
+        steps += 1;
+        // The last allowed id (the longest pieces come last): a varied walk to the end.
+        let token = (0..logits.len()).rev().find(|&i| logits[i] == 0.0).unwrap() as u32;
+        if token == im_end || steps == 64 {
+            break;
+        }
+        c.advance(token).unwrap();
+    }
+    eprintln!(
+        "151,936 ids: token space built in {:.0} ms; mask {:.0} us mean, {:.0} us worst over {steps} steps",
+        built.as_secs_f64() * 1e3,
+        total.as_secs_f64() * 1e6 / f64::from(steps),
+        worst.as_secs_f64() * 1e6
+    );
+}

@@ -332,6 +332,116 @@ PRESETS.update({
 })
 MOE_COMMITTED = ["moe-top2", "moe-top4"]
 
+# Qwen3.5 (`Qwen3_5ForConditionalGeneration`, model_type qwen3_5): `model="qwen3_5"`. The text
+# config gains layer_types (or full_attention_interval), the linear (Gated DeltaNet) head counts
+# and dims, linear_conv_kernel_dim and partial_rotary_factor; mrope_section covers only the
+# rotated quarter of head_dim. Norms are zero-centred (x * (1 + w)) and start at 0: they are drawn
+# non-zero here so a forward that drops the +1 or the weight is caught. Prompts over 64 rows make
+# transformers' chunked delta rule cross a chunk boundary.
+PRESETS.update({
+    "q35-odd": dict(
+        description="Qwen3.5 dense: 5 layers linear/full/linear/full/linear, full heads 3 / kv 1, head_dim 32 "
+        "(rotary 8, mrope [2,1,1]), linear key heads 3 x 16, value heads 6 x 32, conv 4, untied head, "
+        "two images, 84-row prompt (crosses transformers' 64-row chunk); f32, 5.x config",
+        model="qwen3_5",
+        seed=8008,
+        dtype="float32",
+        config_spelling="5.x",
+        max_shard_size=None,
+        tie_word_embeddings=False,
+        text=dict(
+            vocab_size=512,
+            hidden_size=96,
+            intermediate_size=160,
+            num_hidden_layers=5,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention",
+                         "linear_attention"],
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=32,
+            linear_num_key_heads=3,
+            linear_num_value_heads=6,
+            linear_key_head_dim=16,
+            linear_value_head_dim=32,
+            linear_conv_kernel_dim=4,
+            partial_rotary_factor=0.25,
+            rope_theta=10_000.0,
+            mrope_section=[2, 1, 1],
+            rms_norm_eps=1e-6,
+            initializer_range=0.1,
+        ),
+        vision=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            num_position_embeddings=64,
+            initializer_range=0.1,
+        ),
+        images=[[64, 64], [96, 64]],
+        image_kinds=["noise", "checker"],
+        prompt=[30, "image", 20, "image", 22],
+        text_rows=70,
+        greedy=8,
+        min_margin=0.01,
+        min_margin_quant=0.02,
+        max_repeat=2,
+        max_attempts=200,
+    ),
+    "q35-hd256": dict(
+        description="Qwen3.5 dense at the hub's attention geometry: head_dim 256 (rotary 64, mrope [11,11,10]), "
+        "heads 2 / kv 1, 4 layers by full_attention_interval 4 (linear x3, full), linear key heads 2 x 32, "
+        "value heads 4 x 32, tied head, one image; bf16 in shards",
+        model="qwen3_5",
+        seed=9009,
+        dtype="bfloat16",
+        config_spelling="interval",
+        max_shard_size="300KB",
+        tie_word_embeddings=True,
+        text=dict(
+            vocab_size=384,
+            hidden_size=128,
+            intermediate_size=192,
+            num_hidden_layers=4,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=256,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
+            linear_conv_kernel_dim=4,
+            partial_rotary_factor=0.25,
+            rope_theta=10_000_000.0,
+            mrope_section=[11, 11, 10],
+            rms_norm_eps=1e-6,
+            initializer_range=0.08,
+        ),
+        vision=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            num_position_embeddings=64,
+            initializer_range=0.08,
+        ),
+        images=[[64, 128]],
+        image_kinds=["gradient"],
+        prompt=[9, "image", 14],
+        text_rows=11,
+        greedy=8,
+        min_margin=0.01,
+        min_margin_quant=0.02,
+        max_repeat=2,
+        max_attempts=200,
+    ),
+})
+Q35_COMMITTED = ["q35-odd", "q35-hd256"]
+
+
+def is_qwen3_5(spec: dict) -> bool:
+    return spec.get("model") == "qwen3_5"
+
 
 # ---------------------------------------------------------------------------------------------
 # The pack kinds' exact arithmetic (issue 2, "Quant kinds"). Every op below is an f32 elementwise
@@ -442,7 +552,36 @@ class QuantExperts(torch.nn.Module):
 
 
 @contextlib.contextmanager
+def recurrent_prefill(model):
+    """Qwen3.5: transformers prefills with the chunked delta rule and decodes with the recurrent
+    one. Within the block the prefill runs the recurrent form too (what the pack's decoder runs),
+    so a quantized reference and the pack sum in the same order and do not flip activation codes
+    (the chunked order moved an i8 top-1 to 0.95 on q35-hd256)."""
+    if not is_qwen3_5_model(model):
+        yield model
+        return
+    import transformers.models.qwen3_5.modeling_qwen3_5 as m
+
+    chunked = m.torch_chunk_gated_delta_rule
+
+    def recurrent(*args, chunk_size=64, **kwargs):
+        return m.torch_recurrent_gated_delta_rule(*args, **kwargs)
+
+    m.torch_chunk_gated_delta_rule = recurrent
+    try:
+        yield model
+    finally:
+        m.torch_chunk_gated_delta_rule = chunked
+
+
+@contextlib.contextmanager
 def quantized_text_decoder(model, kind: str):
+    with recurrent_prefill(model), quantized_layers(model, kind) as qmodel:
+        yield qmodel
+
+
+@contextlib.contextmanager
+def quantized_layers(model, kind: str):
     """Within the block, the seven projections of every text layer and the head are QuantLinear
     (from the model's f32 values; a tied head from the f32 embedding) and the embedding is rounded
     to bf16. The original modules are put back afterwards (no copy of the model is made)."""
@@ -455,7 +594,12 @@ def quantized_text_decoder(model, kind: str):
                 swapped.append((layer.mlp, "experts", layer.mlp.experts))
                 layer.mlp.experts = QuantExperts(layer.mlp.experts, kind)
             mlp = () if sparse else ((layer.mlp, ("gate_proj", "up_proj", "down_proj")),)
-            for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),) + mlp:
+            if hasattr(layer, "self_attn"):
+                mixer = ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),)
+            else:  # Gated DeltaNet: its five linears; conv, A_log, dt_bias and the norm stay f32
+                mixer = ((layer.linear_attn, ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
+                                              "out_proj")),)
+            for parent, names in mixer + mlp:
                 for name in names:
                     lin = getattr(parent, name)
                     assert lin.bias is None, f"{name} has a bias; the pack kinds have none"
@@ -487,7 +631,9 @@ def special_ids(spec: dict) -> dict:
 
 
 def build_config(spec: dict):
-    if spec.get("model") == "moe":
+    if is_qwen3_5(spec):
+        from transformers import Qwen3_5Config as Qwen3VLConfig
+    elif spec.get("model") == "moe":
         from transformers import Qwen3VLMoeConfig as Qwen3VLConfig
     else:
         from transformers import Qwen3VLConfig
@@ -498,6 +644,8 @@ def build_config(spec: dict):
     text["rope_parameters"] = dict(
         rope_type="default", rope_theta=theta, mrope_section=list(section), mrope_interleaved=True
     )
+    if "partial_rotary_factor" in text:
+        text["rope_parameters"]["partial_rotary_factor"] = text.pop("partial_rotary_factor")
     text["tie_word_embeddings"] = spec["tie_word_embeddings"]
     vision = dict(spec["vision"])
     vision.setdefault("patch_size", 16)
@@ -520,12 +668,24 @@ def randomize_norms(model, gen: torch.Generator) -> None:
     """Norm weights start at 1; make them 1 + N(0, 0.1^2) so a forward that drops them is caught."""
     lm = model.model.language_model
     norms = [lm.norm]
+    gated = []  # Qwen3.5's RMSNormGated: a plain weight (starts at 1), not zero-centred
     for layer in lm.layers:
-        norms += [layer.input_layernorm, layer.post_attention_layernorm,
-                  layer.self_attn.q_norm, layer.self_attn.k_norm]
+        norms += [layer.input_layernorm, layer.post_attention_layernorm]
+        if hasattr(layer, "self_attn"):
+            norms += [layer.self_attn.q_norm, layer.self_attn.k_norm]
+        else:
+            gated.append(layer.linear_attn.norm)
+    # Zero-centred norms (Qwen3.5: x * (1 + w)) start at 0, the others at 1.
+    base = 0.0 if is_qwen3_5_model(model) else 1.0
     with torch.no_grad():
         for norm in norms:
+            norm.weight.copy_(base + 0.1 * torch.randn(norm.weight.shape, generator=gen))
+        for norm in gated:
             norm.weight.copy_(1.0 + 0.1 * torch.randn(norm.weight.shape, generator=gen))
+
+
+def is_qwen3_5_model(model) -> bool:
+    return model.config.model_type == "qwen3_5"
 
 
 def rewrite_config_457(path: str) -> None:
@@ -674,16 +834,18 @@ def run_pixel_path(model, prompt: Prompt, image_token_id: int, greedy: int):
     pos = first["position_ids"]
     if pos is None:  # text-only prompt: the language model counts 0..rows-1 itself
         pos = torch.arange(rows).view(1, 1, -1).expand(3, 1, -1)
+    if pos.shape[0] == 4:  # Qwen3.5 prepends the text positions (the mask's) to the three planes
+        pos = pos[1:]
     mask = prompt.input_ids[0] == image_token_id
     sets = first.get("deepstack_visual_embeds") or []
     hidden = emb.shape[-1]
-    n_sets = len(model.config.vision_config.deepstack_visual_indexes)
+    n_sets = len(getattr(model.config.vision_config, "deepstack_visual_indexes", None) or [])
     if sets:
         deepstack = torch.stack([s.detach().to(torch.float32) for s in sets])
         vmask = first["visual_pos_masks"][0]
         assert torch.equal(vmask, mask), "visual_pos_masks differ from the image-token rows"
     else:
-        deepstack = torch.zeros(n_sets, 0, hidden)
+        deepstack = torch.zeros(n_sets, int(mask.sum()) if n_sets == 0 else 0, hidden)
     inputs = HybridInputs(
         input_ids=prompt.input_ids[0].clone(),
         position_ids=pos[:, 0, :].clone().to(torch.long),
@@ -707,7 +869,7 @@ def run_hybrid_path(model, inputs: HybridInputs, image_token_id: int, greedy: in
     emb = lm.embed_tokens(ids).detach().clone()
     emb[mask] = inputs.image_embeds
     kw = {}
-    if int(mask.sum()) > 0:
+    if int(mask.sum()) > 0 and inputs.deepstack.shape[0] > 0:
         kw = dict(visual_pos_masks=mask[None], deepstack_visual_embeds=list(inputs.deepstack))
     out = lm(inputs_embeds=emb[None], position_ids=inputs.position_ids[:, None, :], use_cache=True, **kw)
     prefill = model.lm_head(out.last_hidden_state)[0].detach().clone()
@@ -813,6 +975,23 @@ def check_plain_forward(model, inputs: HybridInputs, ref: dict, image_token_id: 
 
 
 
+def check_recurrent_prefill(model, inputs: HybridInputs, prefill: torch.Tensor, image_token_id: int) -> float:
+    """Qwen3.5: the prompt fed one row at a time (the recurrent delta rule and the conv update, as
+    decode runs) against transformers' chunked prefill; returns the largest logit difference."""
+    lm = model.model.language_model
+    ids = inputs.input_ids
+    mask = ids == image_token_id
+    emb = lm.embed_tokens(ids).detach().clone()
+    emb[mask] = inputs.image_embeds
+    cache, rows_out = None, []
+    for r in range(ids.shape[0]):
+        pos = inputs.position_ids[:, None, r:r + 1]
+        out = lm(inputs_embeds=emb[None, r:r + 1], position_ids=pos, cache=cache, use_cache=True)
+        cache = out.cache
+        rows_out.append(model.lm_head(out.last_hidden_state)[0, -1])
+    return max_abs(torch.stack(rows_out), prefill)
+
+
 def run_text(model, text_ids: torch.Tensor) -> torch.Tensor:
     model.model.rope_deltas = None
     out = model(input_ids=text_ids[None], use_cache=False)
@@ -880,8 +1059,26 @@ def save_checkpoint(model, spec: dict, ck_dir: str) -> None:
             os.remove(gen)
     if spec["config_spelling"] == "4.57":
         rewrite_config_457(os.path.join(ck_dir, "config.json"))
+    if spec["config_spelling"] == "interval":
+        rewrite_config_interval(os.path.join(ck_dir, "config.json"))
     if spec.get("expert_layout") == "hub":
         rewrite_experts_hub(ck_dir)
+
+
+def rewrite_config_interval(path: str) -> None:
+    """Qwen3.5 with the layer kinds given by full_attention_interval instead of layer_types (the
+    config's default rule: every interval-th layer full)."""
+    with open(path) as f:
+        cfg = json.load(f)
+    text = cfg["text_config"]
+    kinds = text.pop("layer_types")
+    interval = 4
+    assert kinds == ["linear_attention" if (i + 1) % interval else "full_attention"
+                     for i in range(len(kinds))], kinds
+    text["full_attention_interval"] = interval
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
 
 
 def rewrite_experts_hub(ck_dir: str) -> None:
@@ -975,12 +1172,13 @@ def compute_references(model, spec: dict, name: str, attempt: int, quant: bool):
             pos, delta = model.model.get_rope_index(
                 prompt.input_ids, mm_token_type_ids=prompt.mm_token_type_ids,
                 image_grid_thw=prompt.image_grid_thw)
+            pos = pos[1:] if pos.shape[0] == 4 else pos
             assert torch.equal(pos[:, 0, :], inputs.position_ids), "captured planes != get_rope_index"
             assert int(delta.item()) == inputs.rope_delta
             feats = model.model.get_image_features(prompt.pixel_values, prompt.image_grid_thw,
                                                    return_dict=True)
             assert torch.equal(torch.cat(feats.pooler_output), inputs.image_embeds)
-            for s, per_image in enumerate(feats.deepstack_features):
+            for s, per_image in enumerate(getattr(feats, "deepstack_features", None) or []):
                 assert torch.equal(torch.cat(per_image), inputs.deepstack[s])
         h_prefill, h_ids, h_decode = run_hybrid_path(model, inputs, image_token_id, greedy)
         summary["hybrid_vs_pixel_prefill_max_abs"] = max_abs(h_prefill, prefill)
@@ -992,8 +1190,13 @@ def compute_references(model, spec: dict, name: str, attempt: int, quant: bool):
         text_logits = run_text(model, text_ids)
         refs = {"f32": dict(prefill_logits=prefill, greedy_ids=ids, decode_logits=decode,
                             text_ids=text_ids, text_logits=text_logits)}
-        summary["plain_forward_max_abs"] = check_plain_forward(model, inputs, refs["f32"], image_token_id)
-        assert summary["plain_forward_max_abs"] <= 1e-4, summary
+        if is_qwen3_5_model(model):
+            summary["recurrent_vs_chunked_max_abs"] = check_recurrent_prefill(model, inputs, prefill, image_token_id)
+            # Two orders of the same f32 sums: 1.9e-4 measured on q35-odd; the contract allows 1e-3.
+            assert summary["recurrent_vs_chunked_max_abs"] <= 1e-3, summary
+        else:
+            summary["plain_forward_max_abs"] = check_plain_forward(model, inputs, refs["f32"], image_token_id)
+            assert summary["plain_forward_max_abs"] <= 1e-4, summary
 
         if quant:
             for kind in ("i8", "q4"):
@@ -1019,7 +1222,9 @@ def compute_references(model, spec: dict, name: str, attempt: int, quant: bool):
 
 
 def generate_case(name: str, spec: dict, out_root: str, quant: bool = True) -> dict:
-    if spec.get("model") == "moe":
+    if is_qwen3_5(spec):
+        from transformers import Qwen3_5ForConditionalGeneration as Qwen3VLForConditionalGeneration
+    elif spec.get("model") == "moe":
         from transformers import Qwen3VLMoeForConditionalGeneration as Qwen3VLForConditionalGeneration
     else:
         from transformers import Qwen3VLForConditionalGeneration
@@ -1111,6 +1316,12 @@ def generate_case(name: str, spec: dict, out_root: str, quant: bool = True) -> d
         rope_delta=inputs.rope_delta, text_rows=int(text_ids.shape[0]), greedy=greedy,
         special_ids=specials,
     )
+    if is_qwen3_5(spec):
+        summary.update(layer_types=list(tc.layer_types), linear_key_heads=int(tc.linear_num_key_heads),
+                       linear_value_heads=int(tc.linear_num_value_heads),
+                       linear_key_head_dim=int(tc.linear_key_head_dim),
+                       linear_value_head_dim=int(tc.linear_value_head_dim),
+                       partial_rotary_factor=float(tc.rope_parameters["partial_rotary_factor"]))
     if spec.get("model") == "moe":
         summary.update(num_experts=int(tc.num_experts), top_k=int(tc.num_experts_per_tok),
                        moe_intermediate=int(tc.moe_intermediate_size),
@@ -1303,6 +1514,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-readme", action="store_true", help="do not write <out>/README.md")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--list", action="store_true", help="print the presets as JSON and exit")
+    ap.add_argument("--qwen3-5", action="store_true",
+                    help=f"generate the committed Qwen3.5 cases ({', '.join(Q35_COMMITTED)}) instead")
     ap.add_argument("--moe", action="store_true",
                     help=f"generate the committed MoE cases ({', '.join(MOE_COMMITTED)}) instead")
     args = ap.parse_args(argv)
@@ -1310,7 +1523,7 @@ def main(argv: list[str]) -> int:
     if args.list:
         print(json.dumps(PRESETS, indent=2))
         return 0
-    cases = args.case or (MOE_COMMITTED if args.moe else COMMITTED)
+    cases = args.case or (MOE_COMMITTED if args.moe else Q35_COMMITTED if args.qwen3_5 else COMMITTED)
     if args.name and len(cases) != 1:
         print("error: --name needs exactly one --case", file=sys.stderr)
         return 2
@@ -1334,7 +1547,7 @@ def main(argv: list[str]) -> int:
         s["size_kb"] = math.ceil(dir_size(os.path.join(args.out, name)) / 1024)
         print(json.dumps(s, indent=1), flush=True)
         summaries.append(s)
-    if not args.no_readme and args.case is None and not args.override and not args.moe:
+    if not args.no_readme and args.case is None and not args.override and not args.moe and not args.qwen3_5:
         write_readme(args.out, summaries)
     return 0
 

@@ -18,9 +18,11 @@ use crate::attention::AttnShape;
 use crate::hybrid::HybridInputs;
 use crate::kv::{KvCache, KvDtype};
 use crate::options::{DecoderOptions, Logits};
+use crate::qwen3_5;
+use crate::qwen3_vl;
 use crate::qwen3_vl::deepstack::{self, add_deepstack};
 use crate::qwen3_vl::moe::{MoeScratch, MoeStats, Routing};
-use crate::qwen3_vl::Layer;
+use crate::recurrent::StateLayout;
 use crate::step::{Scratch, Segment, Step, StepState};
 use crate::DecoderError;
 
@@ -32,7 +34,7 @@ pub struct Decoder {
     shape: AttnShape,
     eps: f32,
     kv: KvCache,
-    layers: Vec<Layer>,
+    layers: Layers,
     final_norm: NormIndex,
     head: LinearHandle,
     state: StepState,
@@ -58,15 +60,30 @@ impl Decoder {
             .ablation
             .rope_layout
             .unwrap_or_else(|| RopeLayout::from_semantics(&sem));
-        let rotary = Rotary::new(layout, sem.rope_theta, sem.head_dim);
+        let rotary_dim = if options.ablation.rotary_all_dims {
+            sem.head_dim
+        } else {
+            sem.rotary_dim()
+        };
+        let rotary = Rotary::new(layout, sem.rope_theta, rotary_dim);
         let shape = AttnShape {
             heads: sem.num_heads,
             kv_heads: sem.num_kv_heads,
             head_dim: sem.head_dim,
         };
-        let layers = (0..sem.num_layers)
-            .map(|l| Layer::resolve(pack, runtime, l))
-            .collect::<Result<Vec<_>, _>>()?;
+        let layers = if sem.delta_net.is_some() {
+            Layers::Qwen35(
+                (0..sem.num_layers)
+                    .map(|l| qwen3_5::Layer::resolve(pack, runtime, l))
+                    .collect::<Result<Vec<_>, _>>()?,
+            )
+        } else {
+            Layers::Qwen3Vl(
+                (0..sem.num_layers)
+                    .map(|l| qwen3_vl::Layer::resolve(pack, runtime, l))
+                    .collect::<Result<Vec<_>, _>>()?,
+            )
+        };
         let final_norm = pack.norm_index(packs::names::FINAL_NORM)?;
         let head = runtime.register(pack, &[PackLinear::Head])?[0];
         let routing = sem.moe.as_ref().map(|m| Routing {
@@ -75,13 +92,7 @@ impl Decoder {
             renormalize: m.norm_topk_prob && !options.ablation.moe_skip_renormalize,
             ties_lower_index: options.ablation.moe_ties_lower_index,
         });
-        let kv = KvCache::new(
-            options.kv_dtype,
-            sem.num_layers,
-            options.capacity,
-            shape.kv_heads,
-            shape.head_dim,
-        );
+        let kv = cache_for(&sem, shape, options.capacity, options.kv_dtype);
         let state = StepState {
             scratch: Scratch::default(),
             routing,
@@ -141,9 +152,15 @@ impl Decoder {
     pub fn release_cache(&mut self) {
         self.kv = KvCache::empty();
     }
-    /// Forget slots `len..` (decoding continues at slot `len`).
-    pub fn truncate(&mut self, len: usize) {
-        self.kv.truncate(len);
+    /// Keeps a prompt state at the filled slots (see [`KvCache::checkpoint`]).
+    pub fn checkpoint(&mut self) {
+        self.kv.checkpoint();
+    }
+    /// Forget slots `len..` (decoding continues at the slot returned: `len`, or 0 where a
+    /// recurrent state cannot go back there; see [`KvCache::truncate`]).
+    #[must_use = "a recurrent cache may keep fewer slots than asked"]
+    pub fn truncate(&mut self, len: usize) -> usize {
+        self.kv.truncate(len)
     }
     /// Wall time the steps since the last call spent in attention over the cache (the K/V writes
     /// included), and restarts the count: with the backend's GEMM time it splits a step into
@@ -205,13 +222,7 @@ impl Decoder {
 
     /// A KV cache for one sequence of this decoder: `capacity` slots, allocated now.
     pub fn new_cache(&self, capacity: usize, dtype: KvDtype) -> KvCache {
-        KvCache::new(
-            dtype,
-            self.sem.num_layers,
-            capacity,
-            self.shape.kv_heads,
-            self.shape.head_dim,
-        )
+        cache_for(&self.sem, self.shape, capacity, dtype)
     }
 
     /// One forward over the rows of several sequences: every GEMM runs once over all rows (one
@@ -369,7 +380,15 @@ impl Decoder {
 
     /// A sequence's cache must have this decoder's layers and KV geometry.
     fn check_cache(&self, kv: &KvCache) -> Result<(), DecoderError> {
-        let (layers, kv_dim) = (self.sem.num_layers, self.shape.kv_dim());
+        let (layers, kv_dim) = (self.sem.kv_layers().len(), self.shape.kv_dim());
+        let recurrent = self.sem.delta_net.as_ref().map(StateLayout::of);
+        if kv.recurrent.as_ref().map(|r| r.layout()) != recurrent {
+            return Err(DecoderError::Options(
+                "the cache's recurrent state does not fit this decoder's DeltaNet layers: make it \
+                 with Decoder::new_cache"
+                    .into(),
+            ));
+        }
         if kv.layers() != layers || kv.kv_dim() != kv_dim || kv.head_dim() != self.shape.head_dim {
             return Err(DecoderError::Options(format!(
                 "the cache has {} layers of {} KV values (head dim {}), this decoder {layers} of \
@@ -476,7 +495,7 @@ impl Decoder {
     ) -> Result<Vec<(usize, usize)>, DecoderError> {
         let rows: usize = segments.iter().map(|s| s.rows).sum();
         let hidden = self.sem.hidden_size;
-        let half = self.sem.head_dim / 2;
+        let half = self.rotary.head_dim / 2;
         let ablation = self.options.ablation;
         let x = &mut x[..rows * hidden];
         self.trace.clear();
@@ -491,6 +510,7 @@ impl Decoder {
             intermediate: self.sem.intermediate_size,
             eps: self.eps,
             shape: self.shape,
+            rotary_dim: self.rotary.head_dim,
             ablation,
         };
         let st = &mut self.state;
@@ -514,18 +534,35 @@ impl Decoder {
                 add_deepstack(xs, seg.hybrid, l, hidden, ablation.deepstack_every_row);
             }
         };
-        for (l, layer) in self.layers.iter().enumerate() {
-            if ablation.deepstack_before_layer {
-                deepstack(x, l);
+        for (seg, kv) in segments.iter().zip(caches.iter_mut()) {
+            if let Some(r) = &mut kv.recurrent {
+                r.begin(seg.start_slot, seg.rows);
             }
-            layer.forward(l, &step, caches, st, x)?;
-            // DeepStack after the layer, one path for dense and sparse layers alike.
-            let skip = layer.is_sparse() && ablation.deepstack_skip_sparse_layers;
-            if !ablation.deepstack_before_layer && !skip {
-                deepstack(x, l);
+        }
+        match &self.layers {
+            Layers::Qwen3Vl(layers) => {
+                for (l, layer) in layers.iter().enumerate() {
+                    if ablation.deepstack_before_layer {
+                        deepstack(x, l);
+                    }
+                    layer.forward(l, &step, caches, st, x)?;
+                    // DeepStack after the layer, one path for dense and sparse layers alike.
+                    let skip = layer.is_sparse() && ablation.deepstack_skip_sparse_layers;
+                    if !ablation.deepstack_before_layer && !skip {
+                        deepstack(x, l);
+                    }
+                    if self.options.trace_layers {
+                        self.trace.push(x.to_vec());
+                    }
+                }
             }
-            if self.options.trace_layers {
-                self.trace.push(x.to_vec());
+            Layers::Qwen35(layers) => {
+                for layer in layers {
+                    layer.forward(&step, caches, st, x)?;
+                    if self.options.trace_layers {
+                        self.trace.push(x.to_vec());
+                    }
+                }
             }
         }
         // Final norm and head, on the rows whose logits are wanted, segment after segment.
@@ -561,8 +598,33 @@ impl Decoder {
         )?;
         for (seg, kv) in segments.iter().zip(caches.iter_mut()) {
             kv.commit(seg.start_slot + seg.rows);
+            if let Some(r) = &mut kv.recurrent {
+                r.commit();
+            }
         }
         Ok(spans)
+    }
+}
+
+/// A family's layers on the one decoder loop.
+enum Layers {
+    Qwen3Vl(Vec<qwen3_vl::Layer>),
+    Qwen35(Vec<qwen3_5::Layer>),
+}
+
+/// A sequence's cache for a pack: K/V for its attention layers, and the recurrent state of its
+/// DeltaNet layers (Qwen3.5).
+fn cache_for(sem: &Semantics, shape: AttnShape, capacity: usize, dtype: KvDtype) -> KvCache {
+    let kv = KvCache::new(
+        dtype,
+        sem.kv_layers().len(),
+        capacity,
+        shape.kv_heads,
+        shape.head_dim,
+    );
+    match &sem.delta_net {
+        Some(d) => kv.with_recurrent(StateLayout::of(d)),
+        None => kv,
     }
 }
 

@@ -3,6 +3,8 @@
 
 use half::bf16;
 
+use crate::recurrent::{RecurrentState, StateLayout};
+
 /// Storage type of cached K/V values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum KvDtype {
@@ -104,11 +106,14 @@ pub enum KvData {
     Bf16(KvStore<bf16>),
 }
 
-/// The cache: `len` slots are filled (0..len); the next write goes to slot `len`.
+/// A sequence's cache: `len` slots are filled (0..len); the next write goes to slot `len`. A
+/// Qwen3.5 sequence also holds the recurrent state of its Gated DeltaNet layers (its K/V are
+/// those of the full-attention layers only).
 #[derive(Debug)]
 pub struct KvCache {
     pub data: KvData,
     len: usize,
+    pub recurrent: Option<RecurrentState>,
 }
 
 fn store<T: KvElem>(
@@ -141,7 +146,17 @@ impl KvCache {
             KvDtype::F32 => KvData::F32(store(layers, capacity, kv_heads, head_dim)),
             KvDtype::Bf16 => KvData::Bf16(store(layers, capacity, kv_heads, head_dim)),
         };
-        KvCache { data, len: 0 }
+        KvCache {
+            data,
+            len: 0,
+            recurrent: None,
+        }
+    }
+
+    /// The cache with a recurrent state of `layout` beside its K/V (Qwen3.5).
+    pub fn with_recurrent(mut self, layout: StateLayout) -> KvCache {
+        self.recurrent = Some(RecurrentState::new(layout));
+        self
     }
 
     /// A cache of no slots (a placeholder while the real one is lent out).
@@ -199,11 +214,39 @@ impl KvCache {
     /// Forget everything (the buffers stay allocated).
     pub fn reset(&mut self) {
         self.len = 0;
+        if let Some(r) = &mut self.recurrent {
+            r.reset();
+        }
     }
 
-    /// Drop slots `len..` so decoding can continue from an earlier point.
-    pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
+    /// Drop slots `len..` so decoding can continue from an earlier point; returns the slots kept.
+    /// K/V rows can be cut anywhere; a recurrent state only back to a row of the last step (a
+    /// draft window, `recurrent::MAX_ROLLBACK_ROWS`) or to a prompt state (`checkpoint`) at or
+    /// before `len`, else the whole cache is forgotten and 0 is returned: the caller prefills the
+    /// rows past what is kept instead of continuing on a wrong state.
+    #[must_use = "a recurrent cache may keep fewer slots than asked"]
+    pub fn truncate(&mut self, len: usize) -> usize {
+        let mut len = self.len.min(len);
+        if let Some(r) = &mut self.recurrent {
+            match r.restore(len, self.len) {
+                Some(kept) => len = kept,
+                None => {
+                    self.reset();
+                    return 0;
+                }
+            }
+        }
+        self.len = len;
+        len
+    }
+
+    /// Keeps the recurrent state after the filled slots as a prompt state (Qwen3.5; nothing to
+    /// keep for K/V, which can be cut anywhere): a later `truncate` to at least this many slots
+    /// resumes from it instead of from nothing.
+    pub fn checkpoint(&mut self) {
+        if let Some(r) = &mut self.recurrent {
+            r.checkpoint(self.len);
+        }
     }
 
     pub fn dtype(&self) -> KvDtype {
@@ -222,9 +265,10 @@ impl KvCache {
         2 * layers * self.kv_dim() * elem
     }
 
-    /// Bytes the cache holds allocated (all slots).
+    /// Bytes the cache holds allocated (all slots, and the recurrent state).
     pub fn bytes_allocated(&self) -> usize {
         self.bytes_per_token() * self.capacity()
+            + self.recurrent.as_ref().map_or(0, |r| r.bytes_allocated())
     }
 }
 
@@ -305,9 +349,9 @@ mod tests {
     fn truncate_never_grows() {
         let mut c = KvCache::new(KvDtype::F32, 1, 8, 1, 2);
         c.commit(5);
-        c.truncate(7);
+        assert_eq!(c.truncate(7), 5);
         assert_eq!(c.len(), 5);
-        c.truncate(2);
+        assert_eq!(c.truncate(2), 2);
         assert_eq!(c.len(), 2);
     }
 }

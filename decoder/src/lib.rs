@@ -11,7 +11,9 @@ mod error;
 pub mod hybrid;
 pub mod kv;
 mod options;
+pub mod qwen3_5;
 pub mod qwen3_vl;
+pub mod recurrent;
 mod step;
 
 pub use decoder::{decode_step, Decoder, SequenceLogits, SequenceStep, StepInput};

@@ -32,6 +32,17 @@ pub struct Ablation {
     pub attend_other_sequence: bool,
     /// Break routing ties by the lower expert index instead of torch.topk's order.
     pub moe_ties_lower_index: bool,
+    /// Qwen3.5: the zero-centred norms as plain weights (w instead of 1 + w).
+    pub norm_without_one: bool,
+    /// Qwen3.5: full attention without its sigmoid output gate.
+    pub skip_attention_gate: bool,
+    /// Qwen3.5: the DeltaNet conv's history one row behind (the current input never enters it).
+    pub conv_state_lags_one_row: bool,
+    /// Qwen3.5: the decay g = −exp(A_log)·(a + dt_bias), without the softplus.
+    pub decay_without_softplus: bool,
+    /// Qwen3.5: rotate every value of each head instead of the first head_dim x
+    /// partial_rotary_factor.
+    pub rotary_all_dims: bool,
 }
 
 #[derive(Clone, Debug)]

@@ -72,5 +72,8 @@ pub struct Step<'a> {
     pub intermediate: usize,
     pub eps: f32,
     pub shape: AttnShape,
+    /// Values rotated at the front of each head (all of head_dim but in Qwen3.5); the step's
+    /// cos/sin tables hold `rotary_dim / 2` per row.
+    pub rotary_dim: usize,
     pub ablation: Ablation,
 }

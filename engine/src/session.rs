@@ -492,7 +492,7 @@ impl Session {
                     &mut self.next_rotary_pos,
                     self.draft_ablation,
                     kept,
-                );
+                )?;
                 // The sampled token and its drafts (as many as the cache has slots for).
                 let room = (self.context - self.forward.next_slot()).saturating_sub(1);
                 let drafts = if k == 0 {
@@ -549,7 +549,7 @@ impl Session {
             &mut self.next_rotary_pos,
             self.draft_ablation,
             kept,
-        );
+        )?;
         timings.decode = decode_start.elapsed();
         let (text, ids) = decoding.finish(&finish, tokenizer, &mut on_text)?;
         Ok(Generation {
@@ -578,14 +578,21 @@ impl Session {
             .count()
             // At least the last row is prefilled: its logits choose the first token.
             .min(rows - 1);
-        // A cut inside an image moves to the image's start: its rows are encoded whole.
-        for img in &prompt.images {
-            let (first, end) = (img.span.first_row, img.span.first_row + img.tokens);
-            if first < reuse && reuse < end {
-                reuse = first;
+        loop {
+            // A cut inside an image moves to the image's start: its rows are encoded whole.
+            for img in &prompt.images {
+                let (first, end) = (img.span.first_row, img.span.first_row + img.tokens);
+                if first < reuse && reuse < end {
+                    reuse = first;
+                }
             }
+            // A recurrent (Qwen3.5) cache goes back only to a kept state: it may keep fewer.
+            let kept = self.forward.truncate(reuse);
+            if kept == reuse {
+                break;
+            }
+            reuse = kept;
         }
-        self.forward.truncate(reuse);
         self.cached.truncate(reuse);
 
         let vision = match self.encoder.as_mut() {
@@ -603,6 +610,8 @@ impl Session {
             .step_batch_embeds(&embeds, &hybrid, reuse, Logits::LastRow)?;
         self.logits.clear();
         self.logits.extend_from_slice(logits);
+        // A Qwen3.5 cache keeps its recurrent state here: the next turn resumes from it.
+        self.forward.checkpoint();
         self.cached.extend_from_slice(&keys[reuse..]);
         self.next_rotary_pos = prompt.next_rotary_pos();
         timings.prefill = prefill_start.elapsed();
@@ -650,17 +659,25 @@ fn roll_back(
     next_rotary_pos: &mut i64,
     ablation: DraftAblation,
     kept: usize,
-) {
+) -> Result<()> {
     let slots = forward.next_slot();
     let mut keep = kept;
     if ablation.keep_one_row_too_many && kept < slots {
         keep += 1;
     }
     if keep < slots {
-        forward.truncate(keep);
+        // A window is one step of at most 17 rows: a recurrent cache keeps each row's state.
+        let kept_slots = forward.truncate(keep);
+        if kept_slots != keep {
+            return Err(EngineError::Prompt(format!(
+                "a draft window could not roll back to slot {keep} (the cache kept {kept_slots}); \
+                 decode without drafts (--drafts off)"
+            )));
+        }
         cached.truncate(keep);
         *next_rotary_pos -= (slots - keep) as i64;
     }
+    Ok(())
 }
 
 /// A draft window: the rows of the last forward that fed a sampled token and its drafts.

@@ -157,7 +157,9 @@ xvl_status xvl_ab_report(const xvl_forward *f, xvl_ab_stats *out);
 /* Forgets every slot: the next step starts at slot 0. */
 xvl_status xvl_reset(xvl_forward *f);
 
-/* Forgets slots len.. : the next step starts at min(len, xvl_next_slot). */
+/* Forgets slots len.. : the next step starts at min(len, xvl_next_slot). A Qwen3.5 pack's
+ * recurrent state goes back only to a row of the last step; elsewhere every slot is forgotten:
+ * read xvl_next_slot after a cut. */
 xvl_status xvl_truncate(xvl_forward *f, size_t len);
 
 /* ---- steps ----------------------------------------------------------------------------------- */

@@ -300,7 +300,9 @@ pub unsafe extern "C" fn xvl_reset(f: *mut XvlForward) -> XvlStatus {
     })
 }
 
-/// Forgets slots `len..` (decoding continues at slot `min(len, next slot)`).
+/// Forgets slots `len..` (decoding continues at slot `min(len, next slot)`). A Qwen3.5 pack's
+/// recurrent state goes back only to a row of the last step (a draft window); anywhere else the
+/// whole cache is forgotten: read `xvl_next_slot` after a cut.
 ///
 /// # Safety
 /// `f` NULL or an open handle.
@@ -310,7 +312,8 @@ pub unsafe extern "C" fn xvl_truncate(f: *mut XvlForward, len: usize) -> XvlStat
     guard(F, || {
         // SAFETY: forwarded contract.
         let h = unsafe { handle::from_ptr(F, f) }?;
-        h.lock(F)?.truncate(len);
+        // The slots kept are what xvl_next_slot reports.
+        let _kept = h.lock(F)?.truncate(len);
         Ok(())
     })
 }

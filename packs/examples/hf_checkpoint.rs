@@ -83,6 +83,7 @@ fn write(shape: &RandomShape, dir: &Path) -> std::io::Result<()> {
                     quant: QuantKind::F32,
                     source_shape: None,
                     slice: None,
+                    stored_plus_one: false,
                 });
             }
         }

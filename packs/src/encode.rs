@@ -43,6 +43,12 @@ where
         let block_rows = rows_per_block.min(rows - first_row);
         let block = &mut values[..block_rows * cols];
         fill(first_row, block)?;
+        if weight.stored_plus_one {
+            // transformers' `1.0 + weight.float()`: the same f32 sum, once, at build time.
+            for v in block.iter_mut() {
+                *v += 1.0;
+            }
+        }
         if let Some(i) = first_non_finite(block) {
             return Err(BuildError::NonFinite {
                 tensor: weight.source.clone(),

@@ -19,8 +19,8 @@ use crate::moe::{self, ExpertProj, FusedOrientation, MoeSemantics};
 use crate::names;
 use crate::quant::QuantKind;
 use crate::semantics::{
-    self, ImagePreprocess, Semantics, SemanticsError, VisionSemantics, ARCH_QWEN3, ARCH_QWEN3_VL,
-    ARCH_QWEN3_VL_MOE,
+    self, DeltaNetSemantics, ImagePreprocess, Semantics, SemanticsError, VisionSemantics,
+    ARCH_QWEN3, ARCH_QWEN3_5, ARCH_QWEN3_VL, ARCH_QWEN3_VL_MOE,
 };
 
 pub const CONFIG: &str = "config.json";
@@ -45,7 +45,7 @@ pub enum HfError {
     },
     #[error("{path}: {len} bytes, more than the {max} a JSON file of a checkpoint may hold")]
     TooLarge { path: PathBuf, len: u64, max: u64 },
-    #[error("{path}: model_type {found:?} is not supported (expected \"qwen3_vl\", \"qwen3_vl_moe\" or text-only \"qwen3\")")]
+    #[error("{path}: model_type {found:?} is not supported (expected \"qwen3_vl\", \"qwen3_vl_moe\", \"qwen3_5\" or text-only \"qwen3\"; Qwen3.5/3.6 MoE, \"qwen3_5_moe\", is not supported yet)")]
     ModelType { path: PathBuf, found: String },
     #[error(
         "{path}: the config declares MRoPE (qwen3_vl) but {key}.mrope_section is missing; \
@@ -149,6 +149,8 @@ pub struct ConfigFacts {
     pub head_dim: Option<usize>,
     /// Where the rope keys live ("text_config.rope_scaling", ...), for messages.
     pub rope_key: String,
+    /// The rotated part of each head (Qwen3.5), as the config states it or defaults it.
+    pub partial_rotary_factor: Option<f64>,
 }
 
 /// Parses a config. `mrope_override` is `--mrope-section`. The section's sum is checked later,
@@ -171,13 +173,13 @@ pub fn parse_config(
         .and_then(Value::as_str)
         .unwrap_or("");
     let (architecture, text, text_prefix) = match model_type {
-        ARCH_QWEN3_VL | ARCH_QWEN3_VL_MOE => {
+        ARCH_QWEN3_VL | ARCH_QWEN3_VL_MOE | ARCH_QWEN3_5 => {
             let text = config.get("text_config").filter(|t| t.is_object());
             (
-                if model_type == ARCH_QWEN3_VL {
-                    ARCH_QWEN3_VL
-                } else {
-                    ARCH_QWEN3_VL_MOE
+                match model_type {
+                    ARCH_QWEN3_VL => ARCH_QWEN3_VL,
+                    ARCH_QWEN3_5 => ARCH_QWEN3_5,
+                    _ => ARCH_QWEN3_VL_MOE,
                 },
                 text.ok_or_else(|| key_err("text_config", "missing object"))?,
                 "text_config.",
@@ -279,6 +281,8 @@ pub fn parse_config(
                 section: v.to_string(),
             })?),
         };
+        // transformers' Qwen3.5 rotary falls back to [11, 11, 10] when the config has none.
+        let from_config = from_config.or((architecture == ARCH_QWEN3_5).then_some([11, 11, 10]));
         let section = match (from_config, mrope_override) {
             (Some(c), Some(g)) if c != g => {
                 return Err(HfError::MropeConflict {
@@ -317,7 +321,9 @@ pub fn parse_config(
         (None, false)
     };
 
-    let deepstack_sets = if mrope {
+    let deepstack_sets = if architecture == ARCH_QWEN3_5 {
+        0 // Qwen3.5's tower has no DeepStack mergers
+    } else if mrope {
         config
             .get("vision_config")
             .and_then(|v| v.get("deepstack_visual_indexes"))
@@ -341,8 +347,43 @@ pub fn parse_config(
         })?,
     };
 
-    let head_dim = size("head_dim")?;
+    // Qwen3_5TextConfig defaults head_dim to 256 (not hidden / heads).
+    let head_dim = match size("head_dim")? {
+        None if architecture == ARCH_QWEN3_5 => Some(256),
+        d => d,
+    };
     let num_layers = required("num_hidden_layers")?;
+    let delta_net = if architecture == ARCH_QWEN3_5 {
+        Some(parse_delta_net(path, text, num_layers)?)
+    } else {
+        None
+    };
+    // transformers reads partial_rotary_factor from the rope parameters (5.x) or beside them,
+    // and Qwen3.5's config sets 0.25 when neither has it.
+    let partial_rotary_factor = match rope
+        .map(|r| float(r, &rope_prefix, "partial_rotary_factor"))
+        .transpose()?
+        .flatten()
+    {
+        Some(f) => Some(f),
+        None => float(text, text_prefix, "partial_rotary_factor")?,
+    };
+    let partial_rotary_factor = match (partial_rotary_factor, architecture == ARCH_QWEN3_5) {
+        (f, true) => Some(f.unwrap_or(0.25)),
+        (Some(f), false) if f != 1.0 => {
+            return Err(key_err(
+                &full("partial_rotary_factor"),
+                &format!("{f}: only Qwen3.5 (qwen3_5) rotates part of each head here"),
+            ))
+        }
+        _ => None,
+    };
+    if let Some(f) = partial_rotary_factor.filter(|f| !(*f > 0.0 && *f <= 1.0)) {
+        return Err(key_err(
+            &full("partial_rotary_factor"),
+            &format!("{f} must be in (0, 1]"),
+        ));
+    }
     let moe = if architecture == ARCH_QWEN3_VL_MOE {
         Some(parse_moe(path, text, num_layers)?)
     } else {
@@ -379,11 +420,88 @@ pub fn parse_config(
         vision: None,
         preprocess: None,
         moe,
+        delta_net,
     };
     Ok(ConfigFacts {
         semantics,
         head_dim,
         rope_key,
+        partial_rotary_factor,
+    })
+}
+
+/// The Gated DeltaNet keys of a `qwen3_5` text config: `layer_types` (else every
+/// `full_attention_interval`-th layer full, transformers' default rule with interval 4) and the
+/// linear heads. `rotary_dim` is set once head_dim is known (`finish_config`).
+fn parse_delta_net(
+    path: &Path,
+    text: &Value,
+    num_layers: usize,
+) -> Result<DeltaNetSemantics, HfError> {
+    let key_err = |key: &str, what: String| HfError::Key {
+        path: path.to_path_buf(),
+        key: format!("text_config.{key}"),
+        what,
+    };
+    let size = |key: &str, default: usize| -> Result<usize, HfError> {
+        match text.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => v
+                .as_u64()
+                .and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| key_err(key, format!("expected a non-negative integer, got {v}"))),
+        }
+    };
+    let linear_layers = match text.get("layer_types") {
+        None | Some(Value::Null) => {
+            let interval = size("full_attention_interval", 4)?;
+            if interval == 0 {
+                return Err(key_err("full_attention_interval", "must be > 0".into()));
+            }
+            (0..num_layers)
+                .filter(|l| (l + 1) % interval != 0)
+                .collect()
+        }
+        Some(Value::Array(kinds)) => {
+            if kinds.len() != num_layers {
+                return Err(key_err(
+                    "layer_types",
+                    format!("{} entries for {num_layers} layers", kinds.len()),
+                ));
+            }
+            let mut linear = Vec::new();
+            for (l, kind) in kinds.iter().enumerate() {
+                match kind.as_str() {
+                    Some("linear_attention") => linear.push(l),
+                    Some("full_attention") => {}
+                    _ => {
+                        return Err(key_err(
+                            "layer_types",
+                            format!(
+                                "entry {l} is {kind}, expected \"linear_attention\" or \"full_attention\""
+                            ),
+                        ))
+                    }
+                }
+            }
+            linear
+        }
+        Some(v) => {
+            return Err(key_err(
+                "layer_types",
+                format!("expected a list of layer kinds, got {v}"),
+            ))
+        }
+    };
+    // The defaults are Qwen3_5TextConfig's.
+    Ok(DeltaNetSemantics {
+        linear_layers,
+        num_key_heads: size("linear_num_key_heads", 16)?,
+        num_value_heads: size("linear_num_value_heads", 32)?,
+        key_head_dim: size("linear_key_head_dim", 128)?,
+        value_head_dim: size("linear_value_head_dim", 128)?,
+        conv_kernel: size("linear_conv_kernel_dim", 4)?,
+        rotary_dim: 0,
     })
 }
 
@@ -493,9 +611,13 @@ pub fn finish_config(
 ) -> Result<Semantics, HfError> {
     let mut sem = facts.semantics.clone();
     sem.head_dim = facts.head_dim.unwrap_or(inferred_head_dim);
+    if let (Some(d), Some(f)) = (&mut sem.delta_net, facts.partial_rotary_factor) {
+        // Python's int(head_dim * partial_rotary_factor).
+        d.rotary_dim = (sem.head_dim as f64 * f) as usize;
+    }
     if let Some(section) = sem.mrope_section {
         if let Err(SemanticsError::MropeSectionTooLarge { half, .. }) =
-            semantics::check_mrope_section(section, sem.head_dim)
+            semantics::check_mrope_section(section, sem.rotary_dim())
         {
             return Err(if mrope_override == Some(section) {
                 HfError::BadMropeOverride {
@@ -552,7 +674,16 @@ pub fn parse_vision_config(path: &Path, config: &Value) -> Result<VisionSemantic
             ));
         }
     }
+    let qwen3_5 = config.get("model_type").and_then(Value::as_str) == Some(ARCH_QWEN3_5);
     let deepstack_visual_indexes = match vision.get("deepstack_visual_indexes") {
+        // Qwen3.5's tower is Qwen3-VL's without the DeepStack mergers.
+        None | Some(Value::Null) if qwen3_5 => Vec::new(),
+        Some(_) if qwen3_5 => {
+            return Err(key_err(
+                "deepstack_visual_indexes",
+                "set in a qwen3_5 config, whose tower has no DeepStack mergers".into(),
+            ))
+        }
         Some(v) => {
             index_list(v, "block indexes").map_err(|w| key_err("deepstack_visual_indexes", w))?
         }

@@ -34,6 +34,8 @@ pub struct WeightPlan {
     pub source_shape: Option<Vec<usize>>,
     /// An expert's linear: its part of the fused tensor `source` (`crate::moe`).
     pub slice: Option<ExpertSlice>,
+    /// A zero-centred norm (Qwen3.5: `x * (1 + w)`), stored as `1 + w` in f32.
+    pub stored_plus_one: bool,
 }
 
 /// How a weight's values are stored.
@@ -142,6 +144,7 @@ fn plan_weight(
         quant,
         source_shape: None,
         slice: None,
+        stored_plus_one: false,
     }
 }
 
@@ -150,6 +153,11 @@ fn decoder_weights(sem: &Semantics) -> Vec<WeightPlan> {
     let weight = |name: String, role, rows, cols| plan_weight(name, role, rows, cols, sem.quant);
     let norm = |name: String, len| weight(name, WeightRole::Norm, 1, len);
     let linear = |name: String, rows, cols| weight(name, WeightRole::Linear, rows, cols);
+    // Qwen3.5's norms are zero-centred: stored as 1 + w (the DeltaNet output norm is not one).
+    let norm = |name: String, len| WeightPlan {
+        stored_plus_one: sem.delta_net.is_some(),
+        ..norm(name, len)
+    };
     let mut plan = vec![weight(
         EMBED.to_string(),
         WeightRole::Embedding,
@@ -159,12 +167,20 @@ fn decoder_weights(sem: &Semantics) -> Vec<WeightPlan> {
     for layer in 0..sem.num_layers {
         plan.push(norm(names::norm(layer, Norm::Input), h));
         let sparse = sem.is_sparse(layer);
+        if let Some(d) = sem.delta_net.as_ref().filter(|d| d.is_linear(layer)) {
+            plan.extend(delta_net_weights(sem, d, layer));
+            plan.push(norm(names::norm(layer, Norm::PostAttention), h));
+        }
         for p in Proj::ALL {
             if sparse && matches!(p, Proj::Gate | Proj::Up | Proj::Down) {
                 continue;
             }
+            if sem.is_linear_attention(layer) && matches!(p, Proj::Q | Proj::K | Proj::V | Proj::O)
+            {
+                continue;
+            }
             let (rows, cols) = match p {
-                Proj::Q => (sem.q_dim(), h),
+                Proj::Q => (sem.q_proj_rows(), h),
                 Proj::K | Proj::V => (sem.kv_dim(), h),
                 Proj::O => (h, sem.q_dim()),
                 Proj::Gate | Proj::Up => (sem.intermediate_size, h),
@@ -212,6 +228,49 @@ fn decoder_weights(sem: &Semantics) -> Vec<WeightPlan> {
         plan.push(head);
     }
     plan
+}
+
+/// A Gated DeltaNet layer's mixer in checkpoint order: the four input projections and the output
+/// projection are linears of the pack's kind; the conv, A_log, dt_bias and the output norm stay
+/// f32 (they are per-channel or per-head numbers, not matrix products).
+fn delta_net_weights(
+    sem: &Semantics,
+    d: &crate::semantics::DeltaNetSemantics,
+    layer: usize,
+) -> Vec<WeightPlan> {
+    use names::DeltaNetPart as P;
+    let h = sem.hidden_size;
+    let linear = |p: P, rows, cols| {
+        plan_weight(
+            names::delta_net(layer, p),
+            WeightRole::Linear,
+            rows,
+            cols,
+            sem.quant,
+        )
+    };
+    let param = |p: P, rows, cols| {
+        plan_weight(
+            names::delta_net(layer, p),
+            WeightRole::Param,
+            rows,
+            cols,
+            QuantKind::F32,
+        )
+    };
+    let mut conv = param(P::Conv, d.conv_dim(), d.conv_kernel);
+    conv.source_shape = Some(vec![d.conv_dim(), 1, d.conv_kernel]);
+    vec![
+        linear(P::InProjQkv, d.conv_dim(), h),
+        linear(P::InProjZ, d.value_dim(), h),
+        linear(P::InProjB, d.num_value_heads, h),
+        linear(P::InProjA, d.num_value_heads, h),
+        conv,
+        param(P::ALog, 1, d.num_value_heads),
+        param(P::DtBias, 1, d.num_value_heads),
+        param(P::Norm, 1, d.value_head_dim),
+        linear(P::OutProj, h, d.value_dim()),
+    ]
 }
 
 /// The tower's weights in file order: patch embedding, position table, blocks, merger, DeepStack

@@ -246,6 +246,26 @@ fn inspect(path: &Path, as_json: bool) -> CliResult {
         _ => println!("mrope       none (plain RoPE)"),
     }
     println!("deepstack   {} sets", sem.deepstack_sets);
+    if let Some(d) = &sem.delta_net {
+        let kinds: String = (0..sem.num_layers)
+            .map(|l| if d.is_linear(l) { 'L' } else { 'F' })
+            .collect();
+        println!(
+            "layer kinds {kinds}  (L Gated DeltaNet x{}, F full attention x{})",
+            d.linear_layers.len(),
+            sem.num_layers - d.linear_layers.len()
+        );
+        println!(
+            "deltanet    key heads {} x {}  value heads {} x {}  conv {}  rotary {} of {} dims",
+            d.num_key_heads,
+            d.key_head_dim,
+            d.num_value_heads,
+            d.value_head_dim,
+            d.conv_kernel,
+            d.rotary_dim,
+            sem.head_dim
+        );
+    }
     if let Some(m) = &sem.moe {
         println!(
             "experts     {} per sparse layer, top-{} ({}), expert intermediate {}, router f32",

@@ -68,6 +68,49 @@ impl Norm {
     }
 }
 
+/// The tensors of a Qwen3.5 Gated DeltaNet layer's mixer (`linear_attn.*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeltaNetPart {
+    /// [q | k | v] projection: `2 x key_dim + value_dim` rows.
+    InProjQkv,
+    /// The output gate's projection: `value_dim` rows.
+    InProjZ,
+    /// β's projection: one row per value head.
+    InProjB,
+    /// The decay's projection: one row per value head.
+    InProjA,
+    /// `[conv_dim, 1, kernel]` in the checkpoint, `[conv_dim, kernel]` in the pack.
+    Conv,
+    /// `A_log`, one per value head.
+    ALog,
+    /// `dt_bias`, one per value head.
+    DtBias,
+    /// The gated RMSNorm's weight (`value_head_dim`; a plain weight, not zero-centred).
+    Norm,
+    OutProj,
+}
+
+impl DeltaNetPart {
+    pub fn suffix(self) -> &'static str {
+        match self {
+            DeltaNetPart::InProjQkv => "linear_attn.in_proj_qkv.weight",
+            DeltaNetPart::InProjZ => "linear_attn.in_proj_z.weight",
+            DeltaNetPart::InProjB => "linear_attn.in_proj_b.weight",
+            DeltaNetPart::InProjA => "linear_attn.in_proj_a.weight",
+            DeltaNetPart::Conv => "linear_attn.conv1d.weight",
+            DeltaNetPart::ALog => "linear_attn.A_log",
+            DeltaNetPart::DtBias => "linear_attn.dt_bias",
+            DeltaNetPart::Norm => "linear_attn.norm.weight",
+            DeltaNetPart::OutProj => "linear_attn.out_proj.weight",
+        }
+    }
+}
+
+/// "model.language_model.layers.{layer}.linear_attn.in_proj_qkv.weight", ...
+pub fn delta_net(layer: usize, part: DeltaNetPart) -> String {
+    format!("{LAYERS}.{layer}.{}", part.suffix())
+}
+
 /// "model.language_model.layers.{layer}": the prefix of every tensor of a decoder layer.
 pub fn layer_prefix(layer: usize) -> String {
     format!("{LAYERS}.{layer}")

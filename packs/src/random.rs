@@ -67,6 +67,8 @@ pub fn fill_random(seed: u64, weight: &WeightPlan, first_row: usize, values: &mu
     };
     let (center, amplitude) = match role {
         WeightRole::Embedding => (0.0, 0.1),
+        // A zero-centred norm is stored as 1 + w: draw w near 0.
+        WeightRole::Norm if weight.stored_plus_one => (0.0, 0.1),
         WeightRole::Norm => (1.0, 0.1),
         WeightRole::Linear => (0.0, (3.0 / cols as f32).sqrt()),
         // The tower's LayerNorm weights near 1, its biases and position table small.

@@ -41,6 +41,114 @@ pub struct Semantics {
     /// whose header is unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeSemantics>,
+    /// Qwen3.5's Gated DeltaNet layers and its gated, partially rotated full attention
+    /// (`qwen3_5`); absent (not even null) in the other families' packs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_net: Option<DeltaNetSemantics>,
+}
+
+/// The facts of Qwen3.5's hybrid decoder (`text_config` of a `qwen3_5` checkpoint): which layers
+/// are Gated DeltaNet ("linear attention"), their geometry, and the full-attention layers' rotary
+/// width. Every norm of the family except the DeltaNet output norm is zero-centred
+/// (`x * (1 + w)`); the pack stores those weights as `1 + w` (computed in f32, as transformers
+/// does), so the forward's RMSNorm is the same as Qwen3-VL's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeltaNetSemantics {
+    /// The `linear_attention` layers, ascending; the others are `full_attention`.
+    pub linear_layers: Vec<usize>,
+    /// `linear_num_key_heads`: q and k heads of a DeltaNet layer.
+    pub num_key_heads: usize,
+    /// `linear_num_value_heads`: each key head serves num_value_heads / num_key_heads of them.
+    pub num_value_heads: usize,
+    /// `linear_key_head_dim`.
+    pub key_head_dim: usize,
+    /// `linear_value_head_dim`.
+    pub value_head_dim: usize,
+    /// `linear_conv_kernel_dim`: taps of the depthwise causal conv over [q | k | v].
+    pub conv_kernel: usize,
+    /// Rotated values at the front of each full-attention head: head_dim x partial_rotary_factor.
+    pub rotary_dim: usize,
+}
+
+impl DeltaNetSemantics {
+    pub fn is_linear(&self, layer: usize) -> bool {
+        self.linear_layers.binary_search(&layer).is_ok()
+    }
+    /// q (and k) width of a DeltaNet layer: key heads x key head dim.
+    pub fn key_dim(&self) -> usize {
+        self.num_key_heads * self.key_head_dim
+    }
+    /// v (and z, and the output) width: value heads x value head dim.
+    pub fn value_dim(&self) -> usize {
+        self.num_value_heads * self.value_head_dim
+    }
+    /// Channels of the conv (and rows of `in_proj_qkv`): [q | k | v].
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+    /// f32 values of one sequence's recurrent state in one DeltaNet layer: the conv's last
+    /// kernel - 1 inputs and the delta rule's key x value matrix per value head.
+    pub fn state_values(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim()
+            + self.num_value_heads * self.key_head_dim * self.value_head_dim
+    }
+
+    /// Refuses, by field, what the forward could not run or would run wrongly.
+    pub fn validate(&self, text: &Semantics) -> Result<(), SemanticsError> {
+        let err = |what: String| Err(SemanticsError::DeltaNet(what));
+        for (field, value) in [
+            ("linear_num_key_heads", self.num_key_heads),
+            ("linear_num_value_heads", self.num_value_heads),
+            ("linear_key_head_dim", self.key_head_dim),
+            ("linear_value_head_dim", self.value_head_dim),
+            ("linear_conv_kernel_dim", self.conv_kernel),
+            (
+                "rotary dims (head_dim x partial_rotary_factor)",
+                self.rotary_dim,
+            ),
+        ] {
+            if value == 0 {
+                return err(format!("{field} must be > 0"));
+            }
+            if value > 1 << 16 {
+                return err(format!("{field} = {value} is too large"));
+            }
+        }
+        if self.num_value_heads % self.num_key_heads != 0 {
+            return err(format!(
+                "linear_num_value_heads {} is not a multiple of linear_num_key_heads {} (each \
+                 key head serves a group of value heads)",
+                self.num_value_heads, self.num_key_heads
+            ));
+        }
+        if self.rotary_dim % 2 != 0 || self.rotary_dim > text.head_dim {
+            return err(format!(
+                "{} rotated dims (head_dim {} x partial_rotary_factor) must be even and at most \
+                 head_dim",
+                self.rotary_dim, text.head_dim
+            ));
+        }
+        if let Some(&last) = self.linear_layers.last() {
+            if last >= text.num_layers {
+                return err(format!(
+                    "linear layer {last} is past the {} layers (layer_types)",
+                    text.num_layers
+                ));
+            }
+        }
+        if self.linear_layers.windows(2).any(|w| w[0] >= w[1]) {
+            return err("the linear layers must be ascending, each once".into());
+        }
+        if text.quant == QuantKind::Q4 && self.value_dim() % Q4_GROUP != 0 {
+            return err(format!(
+                "q4 needs linear_num_value_heads x linear_value_head_dim = {} to be a multiple \
+                 of {Q4_GROUP} (the K of out_proj)",
+                self.value_dim()
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The vision tower's facts (`vision_config`).
@@ -372,13 +480,18 @@ pub const ARCH_QWEN3_VL: &str = "qwen3_vl";
 pub const ARCH_QWEN3: &str = "qwen3";
 /// Qwen3-VL with mixture-of-experts layers (Qwen3-VL-30B-A3B); `Semantics::moe` says which.
 pub const ARCH_QWEN3_VL_MOE: &str = "qwen3_vl_moe";
+/// Qwen3.5 (dense): Gated DeltaNet layers between gated full-attention layers; `Semantics::
+/// delta_net` says which.
+pub const ARCH_QWEN3_5: &str = "qwen3_5";
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SemanticsError {
     #[error(
-        "unsupported architecture {0:?} (expected \"qwen3_vl\", \"qwen3_vl_moe\" or \"qwen3\")"
+        "unsupported architecture {0:?} (expected \"qwen3_vl\", \"qwen3_vl_moe\", \"qwen3_5\" or \"qwen3\")"
     )]
     Architecture(String),
+    #[error("Gated DeltaNet (qwen3_5): {0}")]
+    DeltaNet(String),
     #[error("{field} must be > 0")]
     Zero { field: &'static str },
     #[error("num_heads {heads} is not a multiple of num_kv_heads {kv_heads}")]
@@ -387,7 +500,7 @@ pub enum SemanticsError {
     OddHeadDim(usize),
     #[error("the model declares MRoPE but mrope_section is missing")]
     MissingMropeSection,
-    #[error("mrope_section {section:?} sums to {sum}, more than head_dim/2 = {half}")]
+    #[error("mrope_section {section:?} sums to {sum}, more than the rotated dims / 2 = {half}")]
     MropeSectionTooLarge {
         section: [usize; 3],
         sum: usize,
@@ -413,8 +526,25 @@ impl Semantics {
     /// Refuses by name anything a forward could not run or would run wrongly.
     pub fn validate(&self) -> Result<(), SemanticsError> {
         use SemanticsError as E;
-        if ![ARCH_QWEN3_VL, ARCH_QWEN3_VL_MOE, ARCH_QWEN3].contains(&self.architecture.as_str()) {
+        if ![ARCH_QWEN3_VL, ARCH_QWEN3_VL_MOE, ARCH_QWEN3_5, ARCH_QWEN3]
+            .contains(&self.architecture.as_str())
+        {
             return Err(E::Architecture(self.architecture.clone()));
+        }
+        match (&self.delta_net, self.architecture == ARCH_QWEN3_5) {
+            (Some(d), true) => d.validate(self)?,
+            (None, false) => {}
+            (None, true) => {
+                return Err(E::DeltaNet(format!(
+                    "architecture {ARCH_QWEN3_5} without its layer kinds (delta_net)"
+                )))
+            }
+            (Some(_), false) => {
+                return Err(E::DeltaNet(format!(
+                    "DeltaNet layers in a {} pack",
+                    self.architecture
+                )))
+            }
         }
         match (&self.moe, self.architecture == ARCH_QWEN3_VL_MOE) {
             (Some(moe), true) => moe.validate(self.num_layers, self.quant)?,
@@ -468,7 +598,7 @@ impl Semantics {
         match (self.mrope, self.mrope_section) {
             (true, None) => return Err(E::MissingMropeSection),
             (false, Some(section)) => return Err(E::MropeSectionWithoutMrope(section)),
-            (true, Some(section)) => check_mrope_section(section, self.head_dim)?,
+            (true, Some(section)) => check_mrope_section(section, self.rotary_dim())?,
             (false, None) => {}
         }
         if self.quant == QuantKind::Q4 {
@@ -504,6 +634,35 @@ impl Semantics {
 
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
+    }
+
+    /// Values rotated at the front of each attention head: all of head_dim, or Qwen3.5's part.
+    pub fn rotary_dim(&self) -> usize {
+        self.delta_net
+            .as_ref()
+            .map_or(self.head_dim, |d| d.rotary_dim)
+    }
+
+    /// Rows of `q_proj`: the queries, and in Qwen3.5 a sigmoid gate per query value beside them
+    /// (per head: head_dim query values, then head_dim gate values).
+    pub fn q_proj_rows(&self) -> usize {
+        if self.delta_net.is_some() {
+            2 * self.q_dim()
+        } else {
+            self.q_dim()
+        }
+    }
+
+    /// Whether decoder layer `layer` is a Gated DeltaNet layer (Qwen3.5).
+    pub fn is_linear_attention(&self, layer: usize) -> bool {
+        self.delta_net.as_ref().is_some_and(|d| d.is_linear(layer))
+    }
+
+    /// Layers with attention over a KV cache: all, or Qwen3.5's full-attention layers.
+    pub fn kv_layers(&self) -> Vec<usize> {
+        (0..self.num_layers)
+            .filter(|&l| !self.is_linear_attention(l))
+            .collect()
     }
 
     pub fn kv_dim(&self) -> usize {

@@ -114,6 +114,7 @@ impl RandomShape {
                 }),
                 preprocess: Some(preprocess(16, 65_536, 16_777_216)),
                 moe: None,
+                delta_net: None,
             },
         }
     }
@@ -175,6 +176,7 @@ impl RandomShape {
                 vision: None,
                 preprocess: None,
                 moe: None,
+                delta_net: None,
             },
         }
     }

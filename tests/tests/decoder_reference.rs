@@ -198,6 +198,9 @@ fn control_contiguous_rule_on_an_interleaved_pack_fails() {
 fn control_deepstack_before_the_layer_or_on_every_row_fails() {
     for name in cases() {
         let case = Case::new(&name);
+        if case.inputs().deepstack_sets == 0 {
+            continue; // Qwen3.5's tower has no DeepStack
+        }
         let before = ablated(
             &case,
             Ablation {

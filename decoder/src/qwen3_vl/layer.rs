@@ -178,35 +178,8 @@ impl Layer {
             norm_rotate(w_k, r, row)
         });
         let attn = grow(&mut s.attn, rows * q_dim);
-        // Each sequence's K/V into its own cache, then attention per sequence over its own slots
-        // (the control `attend_other_sequence` reads the previous sequence's cache instead).
         st.attention_time.time(|| {
-            for (seg, kv) in step.segments.iter().zip(caches.iter_mut()) {
-                let (k, v) = (seg.of(&s.k, kv_dim), seg.of(&s.v, kv_dim));
-                match &mut kv.data {
-                    KvData::F32(store) => write_rows(store, l, seg, k, v),
-                    KvData::Bf16(store) => write_rows(store, l, seg, k, v),
-                }
-            }
-            let n = step.segments.len();
-            for (i, seg) in step.segments.iter().enumerate() {
-                let read = if step.ablation.attend_other_sequence {
-                    (i + n - 1) % n
-                } else {
-                    i
-                };
-                let q = seg.of(&s.q, q_dim);
-                let out = &mut attn[seg.row0 * q_dim..(seg.row0 + seg.rows) * q_dim];
-                let (pool, shape, slot) = (step.pool, step.shape, seg.start_slot);
-                match &caches[read].data {
-                    KvData::F32(store) => {
-                        attend_rows_parallel(pool, shape, store.layer(l), slot, seg.rows, q, out)
-                    }
-                    KvData::Bf16(store) => {
-                        attend_rows_parallel(pool, shape, store.layer(l), slot, seg.rows, q, out)
-                    }
-                }
-            }
+            write_and_attend(step, l, caches, &s.q, &s.k, &s.v, attn);
         });
         step.runtime.gemm(
             pack,
@@ -225,35 +198,91 @@ impl Layer {
         st: &mut StepState,
         x: &mut [f32],
     ) -> Result<(), DecoderError> {
-        let (pack, pool, rows, hidden) = (step.pack, step.pool, step.rows, step.hidden);
-        let w_post = pack.norm_at(self.post_attention_norm);
-        let s = &mut st.scratch;
-        let xn = grow(&mut s.xn, rows * hidden);
-        for_rows(pool, xn, hidden, |r, nr| {
-            rmsnorm(&x[r * hidden..(r + 1) * hidden], w_post, step.eps, nr)
-        });
+        let w_post = step.pack.norm_at(self.post_attention_norm);
         match &self.mlp {
-            Mlp::Dense(mlp) => {
-                let inter = step.intermediate;
-                let s = &mut st.scratch;
-                gated_mlp(
-                    step,
-                    *mlp,
-                    inter,
-                    &s.xn[..rows * hidden],
-                    rows,
-                    &mut s.gate,
-                    &mut s.up,
-                    grow(&mut s.proj, rows * hidden),
-                    false,
-                )?;
-            }
+            Mlp::Dense(mlp) => dense_mlp_block(step, st, w_post, *mlp, x),
             Mlp::Sparse { router, experts } => {
+                let (pool, rows, hidden) = (step.pool, step.rows, step.hidden);
+                let xn = grow(&mut st.scratch.xn, rows * hidden);
+                for_rows(pool, xn, hidden, |r, nr| {
+                    rmsnorm(&x[r * hidden..(r + 1) * hidden], w_post, step.eps, nr)
+                });
                 sparse_mlp(step, st, *router, experts)?;
+                add_rows(pool, x, &st.scratch.proj, hidden);
+                Ok(())
             }
         }
-        add_rows(pool, x, &st.scratch.proj, hidden);
-        Ok(())
+    }
+}
+
+/// The dense MLP block on the rows `x`, in place: post-attention norm (`w_post`), gate/up, SiLU,
+/// down, residual. Qwen3-VL's dense layers and Qwen3.5's layers share it.
+pub(crate) fn dense_mlp_block(
+    step: &Step<'_>,
+    st: &mut StepState,
+    w_post: &[f32],
+    mlp: GatedMlp,
+    x: &mut [f32],
+) -> Result<(), DecoderError> {
+    let (pool, rows, hidden) = (step.pool, step.rows, step.hidden);
+    let s = &mut st.scratch;
+    let xn = grow(&mut s.xn, rows * hidden);
+    for_rows(pool, xn, hidden, |r, nr| {
+        rmsnorm(&x[r * hidden..(r + 1) * hidden], w_post, step.eps, nr)
+    });
+    gated_mlp(
+        step,
+        mlp,
+        step.intermediate,
+        &s.xn[..rows * hidden],
+        rows,
+        &mut s.gate,
+        &mut s.up,
+        grow(&mut s.proj, rows * hidden),
+        false,
+    )?;
+    add_rows(pool, x, &s.proj, hidden);
+    Ok(())
+}
+
+/// Each segment's K/V rows (`k`, `v`: the step's rows) into its own cache at KV layer
+/// `kv_layer`, then attention of each segment's queries `q` over its own slots into `attn`
+/// (the control `attend_other_sequence` reads the previous sequence's cache instead).
+pub(crate) fn write_and_attend(
+    step: &Step<'_>,
+    kv_layer: usize,
+    caches: &mut [&mut KvCache],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    attn: &mut [f32],
+) {
+    let (q_dim, kv_dim) = (step.shape.q_dim(), step.shape.kv_dim());
+    for (seg, kv) in step.segments.iter().zip(caches.iter_mut()) {
+        let (k, v) = (seg.of(k, kv_dim), seg.of(v, kv_dim));
+        match &mut kv.data {
+            KvData::F32(store) => write_rows(store, kv_layer, seg, k, v),
+            KvData::Bf16(store) => write_rows(store, kv_layer, seg, k, v),
+        }
+    }
+    let n = step.segments.len();
+    for (i, seg) in step.segments.iter().enumerate() {
+        let read = if step.ablation.attend_other_sequence {
+            (i + n - 1) % n
+        } else {
+            i
+        };
+        let q = seg.of(q, q_dim);
+        let out = &mut attn[seg.row0 * q_dim..(seg.row0 + seg.rows) * q_dim];
+        let (pool, shape, slot) = (step.pool, step.shape, seg.start_slot);
+        match &caches[read].data {
+            KvData::F32(store) => {
+                attend_rows_parallel(pool, shape, store.layer(kv_layer), slot, seg.rows, q, out)
+            }
+            KvData::Bf16(store) => {
+                attend_rows_parallel(pool, shape, store.layer(kv_layer), slot, seg.rows, q, out)
+            }
+        }
     }
 }
 

@@ -8,6 +8,7 @@ mod constraint;
 
 mod drafts;
 mod prompt_fixtures;
+mod qwen3_5_session;
 mod scheduler;
 mod session_fixtures;
 mod stream_utf8;

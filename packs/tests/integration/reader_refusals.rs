@@ -321,7 +321,7 @@ fn wrong_format_or_semantics() {
     f.refuse(
         "semantics-invalid.pack",
         &f.edited(|h| h["__metadata__"]["semantics"] = json!(sem.to_string())),
-        &["mrope_section", "head_dim/2 = 8"],
+        &["mrope_section", "rotated dims / 2 = 8"],
     );
     // Semantics that disagree with the tensors: a bigger vocabulary.
     sem["mrope_section"] = json!([3, 3, 2]);

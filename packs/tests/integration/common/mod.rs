@@ -91,6 +91,7 @@ pub fn expected_semantics(spec: &HfSpec, quant: QuantKind, dir: &Path) -> Semant
         vision: None,
         preprocess: None,
         moe: None,
+        delta_net: None,
     }
 }
 

@@ -169,7 +169,10 @@ fn bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind], plan: &Plan) -> V
             let probe = ReadProbe::new(c.threads);
             let mut runs: Vec<(usize, Decode)> = Vec::new();
             for &ctx in plan.ctxs.iter().rev() {
-                f.truncate(ctx);
+                if f.truncate(ctx) != ctx {
+                    // A recurrent (Qwen3.5) state cannot go back: prefill the context again.
+                    prefill(&mut f, ctx);
+                }
                 runs.push((ctx, decode_steps(&mut f, plan.steps, &probe)));
             }
             drop(probe);

@@ -64,7 +64,12 @@ fn drafted(f: &mut Decoder, vocab: usize, truth: &[u32], k: usize) -> (Vec<u32>,
             ids.push(token);
             if ids.len() == n || rows.get(r + 1) != Some(&token) {
                 // Keep the rows up to this one: the next forward feeds `token` after them.
-                f.truncate(slot + r + 1);
+                let kept = f.truncate(slot + r + 1);
+                assert_eq!(
+                    kept,
+                    slot + r + 1,
+                    "a draft window rolled back to a row it kept"
+                );
                 break;
             }
         }

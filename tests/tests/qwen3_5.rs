@@ -1,0 +1,248 @@
+//! Qwen3.5 beyond the shared reference checks (`decoder_reference.rs` runs every case, these
+//! included): the controls the family's own mistakes must trip, a prompt prefilled whole, in
+//! slices and row by row, and a verified window's rollback of the recurrent state.
+
+use decoder::{decode_step, Ablation, Decoder, DecoderOptions, Logits};
+use packs::QuantKind;
+use testkit::compare::max_abs_diff;
+use xdna_vl_tests::{ablated, cases, forward, options, Case};
+
+const EXACT: f32 = 1e-3;
+
+fn qwen3_5_cases() -> Vec<Case> {
+    let out: Vec<Case> = cases()
+        .iter()
+        .map(|n| Case::new(n))
+        .filter(|c| {
+            let cfg = std::fs::read_to_string(c.checkpoint().join("config.json")).unwrap();
+            cfg.contains("\"qwen3_5\"")
+        })
+        .collect();
+    assert!(out.len() >= 2, "the Qwen3.5 fixtures are missing");
+    out
+}
+
+fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+#[test]
+fn controls_each_family_mistake_is_caught() {
+    let mistakes: [(&str, Ablation); 5] = [
+        (
+            "norm without its +1",
+            Ablation {
+                norm_without_one: true,
+                ..Ablation::default()
+            },
+        ),
+        (
+            "attention output gate skipped",
+            Ablation {
+                skip_attention_gate: true,
+                ..Ablation::default()
+            },
+        ),
+        (
+            "conv state one row behind",
+            Ablation {
+                conv_state_lags_one_row: true,
+                ..Ablation::default()
+            },
+        ),
+        (
+            "decay without softplus",
+            Ablation {
+                decay_without_softplus: true,
+                ..Ablation::default()
+            },
+        ),
+        (
+            "rotary over every dim",
+            Ablation {
+                rotary_all_dims: true,
+                ..Ablation::default()
+            },
+        ),
+    ];
+    for case in qwen3_5_cases() {
+        // Without a mistake the same harness is within the tolerance.
+        let clean = ablated(&case, Ablation::default());
+        assert!(clean <= EXACT, "{}: clean run {clean}", case.name);
+        for (what, ablation) in mistakes {
+            let worst = ablated(&case, ablation);
+            println!("{}: {what}: max |Δ| {worst:.3e}", case.name);
+            assert!(
+                worst > 10.0 * EXACT,
+                "{}: {what} went unnoticed ({worst})",
+                case.name
+            );
+        }
+    }
+}
+
+/// The prompt's last-row logits and the greedy decode after it (teacher-forced on the
+/// reference ids), prefilled in slices of `slice` rows.
+fn prefill_then_decode(f: &mut Decoder, case: &Case, slice: usize) -> Vec<Vec<f32>> {
+    let inputs = case.inputs();
+    let reference = case.reference(QuantKind::F32);
+    let rows = inputs.rows();
+    let hidden = f.semantics().hidden_size;
+    let embeds = inputs.embeds(f);
+    let hybrid = inputs.hybrid();
+    f.reset();
+    let mut out = Vec::new();
+    let mut first = 0;
+    while first < rows {
+        let n = slice.min(rows - first);
+        let part = hybrid.slice_rows(first, n, rows, hidden);
+        let logits = f
+            .step_batch_embeds(
+                &embeds[first * hidden..(first + n) * hidden],
+                &part,
+                first,
+                Logits::LastRow,
+            )
+            .unwrap();
+        if first + n == rows {
+            out.push(logits.to_vec());
+        }
+        first += n;
+    }
+    let mut pos = inputs.next_rotary_pos();
+    for &id in &reference.greedy_ids[..reference.greedy_ids.len() - 1] {
+        out.push(decode_step(f, id as u32, &mut pos).unwrap().to_vec());
+    }
+    out
+}
+
+#[test]
+fn a_prompt_prefilled_whole_in_slices_or_row_by_row_decodes_the_same() {
+    for case in qwen3_5_cases() {
+        let (_dir, pack) = case.pack(QuantKind::F32);
+        let mut f = forward(&pack, options());
+        let whole = prefill_then_decode(&mut f, &case, usize::MAX);
+        let rows = case.inputs().rows();
+        // 17-row slices end mid-image and cross row 64 (transformers' chunk) on q35-odd.
+        for slice in [17, 1] {
+            let sliced = prefill_then_decode(&mut f, &case, slice);
+            for (i, (a, b)) in whole.iter().zip(&sliced).enumerate() {
+                let d = max_abs_diff(a, b);
+                assert!(
+                    d <= 1e-5,
+                    "{}: {slice}-row slices of {rows}: row {i} max |Δ| {d}",
+                    case.name
+                );
+                assert_eq!(argmax(a), argmax(b), "{}: row {i}", case.name);
+            }
+        }
+    }
+}
+
+/// Prefills the prompt; returns the decoder and the rotary position of the next row.
+fn prefilled(case: &Case, f: &mut Decoder) -> i64 {
+    let inputs = case.inputs();
+    let embeds = inputs.embeds(f);
+    f.reset();
+    f.step_batch_embeds(&embeds, &inputs.hybrid(), 0, Logits::LastRow)
+        .unwrap();
+    inputs.next_rotary_pos()
+}
+
+/// A window of the three reference ids and two wrong drafts; `keep` rows are kept, then the
+/// reference decode goes on. Returns the worst |Δ| against the reference decode logits.
+fn window_then_decode(case: &Case, f: &mut Decoder, keep: usize) -> f32 {
+    let reference = case.reference(QuantKind::F32);
+    let vocab = reference.vocab;
+    let ids: Vec<u32> = reference.greedy_ids.iter().map(|&t| t as u32).collect();
+    let mut pos = prefilled(case, f);
+    let slot = f.next_slot();
+    let wrong = |t: u32| (t + 1) % vocab as u32;
+    let window = [ids[0], ids[1], ids[2], wrong(ids[3]), wrong(ids[4])];
+    let logits = f
+        .step_batch(&window, pos, slot, Logits::AllRows)
+        .unwrap()
+        .to_vec();
+    let mut worst = 0f32;
+    for r in 0..3 {
+        let expected = &reference.decode_logits[r * vocab..(r + 1) * vocab];
+        worst = worst.max(max_abs_diff(&logits[r * vocab..(r + 1) * vocab], expected));
+    }
+    assert_eq!(f.truncate(slot + keep), slot + keep, "{}", case.name);
+    pos += 3; // the kept ids' positions, as the engine rolls back
+    for (i, &id) in ids.iter().enumerate().take(ids.len() - 1).skip(3) {
+        let got = decode_step(f, id, &mut pos).unwrap();
+        let expected = &reference.decode_logits[i * vocab..(i + 1) * vocab];
+        worst = worst.max(max_abs_diff(got, expected));
+    }
+    worst
+}
+
+#[test]
+fn a_window_rolled_back_to_its_kept_rows_decodes_as_without_drafts() {
+    for case in qwen3_5_cases() {
+        let (_dir, pack) = case.pack(QuantKind::F32);
+        let mut f = forward(&pack, options());
+        let worst = window_then_decode(&case, &mut f, 3);
+        println!(
+            "{}: window kept 3 of 5 rows: max |Δ| {worst:.3e}",
+            case.name
+        );
+        assert!(worst <= EXACT, "{}: {worst}", case.name);
+        // Control: a window rolled back one row short (the state after 2 rows) is caught.
+        let short = window_then_decode_short(&case, &mut f);
+        println!("{}: one row short: max |Δ| {short:.3e}", case.name);
+        assert!(short > 10.0 * EXACT, "{}: {short}", case.name);
+    }
+}
+
+/// The control: the state kept after two rows of the window while the positions and the decode
+/// go on as if three were kept.
+fn window_then_decode_short(case: &Case, f: &mut Decoder) -> f32 {
+    let reference = case.reference(QuantKind::F32);
+    let vocab = reference.vocab;
+    let ids: Vec<u32> = reference.greedy_ids.iter().map(|&t| t as u32).collect();
+    let mut pos = prefilled(case, f);
+    let slot = f.next_slot();
+    let window = [ids[0], ids[1], ids[2], ids[3], ids[4]];
+    f.step_batch(&window, pos, slot, Logits::AllRows).unwrap();
+    assert_eq!(f.truncate(slot + 2), slot + 2);
+    pos += 3;
+    let mut worst = 0f32;
+    for (i, &id) in ids.iter().enumerate().take(ids.len() - 1).skip(3) {
+        let got = decode_step(f, id, &mut pos).unwrap();
+        worst = worst.max(max_abs_diff(
+            got,
+            &reference.decode_logits[i * vocab..(i + 1) * vocab],
+        ));
+    }
+    worst
+}
+
+#[test]
+fn a_cut_the_recurrent_state_cannot_make_forgets_everything() {
+    let case = &qwen3_5_cases()[0];
+    let (_dir, pack) = case.pack(QuantKind::F32);
+    let mut f = forward(&pack, options());
+    let pos = prefilled(case, &mut f);
+    let slot = f.next_slot();
+    f.step_batch(&[1, 2, 3], pos, slot, Logits::LastRow)
+        .unwrap();
+    // Inside the last step: kept.
+    assert_eq!(f.truncate(slot + 2), slot + 2);
+    // Before it (inside the prompt): the state is gone, and the cache says so.
+    assert_eq!(f.truncate(slot - 5), 0);
+    assert_eq!(f.next_slot(), 0);
+    // Control: a Qwen3-VL cache cuts anywhere.
+    let vl = Case::new("hd128");
+    let (_d, vl_pack) = vl.pack(QuantKind::F32);
+    let mut g = forward(&vl_pack, DecoderOptions { ..options() });
+    prefilled(&vl, &mut g);
+    assert_eq!(g.truncate(5), 5);
+}

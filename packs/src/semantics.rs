@@ -115,14 +115,14 @@ impl DeltaNetSemantics {
                 return err(format!("{field} = {value} is too large"));
             }
         }
-        if self.num_value_heads % self.num_key_heads != 0 {
+        if !self.num_value_heads.is_multiple_of(self.num_key_heads) {
             return err(format!(
                 "linear_num_value_heads {} is not a multiple of linear_num_key_heads {} (each \
                  key head serves a group of value heads)",
                 self.num_value_heads, self.num_key_heads
             ));
         }
-        if self.rotary_dim % 2 != 0 || self.rotary_dim > text.head_dim {
+        if !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > text.head_dim {
             return err(format!(
                 "{} rotated dims (head_dim {} x partial_rotary_factor) must be even and at most \
                  head_dim",
@@ -140,7 +140,7 @@ impl DeltaNetSemantics {
         if self.linear_layers.windows(2).any(|w| w[0] >= w[1]) {
             return err("the linear layers must be ascending, each once".into());
         }
-        if text.quant == QuantKind::Q4 && self.value_dim() % Q4_GROUP != 0 {
+        if text.quant == QuantKind::Q4 && !self.value_dim().is_multiple_of(Q4_GROUP) {
             return err(format!(
                 "q4 needs linear_num_value_heads x linear_value_head_dim = {} to be a multiple \
                  of {Q4_GROUP} (the K of out_proj)",

@@ -79,7 +79,7 @@ fn messages(s: &mut Session, run: &Value) -> Vec<Message> {
                     .collect(),
                 other => panic!("content {other}"),
             };
-            Message { role, content }
+            Message::new(role, content)
         })
         .collect()
 }

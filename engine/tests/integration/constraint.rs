@@ -229,8 +229,11 @@ fn cost_on_a_qwen_sized_vocabulary() {
         .unwrap()["id"]
         .as_u64()
         .unwrap() as u32;
+    let tokenizer =
+        engine::Tokenizer::from_bytes(json.to_string().as_bytes(), "synthetic").unwrap();
+    assert_eq!(tokenizer.vocab_size(), 151_936);
     let start = Instant::now();
-    let space = engine::TokenSpace::new(&json, im_end).unwrap();
+    let space = tokenizer.token_space().unwrap();
     let built = start.elapsed();
     let mut c = engine::Constraint::new(&Grammar::JsonSchema(schema()), &space, &[im_end]).unwrap();
     let mut logits = vec![0.0f32; 151_936];

@@ -6,8 +6,8 @@
 //! (one cut by max_tokens or the context does not: that is finish "length").
 //!
 //! The token trie (each id's bytes, from `tokenizer.json`'s byte-level vocabulary) and the parser
-//! factory are built once per [`crate::Tokenizer`], at the first constrained answer, and shared by every
-//! answer after it. On a synthetic vocabulary of Qwen3's 151,936 ids (the ignored probe
+//! factory are built once per [`crate::Tokenizer`], at the first constrained answer, and shared by
+//! every answer after it. On a synthetic vocabulary of Qwen3's 151,936 ids (the ignored probe
 //! `cost_on_a_qwen_sized_vocabulary`, 2 cores) that takes 0.85 s once, and a mask 0.6–0.85 ms per
 //! token (4.4 ms at the first): a few percent of a 2B model's decode step, computed before the
 //! draw, not overlapped with the forward.

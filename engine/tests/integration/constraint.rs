@@ -165,6 +165,38 @@ fn max_tokens_before_the_json_closes_is_length_and_bad_schemas_are_refused() {
             .unwrap_err();
         assert!(matches!(e, EngineError::Grammar(_)), "{bad:?}: {e}");
     }
+    // Schemas a client may send that are odd or heavy: each is answered or refused by name,
+    // never a panic. A remote $ref (no fetching) and an unsatisfiable schema are refused.
+    for (odd, refused) in [
+        (
+            json!({"oneOf": [{"type": "integer"}, {"type": "string"}]}),
+            false,
+        ),
+        (
+            json!({"$defs": {"t": {"type": "object", "properties": {"k": {"$ref": "#/$defs/t"}}}},
+                   "$ref": "#/$defs/t"}),
+            false,
+        ),
+        (json!({"type": "string", "pattern": "^(a+)+$"}), false),
+        (
+            json!({"type": "object", "properties": {"e": {"enum": (0..2000).collect::<Vec<_>>()}}}),
+            false,
+        ),
+        (json!(true), false),
+        (json!({"$ref": "https://example.com/schema.json"}), true),
+        (
+            json!({"type": "array", "items": {"type": "number"}, "minItems": 3, "maxItems": 2}),
+            true,
+        ),
+    ] {
+        s.reset();
+        let p = params(0.0, 0, Some(Grammar::JsonSchema(odd.clone())));
+        match s.generate(&question(), &p, &mut |_| true) {
+            Ok(g) => assert!(!refused, "{odd}: answered {:?}", g.text),
+            Err(EngineError::Grammar(m)) => assert!(refused, "{odd}: refused: {m}"),
+            Err(e) => panic!("{odd}: {e}"),
+        }
+    }
 }
 
 #[test]

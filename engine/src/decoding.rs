@@ -2,6 +2,7 @@
 //! never part of a stop string), and decide whether the answer goes on. The session's loop and
 //! the scheduler's sequences both answer through this — one generate loop.
 
+use crate::constraint::Constraint;
 use crate::error::Result;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::session::FinishReason;
@@ -25,13 +26,29 @@ pub struct Decoding {
     ids: Vec<u32>,
     stream: TextStream,
     stops: StopFilter,
+    /// What the answer must be, when the request constrains it.
+    constraint: Option<Constraint>,
 }
 
 impl Decoding {
-    /// An answer to a prompt of `prompt_ids`; `params` carry the eos ids.
-    pub fn new(params: SamplingParams, prompt_ids: &[u32]) -> Result<Decoding> {
+    /// An answer to a prompt of `prompt_ids`; `params` carry the eos ids and the grammar, compiled
+    /// here against `tokenizer`'s vocabulary (a grammar it refuses is refused by name).
+    pub fn new(
+        params: SamplingParams,
+        prompt_ids: &[u32],
+        tokenizer: &Tokenizer,
+    ) -> Result<Decoding> {
         let stops = StopFilter::new(&params.stop);
+        let constraint = match &params.grammar {
+            Some(g) => Some(Constraint::new(
+                g,
+                tokenizer.token_space()?.as_ref(),
+                &params.eos_ids,
+            )?),
+            None => None,
+        };
         Ok(Decoding {
+            constraint,
             sampler: Sampler::new(params)?,
             history: prompt_ids.to_vec(),
             ids: Vec::new(),
@@ -43,6 +60,11 @@ impl Decoding {
     /// Whether the answer is greedy (temperature 0).
     pub fn is_greedy(&self) -> bool {
         self.sampler.params.is_greedy()
+    }
+
+    /// Whether a constraint shapes the answer (the session then feeds no drafts).
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
     }
 
     /// Tokens sampled so far.
@@ -63,15 +85,23 @@ impl Decoding {
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Next> {
         let step = self.ids.len();
-        let token = match draft {
-            None => self
-                .sampler
-                .sample(logits, &self.history, &self.ids, step)?,
-            Some(d) => {
+        // A constrained answer has no drafts (the session and the scheduler turn them off).
+        let token = match (draft, self.constraint.as_mut()) {
+            (Some(d), None) => {
                 self.sampler
                     .sample_after_draft(logits, &self.history, &self.ids, step, d)?
             }
+            (_, constraint) => self.sampler.sample_constrained(
+                logits,
+                &self.history,
+                &self.ids,
+                step,
+                constraint,
+            )?,
         };
+        if let Some(c) = &mut self.constraint {
+            c.advance(token)?;
+        }
         self.ids.push(token);
         self.history.push(token);
         if self.sampler.params.eos_ids.contains(&token) {

@@ -30,6 +30,10 @@ pub enum EngineError {
     },
     #[error("sampling: {0}")]
     Sampling(String),
+    /// A response format or tool grammar the constraint parser refuses, or a constraint that
+    /// failed while decoding.
+    #[error("constraint: {0}")]
+    Grammar(String),
     #[error("image {name}: {what}")]
     Image { name: String, what: String },
     /// Decoding or preprocessing refused the picture (its message names the file).

@@ -6,9 +6,12 @@
 //! - [`Session`]: the decoder, its KV cache, the next slot and rotary position, the history, and
 //!   the one generate loop ([`Session::generate`], [`Session::chat`]);
 //! - [`sampling`]: greedy, temperature, top-k, top-p, min-p, repetition penalty, seeded;
-//! - [`stream`]: UTF-8-safe incremental text and stop strings.
+//! - [`stream`]: UTF-8-safe incremental text and stop strings;
+//! - [`constraint`]: constrained decoding (JSON, a schema, a grammar) with llguidance;
+//! - [`tool_calls`]: Qwen's tool-call format: the grammar that makes a call, the parser.
 
 pub mod assets;
+pub mod constraint;
 pub mod decoding;
 pub mod drafts;
 pub mod error;
@@ -25,14 +28,16 @@ pub mod session;
 pub mod stream;
 pub mod template;
 pub mod tokenizer;
+pub mod tool_calls;
 
 pub use assets::ChatAssets;
+pub use constraint::{Constraint, Grammar, TokenSpace};
 pub use drafts::{DraftAblation, DraftSource, Drafter, PromptLookup, MAX_DRAFTS};
 pub use error::{EngineError, Result};
 pub use format::ChatFormat;
 pub use generation_config::GenerationConfig;
 pub use images::{ImageEncoder, ImageSettings, TowerEncoder};
-pub use message::{Content, Image, Message, Role};
+pub use message::{Content, Image, Message, Role, ToolCall};
 pub use prompt::{Prompt, PromptAblation, PromptBuilder, PromptImage};
 pub use sampling::{Sampler, SamplingParams};
 pub use scheduler::{Scheduler, SchedulerHandle, SchedulerOptions};
@@ -40,3 +45,4 @@ pub use session::{Event, FinishReason, Generation, Session, SessionOptions, Timi
 pub use stream::{StopFilter, TextStream};
 pub use template::ChatTemplate;
 pub use tokenizer::{SpecialIds, Tokenizer};
+pub use tool_calls::{CallSplitter, FunctionTool, Parsed, ParsedCall};

@@ -1,4 +1,5 @@
-//! A conversation: system, user and assistant turns; a user turn holds text and images in order.
+//! A conversation: system, user, assistant and tool turns; a user turn holds text and images in
+//! order; an assistant turn may carry the tool calls it made, a tool turn answers one of them.
 
 use std::sync::Arc;
 
@@ -9,6 +10,9 @@ pub enum Role {
     System,
     User,
     Assistant,
+    /// A tool's result (OpenAI's `tool` role), rendered as the template renders it (Qwen's: a
+    /// `<tool_response>` in a user turn).
+    Tool,
 }
 
 impl Role {
@@ -17,8 +21,19 @@ impl Role {
             Role::System => "system",
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Tool => "tool",
         }
     }
+}
+
+/// A function call an assistant turn made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The caller's id for it (OpenAI's `call_...`), which a tool turn's `tool_call_id` names.
+    pub id: String,
+    pub name: String,
+    /// The arguments as JSON text (OpenAI sends them as a string).
+    pub arguments: String,
 }
 
 /// A preprocessed picture and what identifies it: two images are the same image when their pixel
@@ -74,19 +89,33 @@ pub enum Content {
 pub struct Message {
     pub role: Role,
     pub content: Vec<Content>,
+    /// The calls an assistant turn made (empty otherwise).
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a tool turn answers.
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
-    pub fn system(text: impl Into<String>) -> Message {
+    /// A turn of `role` with `content` and no tool calls.
+    pub fn new(role: Role, content: Vec<Content>) -> Message {
         Message {
-            role: Role::System,
-            content: vec![Content::Text(text.into())],
+            role,
+            content,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
     }
+    pub fn system(text: impl Into<String>) -> Message {
+        Message::new(Role::System, vec![Content::Text(text.into())])
+    }
     pub fn assistant(text: impl Into<String>) -> Message {
+        Message::new(Role::Assistant, vec![Content::Text(text.into())])
+    }
+    /// A tool's result for the call `id`.
+    pub fn tool(id: impl Into<String>, text: impl Into<String>) -> Message {
         Message {
-            role: Role::Assistant,
-            content: vec![Content::Text(text.into())],
+            tool_call_id: Some(id.into()),
+            ..Message::new(Role::Tool, vec![Content::Text(text.into())])
         }
     }
     /// A user turn: the images first, then the text (the order transformers' examples use).
@@ -96,10 +125,7 @@ impl Message {
         if !text.is_empty() {
             content.push(Content::Text(text));
         }
-        Message {
-            role: Role::User,
-            content,
-        }
+        Message::new(Role::User, content)
     }
 
     pub fn images(&self) -> impl Iterator<Item = &Image> {
@@ -120,7 +146,10 @@ impl Message {
             .collect()
     }
 
-    /// As transformers' messages: a user turn as a list of items, other turns as a string.
+    /// As transformers' messages: a user turn as a list of items, other turns as a string; an
+    /// assistant turn's calls as `tool_calls` (OpenAI's shape, the arguments as an object when
+    /// they parse, as templates expect: Qwen's writes them with `tojson`), a tool turn's
+    /// `tool_call_id`.
     pub fn to_template_json(&self) -> serde_json::Value {
         let content = match self.role {
             Role::User => serde_json::Value::Array(
@@ -134,6 +163,26 @@ impl Message {
             ),
             _ => serde_json::Value::String(self.text()),
         };
-        serde_json::json!({"role": self.role.as_str(), "content": content})
+        let mut m = serde_json::json!({"role": self.role.as_str(), "content": content});
+        if !self.tool_calls.is_empty() {
+            let calls: Vec<serde_json::Value> = self
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    let arguments = serde_json::from_str::<serde_json::Value>(&c.arguments)
+                        .unwrap_or_else(|_| serde_json::Value::String(c.arguments.clone()));
+                    serde_json::json!({
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": arguments},
+                    })
+                })
+                .collect();
+            m["tool_calls"] = serde_json::Value::Array(calls);
+        }
+        if let Some(id) = &self.tool_call_id {
+            m["tool_call_id"] = serde_json::Value::String(id.clone());
+        }
+        m
     }
 }

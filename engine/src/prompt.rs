@@ -62,15 +62,33 @@ pub struct PromptBuilder<'a> {
 
 impl PromptBuilder<'_> {
     pub fn render(&self, messages: &[Message]) -> Result<String> {
+        self.render_with_tools(messages, &[])
+    }
+
+    /// The prompt text with `tools` (OpenAI's function tools) given to the template.
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+    ) -> Result<String> {
         check_messages(messages)?;
         let json =
             serde_json::Value::Array(messages.iter().map(|m| m.to_template_json()).collect());
         self.template
-            .render(&json, !self.ablation.no_generation_prompt)
+            .render_with_tools(&json, tools, !self.ablation.no_generation_prompt)
     }
 
     pub fn build(&self, messages: &[Message]) -> Result<Prompt> {
-        let text = self.render(messages)?;
+        self.build_with_tools(messages, &[])
+    }
+
+    /// [`PromptBuilder::build`] with `tools` given to the template.
+    pub fn build_with_tools(
+        &self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+    ) -> Result<Prompt> {
+        let text = self.render_with_tools(messages, tools)?;
         let images: Vec<&Image> = messages.iter().flat_map(|m| m.images()).collect();
         let raw = self.tokenizer.encode(&text)?;
         let pad = self.tokenizer.special.image_pad;

@@ -3,6 +3,7 @@
 //! seed gives the same tokens). Temperature 0 is greedy (the first of equal maxima, as
 //! `torch.argmax`).
 
+use crate::constraint::{Constraint, Grammar};
 use crate::error::{EngineError, Result};
 use crate::generation_config::GenerationConfig;
 use compute::ops::sampling::argmax;
@@ -29,6 +30,8 @@ pub struct SamplingParams {
     pub stop: Vec<String>,
     /// The answer ends at these ids (not shown); empty = the generation config's and `<|im_end|>`.
     pub eos_ids: Vec<u32>,
+    /// What the answer must be (JSON, a schema, a grammar); none = free text.
+    pub grammar: Option<Grammar>,
 }
 
 impl Default for SamplingParams {
@@ -45,6 +48,7 @@ impl Default for SamplingParams {
             max_tokens: 256,
             stop: Vec::new(),
             eos_ids: Vec::new(),
+            grammar: None,
         }
     }
 }
@@ -156,6 +160,20 @@ impl Sampler {
         answer: &[u32],
         step: usize,
     ) -> Result<u32> {
+        self.sample_constrained(logits, history, answer, step, None)
+    }
+
+    /// [`Sampler::sample`] with the tokens `constraint` does not allow at `-inf` after the
+    /// penalties (the last logits processor, as llguidance's is in transformers), so greedy and
+    /// sampled draws alike pick an allowed token.
+    pub fn sample_constrained(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        answer: &[u32],
+        step: usize,
+        constraint: Option<&mut Constraint>,
+    ) -> Result<u32> {
         if let Some(i) = packs::first_non_finite(logits) {
             return Err(EngineError::NonFiniteLogits {
                 value: logits[i],
@@ -173,6 +191,14 @@ impl Sampler {
             self.params.frequency_penalty,
             self.params.presence_penalty,
         );
+        if let Some(c) = constraint {
+            c.mask(logits)?;
+            if logits.iter().all(|&l| l == f32::NEG_INFINITY) {
+                return Err(EngineError::Grammar(format!(
+                    "no token can continue the constrained answer at step {step}"
+                )));
+            }
+        }
         if self.params.is_greedy() {
             return Ok(argmax(logits));
         }
@@ -287,6 +313,13 @@ pub fn filtered_distribution<'s>(
         let keep = scratch.iter().take_while(|c| c.1 >= kth).count();
         scratch.truncate(keep);
     }
+    // Tokens a constraint ruled out (-inf, last in the order) are no candidates: not even the
+    // fallback of a draw that rounding carries past the total.
+    let finite = scratch
+        .iter()
+        .take_while(|c| c.1 > f32::NEG_INFINITY)
+        .count();
+    scratch.truncate(finite.max(1));
     softmax_in_place(scratch);
     if p.top_p < 1.0 {
         // Keep a token while the mass of the tokens above it is below top-p (at least one).

@@ -61,7 +61,8 @@ enum SeqEvent {
 struct Submission {
     prompt: Prompt,
     vision: Option<VisionOutput>,
-    params: SamplingParams,
+    /// Made on the caller's thread: a grammar is compiled (or refused) there, not in the step loop.
+    decoding: Decoding,
     timings: Timings,
     start: Instant,
     events: Sender<SeqEvent>,
@@ -252,14 +253,7 @@ impl Scheduler {
             ..
         } = self.free.swap_remove(best);
         let reused = reuse_prefix(&cached, &keys, &s.prompt, |r| cache.truncate(r));
-        let decoding = match Decoding::new(s.params, &s.prompt.ids) {
-            Ok(d) => d,
-            Err(e) => {
-                self.give_back(cache, cached);
-                let _ = s.events.send(SeqEvent::Done(Err(e)));
-                return;
-            }
-        };
+        let decoding = s.decoding;
         let rows = s.prompt.rows();
         let vision = s
             .vision
@@ -521,6 +515,17 @@ impl SchedulerHandle {
         params: &SamplingParams,
         on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<Generation> {
+        self.generate_with_tools(messages, &[], params, on_event)
+    }
+
+    /// [`SchedulerHandle::generate`] with `tools` given to the chat template.
+    pub fn generate_with_tools(
+        &self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        params: &SamplingParams,
+        on_event: &mut dyn FnMut(Event<'_>) -> bool,
+    ) -> Result<Generation> {
         let start = Instant::now();
         let sh = &self.shared;
         let params = answer_params(params, &sh.format)?;
@@ -530,8 +535,9 @@ impl SchedulerHandle {
             merge: sh.merge,
             ablation: sh.ablation,
         }
-        .build(messages)?;
+        .build_with_tools(messages, tools)?;
         let rows = prompt_fits(&prompt, sh.context)?;
+        let decoding = Decoding::new(params, &prompt.ids, &sh.format.tokenizer)?;
         let mut timings = Timings::default();
         let vision = match &sh.encoder {
             Some(encoder) => {
@@ -544,7 +550,7 @@ impl SchedulerHandle {
         let submission = Submission {
             prompt,
             vision,
-            params,
+            decoding,
             timings,
             start,
             events,

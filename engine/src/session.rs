@@ -441,11 +441,23 @@ impl Session {
         params: &SamplingParams,
         on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<Generation> {
+        self.generate_with_tools(messages, &[], params, on_event)
+    }
+
+    /// [`Session::generate`] with `tools` (OpenAI's function tools) given to the chat template,
+    /// which tells the model how to call them.
+    pub fn generate_with_tools(
+        &mut self,
+        messages: &[Message],
+        tools: &[serde_json::Value],
+        params: &SamplingParams,
+        on_event: &mut dyn FnMut(Event<'_>) -> bool,
+    ) -> Result<Generation> {
         let start = Instant::now();
         let params = answer_params(params, &self.format)?;
-        let prompt = self.prompt(messages)?;
+        let prompt = self.builder().build_with_tools(messages, tools)?;
         let rows = prompt_fits(&prompt, self.context)?;
-        let mut decoding = Decoding::new(params, &prompt.ids)?;
+        let mut decoding = Decoding::new(params, &prompt.ids, &self.format.tokenizer)?;
         let mut timings = Timings::default();
         let reused = self.prefill(&prompt, &mut timings)?;
         let started = on_event(Event::Started {
@@ -459,7 +471,12 @@ impl Session {
         let decode_start = Instant::now();
         // Greedy answers keep a draft's row when the argmax equals it; sampled ones by the
         // speculative acceptance rule (`Sampler::sample_after_draft`): same distribution.
-        let k = self.drafts;
+        // Prompt lookup rarely guesses a constrained answer's next tokens: no drafts there.
+        let k = if decoding.is_constrained() {
+            0
+        } else {
+            self.drafts
+        };
         let vocab = self.forward.semantics().vocab_size;
         // The last forward's rows: its first cache slot, the drafts fed after its first row, all
         // its rows' logits, and the row whose logits `self.logits` holds.

@@ -64,13 +64,31 @@ impl ChatTemplate {
         messages: &serde_json::Value,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with `tools` (OpenAI's function tools, as transformers'
+    /// `apply_chat_template(tools=...)` passes them; none passes `None`, as transformers does).
+    pub fn render_with_tools(
+        &self,
+        messages: &serde_json::Value,
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let tmpl = self
             .env
             .get_template(NAME)
             .map_err(|e| EngineError::Template(e.to_string()))?;
         let mut ctx: Vec<(&str, Value)> = vec![
             ("messages", Value::from_serialize(messages)),
-            ("tools", Value::from(())),
+            (
+                "tools",
+                if tools.is_empty() {
+                    Value::from(())
+                } else {
+                    Value::from_serialize(tools)
+                },
+            ),
             ("documents", Value::from(())),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
         ];
@@ -294,9 +312,10 @@ mod tests {
             "{{ messages | tojson }}",
             serde_json::json!({"b": [1, 2.5, "é<\"x\">"], "a": null, "c": true}),
         );
-        // Python: json.dumps({"a": None, "b": [1, 2.5, "é<\"x\">"], "c": True}, ensure_ascii=False)
-        // (serde_json's map, the input here, orders its keys).
-        assert_eq!(out, r#"{"a": null, "b": [1, 2.5, "é<\"x\">"], "c": true}"#);
+        // Python: json.dumps({"b": [1, 2.5, "é<\"x\">"], "a": None, "c": True}, ensure_ascii=False):
+        // the keys in the order given, as Python's dicts keep them (serde_json keeps insertion
+        // order with `preserve_order`, which llguidance turns on for the workspace).
+        assert_eq!(out, r#"{"b": [1, 2.5, "é<\"x\">"], "a": null, "c": true}"#);
         // Control: compact JSON (serde_json's, minijinja's) lacks Python's spaces.
         let compact = serde_json::to_string(&serde_json::json!({"a": null, "c": true})).unwrap();
         assert_eq!(compact, r#"{"a":null,"c":true}"#);

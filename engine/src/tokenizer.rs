@@ -1,6 +1,9 @@
 //! The checkpoint's tokenizer (`tokenizer.json`, run by the `tokenizers` library that transformers'
 //! fast tokenizers are) and the special tokens the chat format is made of.
 
+use std::sync::{Arc, OnceLock};
+
+use crate::constraint::TokenSpace;
 use crate::error::{EngineError, Result};
 
 pub const IM_END: &str = "<|im_end|>";
@@ -22,6 +25,8 @@ pub struct SpecialIds {
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     pub special: SpecialIds,
+    /// The vocabulary for constrained decoding, built at the first constrained answer.
+    token_space: OnceLock<std::result::Result<Arc<TokenSpace>, String>>,
 }
 
 impl Tokenizer {
@@ -46,7 +51,11 @@ impl Tokenizer {
             vision_end: id(VISION_END)?,
             endoftext: inner.token_to_id(ENDOFTEXT),
         };
-        Ok(Tokenizer { inner, special })
+        Ok(Tokenizer {
+            inner,
+            special,
+            token_space: OnceLock::new(),
+        })
     }
 
     /// Ids of `text` as transformers' processor tokenizes a rendered prompt (special tokens written
@@ -71,5 +80,18 @@ impl Tokenizer {
 
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+
+    /// The vocabulary as the constraint parser sees it (built once, then shared).
+    pub fn token_space(&self) -> Result<Arc<TokenSpace>> {
+        self.token_space
+            .get_or_init(|| {
+                let json = serde_json::to_value(&self.inner).map_err(|e| e.to_string())?;
+                TokenSpace::new(&json, self.special.im_end)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(EngineError::Tokenizer)
     }
 }

@@ -452,7 +452,7 @@ pub unsafe extern "C" fn xvl_step_batch_embeds(
         // SAFETY: non-NULL, aligned, and an xvl_hybrid by the caller's contract.
         let hy = unsafe { hybrid.read() };
         let hidden = h.hidden_size;
-        if embeds_len == 0 || embeds_len % hidden != 0 {
+        if embeds_len == 0 || !embeds_len.is_multiple_of(hidden) {
             return Err(CallError::new(
                 XVL_ERR_INPUTS,
                 format!("{F}: embeds_len = {embeds_len}, not a positive multiple of hidden size {hidden}"),

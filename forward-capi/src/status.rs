@@ -137,7 +137,7 @@ impl CallError {
             | EngineError::Template(_)
             | EngineError::Prompt(_) => XVL_ERR_CHAT,
             EngineError::OverContext { .. } => XVL_ERR_CAPACITY,
-            EngineError::Sampling(_) => XVL_ERR_ARGUMENT,
+            EngineError::Sampling(_) | EngineError::Grammar(_) => XVL_ERR_ARGUMENT,
             EngineError::Image { .. } | EngineError::Preprocess(_) | EngineError::Vision(_) => {
                 XVL_ERR_IMAGE
             }

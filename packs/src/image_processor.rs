@@ -306,7 +306,10 @@ fn resize_limits(
         size.insert("longest_edge".into(), v.into());
         size.remove("max_pixels");
     }
-    for key in size.keys() {
+    // The first wrong key by name, whatever order the map keeps (serde_json's preserve_order).
+    let mut keys: Vec<&String> = size.keys().collect();
+    keys.sort();
+    for key in keys {
         let what = match key.as_str() {
             "shortest_edge" | "longest_edge" => continue,
             "min_pixels" | "max_pixels" => {

@@ -266,7 +266,7 @@ impl Pack {
                 continue;
             }
             let offset = data_start + e.start;
-            if offset % ALIGN != 0 {
+            if !offset.is_multiple_of(ALIGN) {
                 return Err(PackError::Misaligned {
                     path,
                     name: e.name,

@@ -210,7 +210,7 @@ pub fn round_clamp(x: f32, lo: i8, hi: i8) -> i8 {
 /// Quantize W [n x k] row-major to q4: codes [n * k/2] (element 2i low nibble, 2i+1 high nibble,
 /// two's complement) and bf16 scales [n * k/32]. K % 32 != 0 is refused.
 pub fn quantize_q4(w: &[f32], n: usize, k: usize) -> Result<(Vec<u8>, Vec<bf16>), QuantError> {
-    if k % Q4_GROUP != 0 {
+    if !k.is_multiple_of(Q4_GROUP) {
         return Err(QuantError::Q4GroupMismatch { k });
     }
     if w.len() != n * k {
@@ -301,7 +301,11 @@ fn q4_permute(src: &[u8], n: usize, k: usize, to_panels: bool) -> Vec<u8> {
 #[inline]
 pub fn q4_code(codes_row: &[u8], j: usize) -> i8 {
     let byte = codes_row[j / 2];
-    let nibble = if j % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+    let nibble = if j.is_multiple_of(2) {
+        byte & 0x0F
+    } else {
+        byte >> 4
+    };
     ((nibble << 4) as i8) >> 4
 }
 

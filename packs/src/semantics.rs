@@ -118,14 +118,14 @@ impl DeltaNetSemantics {
                 return err(format!("{field} = {value} is too large"));
             }
         }
-        if self.num_value_heads % self.num_key_heads != 0 {
+        if !self.num_value_heads.is_multiple_of(self.num_key_heads) {
             return err(format!(
                 "linear_num_value_heads {} is not a multiple of linear_num_key_heads {} (each \
                  key head serves a group of value heads)",
                 self.num_value_heads, self.num_key_heads
             ));
         }
-        if self.rotary_dim % 2 != 0 || self.rotary_dim > text.head_dim {
+        if !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > text.head_dim {
             return err(format!(
                 "{} rotated dims (head_dim {} x partial_rotary_factor) must be even and at most \
                  head_dim",
@@ -143,7 +143,7 @@ impl DeltaNetSemantics {
         if self.linear_layers.windows(2).any(|w| w[0] >= w[1]) {
             return err("the linear layers must be ascending, each once".into());
         }
-        if text.quant == QuantKind::Q4 && self.value_dim() % Q4_GROUP != 0 {
+        if text.quant == QuantKind::Q4 && !self.value_dim().is_multiple_of(Q4_GROUP) {
             return err(format!(
                 "q4 needs linear_num_value_heads x linear_value_head_dim = {} to be a multiple \
                  of {Q4_GROUP} (the K of out_proj)",
@@ -208,14 +208,14 @@ impl VisionSemantics {
                 return err(format!("{field} = {value} is too large"));
             }
         }
-        if self.hidden_size % self.num_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_heads) {
             return err(format!(
                 "hidden_size {} is not a multiple of num_heads {}",
                 self.hidden_size, self.num_heads
             ));
         }
         // The 2-D rotary gives head_dim/4 frequencies to the row and as many to the column.
-        if self.head_dim() % 4 != 0 {
+        if !self.head_dim().is_multiple_of(4) {
             return err(format!(
                 "head_dim {} (hidden_size / num_heads) must be a multiple of 4 for the 2-D rotary",
                 self.head_dim()
@@ -479,14 +479,14 @@ impl MoeSemantics {
                     "shared_expert_intermediate_size = {shared} must be in 1..=2^24"
                 ));
             }
-            if quant == QuantKind::Q4 && shared % Q4_GROUP != 0 {
+            if quant == QuantKind::Q4 && !shared.is_multiple_of(Q4_GROUP) {
                 return err(format!(
                     "q4 needs shared_expert_intermediate_size = {shared} to be a multiple of \
                      {Q4_GROUP} (the K of the shared expert's down projection)"
                 ));
             }
         }
-        if quant == QuantKind::Q4 && self.moe_intermediate_size % Q4_GROUP != 0 {
+        if quant == QuantKind::Q4 && !self.moe_intermediate_size.is_multiple_of(Q4_GROUP) {
             return err(format!(
                 "q4 needs moe_intermediate_size = {} to be a multiple of {Q4_GROUP} (the K of each expert's down projection)",
                 self.moe_intermediate_size
@@ -617,13 +617,13 @@ impl Semantics {
                 return Err(E::Overflow { field, value });
             }
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(E::HeadGroups {
                 heads: self.num_heads,
                 kv_heads: self.num_kv_heads,
             });
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(E::OddHeadDim(self.head_dim));
         }
         for (field, value) in [

@@ -10,7 +10,9 @@ use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::api::{RequestMessage, RequestPart};
-use crate::chat::{ChatRequest, Completion, EngineError, Message, Part, Sampling};
+use crate::chat::{
+    ChatRequest, Completion, EngineError, Message, Part, ResponseFormat, Sampling, Tools,
+};
 use crate::error::ApiError;
 use crate::media::{self, MediaPolicy};
 use crate::queue::{Job, JobEvent, Queue};
@@ -39,15 +41,28 @@ pub struct Answer {
     receiver: UnboundedReceiver<JobEvent>,
 }
 
+/// A checked request, its images not yet fetched.
+pub struct Request {
+    pub messages: Vec<RequestMessage>,
+    pub sampling: Sampling,
+    pub tools: Tools,
+    pub format: ResponseFormat,
+}
+
 /// Fetches the messages' images, queues the request and waits until the engine accepts its
-/// prompt, so that a prompt over the context or an image that does not decode is a 400 even for
-/// a streamed answer.
+/// prompt, so that a prompt over the context, an image that does not decode or a schema the
+/// constraint refuses is a 400 even for a streamed answer.
 pub async fn start(
     queue: &Queue,
     policy: &MediaPolicy,
-    messages: Vec<RequestMessage>,
-    sampling: Sampling,
+    request: Request,
 ) -> Result<Answer, ApiError> {
+    let Request {
+        messages,
+        sampling,
+        tools,
+        format,
+    } = request;
     // Off the async threads: a file or a remote fetch blocks.
     let policy = policy.clone();
     let messages = tokio::task::spawn_blocking(move || resolve_images(messages, &policy))
@@ -55,7 +70,12 @@ pub async fn start(
         .map_err(|e| ApiError::internal(format!("reading the images failed: {e}")))??;
     let (events, mut receiver) = mpsc::unbounded_channel();
     queue.submit(Job {
-        request: ChatRequest { messages, sampling },
+        request: ChatRequest {
+            messages,
+            sampling,
+            tools,
+            format,
+        },
         events,
     })?;
     match receiver.recv().await {
@@ -161,6 +181,8 @@ fn resolve_images(
             Ok(Message {
                 role: m.role,
                 parts,
+                tool_calls: m.tool_calls,
+                tool_call_id: m.tool_call_id,
             })
         })
         .collect()

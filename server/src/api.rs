@@ -3,7 +3,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::chat::{Completion, Role, Sampling};
+use crate::chat::{Completion, ResponseFormat, Role, Sampling, ToolCall, ToolChoice, Tools};
 use crate::error::ApiError;
 
 /// A message as the client sent it; image URLs are fetched later (`media`).
@@ -11,6 +11,21 @@ use crate::error::ApiError;
 pub struct RequestMessage {
     pub role: Role,
     pub parts: Vec<RequestPart>,
+    /// An assistant message's calls.
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a tool message answers.
+    pub tool_call_id: Option<String>,
+}
+
+impl RequestMessage {
+    pub fn new(role: Role, parts: Vec<RequestPart>) -> RequestMessage {
+        RequestMessage {
+            role,
+            parts,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -35,6 +50,8 @@ pub struct ChatBody {
     pub sampling: Sampling,
     pub stream: bool,
     pub include_usage: bool,
+    pub tools: Tools,
+    pub format: ResponseFormat,
 }
 
 pub(crate) fn bad(message: String, param: &str) -> ApiError {
@@ -73,7 +90,21 @@ pub fn parse_chat_body(body: &[u8], max_tokens_cap: usize) -> Result<ChatBody, A
             ));
         }
     }
+    refuse_not_implemented(&obj)?;
     let sampling = parse_sampling(&obj, max_tokens_cap)?;
+    let tools = parse_tools(&obj)?;
+    let format = parse_response_format(obj.get("response_format"))?;
+    if format != ResponseFormat::Text
+        && matches!(tools.choice, ToolChoice::Required | ToolChoice::Function(_))
+        && !tools.list.is_empty()
+    {
+        return Err(bad(
+            "response_format json_object or json_schema cannot be combined with tool_choice \
+             \"required\" or a named function: the answer would have to be both JSON and calls"
+                .into(),
+            "response_format",
+        ));
+    }
     let stream = flag(&obj, "stream")?;
     let include_usage = match obj.get("stream_options") {
         None | Some(Value::Null) => false,
@@ -93,7 +124,261 @@ pub fn parse_chat_body(body: &[u8], max_tokens_cap: usize) -> Result<ChatBody, A
         sampling,
         stream,
         include_usage,
+        tools,
+        format,
     })
+}
+
+/// OpenAI's fields this server does not implement, each with why: one that asks for something
+/// (`"logprobs": true`, a non-empty `logit_bias`) is refused by name, never ignored. Fields that
+/// do not change the answer (`user`, `metadata`, `store`, `service_tier`) are taken and ignored.
+const NOT_IMPLEMENTED: &[(&str, &str)] = &[
+    (
+        "functions",
+        "the legacy functions API is not implemented; send tools",
+    ),
+    (
+        "function_call",
+        "the legacy functions API is not implemented; send tool_choice",
+    ),
+    ("logprobs", "log probabilities are not returned"),
+    ("top_logprobs", "log probabilities are not returned"),
+    ("logit_bias", "logit biases are not implemented"),
+    ("audio", "audio output is not implemented"),
+    ("prediction", "predicted outputs are not implemented"),
+    ("web_search_options", "web search is not implemented"),
+];
+
+fn refuse_not_implemented(obj: &Map<String, Value>) -> Result<(), ApiError> {
+    for (key, why) in NOT_IMPLEMENTED {
+        let asks = match obj.get(*key) {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+            Some(Value::Object(o)) => !o.is_empty(),
+            Some(Value::Array(a)) => !a.is_empty(),
+            Some(Value::Number(n)) => *key != "top_logprobs" || n.as_f64() != Some(0.0),
+            Some(_) => true,
+        };
+        if asks {
+            return Err(bad(format!("{key} is not supported: {why}"), key));
+        }
+    }
+    match obj.get("modalities") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Array(m)) if m.iter().all(|x| x.as_str() == Some("text")) => Ok(()),
+        Some(v) => Err(bad(
+            format!("modalities {v} is not supported: the answer is text ([\"text\"])"),
+            "modalities",
+        )),
+    }
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls`.
+fn parse_tools(obj: &Map<String, Value>) -> Result<Tools, ApiError> {
+    let list = match obj.get("tools") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .enumerate()
+            .map(|(i, t)| check_tool(&format!("tools[{i}]"), t).map(|()| t.clone()))
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(v) => {
+            return Err(bad(
+                format!("tools must be an array, got {}", kind_of(v)),
+                "tools",
+            ))
+        }
+    };
+    let names: Vec<&str> = list
+        .iter()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    for (i, n) in names.iter().enumerate() {
+        if names[..i].contains(n) {
+            return Err(bad(
+                format!("tools[{i}].function.name {n:?} is given twice"),
+                &format!("tools[{i}].function.name"),
+            ));
+        }
+    }
+    let choice = match obj.get("tool_choice") {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) if s == "none" => ToolChoice::None,
+        Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
+        Some(Value::String(s)) if s == "required" => ToolChoice::Required,
+        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            match o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+            {
+                Some(n) => ToolChoice::Function(n.to_string()),
+                None => {
+                    return Err(bad(
+                        "tool_choice.function.name is required (a string)".into(),
+                        "tool_choice.function.name",
+                    ))
+                }
+            }
+        }
+        Some(v) => {
+            return Err(bad(
+                format!(
+                    "tool_choice must be \"none\", \"auto\", \"required\" or \
+                     {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {v}"
+                ),
+                "tool_choice",
+            ))
+        }
+    };
+    match &choice {
+        ToolChoice::Required if list.is_empty() => {
+            return Err(bad(
+                "tool_choice \"required\" needs tools".into(),
+                "tool_choice",
+            ))
+        }
+        ToolChoice::Function(n) if !names.contains(&n.as_str()) => {
+            return Err(bad(
+                format!("tool_choice names {n:?}, which is not among the tools ({names:?})"),
+                "tool_choice.function.name",
+            ))
+        }
+        _ => {}
+    }
+    let parallel = match obj.get("parallel_tool_calls") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(bad(
+                format!("parallel_tool_calls must be a boolean, got {v}"),
+                "parallel_tool_calls",
+            ))
+        }
+    };
+    Ok(Tools {
+        list,
+        choice,
+        parallel,
+    })
+}
+
+/// One function tool: `{"type": "function", "function": {"name", "description"?, "parameters"?,
+/// "strict"?}}`.
+fn check_tool(at: &str, t: &Value) -> Result<(), ApiError> {
+    let Value::Object(t) = t else {
+        return Err(bad(format!("{at} must be an object"), at));
+    };
+    if t.get("type").and_then(Value::as_str) != Some("function") {
+        return Err(bad(
+            format!(
+                "{at}.type must be \"function\" (the only kind of tool), got {}",
+                t.get("type").unwrap_or(&Value::Null)
+            ),
+            &format!("{at}.type"),
+        ));
+    }
+    let param = format!("{at}.function");
+    let Some(Value::Object(f)) = t.get("function") else {
+        return Err(bad(format!("{param} is required (an object)"), &param));
+    };
+    let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+    let good_name = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if !good_name {
+        return Err(bad(
+            format!(
+                "{param}.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -, got {}",
+                f.get("name").unwrap_or(&Value::Null)
+            ),
+            &format!("{param}.name"),
+        ));
+    }
+    match f.get("parameters") {
+        None | Some(Value::Null) | Some(Value::Object(_)) => {}
+        Some(v) => {
+            return Err(bad(
+                format!(
+                    "{param}.parameters must be a JSON schema object, got {}",
+                    kind_of(v)
+                ),
+                &format!("{param}.parameters"),
+            ))
+        }
+    }
+    if let Some(v) = f
+        .get("description")
+        .filter(|v| !v.is_null() && !v.is_string())
+    {
+        return Err(bad(
+            format!("{param}.description must be a string, got {}", kind_of(v)),
+            &format!("{param}.description"),
+        ));
+    }
+    Ok(())
+}
+
+/// `response_format`: text, json_object, or json_schema with its schema.
+fn parse_response_format(v: Option<&Value>) -> Result<ResponseFormat, ApiError> {
+    let o = match v {
+        None | Some(Value::Null) => return Ok(ResponseFormat::Text),
+        Some(Value::Object(o)) => o,
+        Some(v) => {
+            return Err(bad(
+                format!("response_format must be an object, got {}", kind_of(v)),
+                "response_format",
+            ))
+        }
+    };
+    match o.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(ResponseFormat::Text),
+        Some("json_object") => Ok(ResponseFormat::JsonObject),
+        Some("json_schema") => {
+            let param = "response_format.json_schema";
+            let Some(Value::Object(js)) = o.get("json_schema") else {
+                return Err(bad(
+                    format!("{param} is required: {{\"name\": ..., \"schema\": {{...}}}}"),
+                    param,
+                ));
+            };
+            if !matches!(js.get("name"), Some(Value::String(n)) if !n.is_empty()) {
+                return Err(bad(
+                    format!("{param}.name is required (a string)"),
+                    &format!("{param}.name"),
+                ));
+            }
+            if let Some(v) = js.get("strict").filter(|v| !v.is_null() && !v.is_boolean()) {
+                return Err(bad(
+                    format!("{param}.strict must be a boolean, got {v}"),
+                    &format!("{param}.strict"),
+                ));
+            }
+            // Strict or not, the answer fits the schema: constrained decoding is always strict.
+            match js.get("schema") {
+                None | Some(Value::Null) => Ok(ResponseFormat::JsonObject),
+                Some(s @ Value::Object(_)) => Ok(ResponseFormat::JsonSchema(s.clone())),
+                Some(v) => Err(bad(
+                    format!(
+                        "{param}.schema must be a JSON schema object, got {}",
+                        kind_of(v)
+                    ),
+                    &format!("{param}.schema"),
+                )),
+            }
+        }
+        Some(other) => Err(bad(
+            format!(
+                "response_format.type {other:?} is not supported (text, json_object, json_schema)"
+            ),
+            "response_format.type",
+        )),
+        None => Err(bad(
+            "response_format.type is required (text, json_object or json_schema)".into(),
+            "response_format.type",
+        )),
+    }
 }
 
 /// The body as a JSON object.
@@ -134,6 +419,37 @@ fn parse_message(i: usize, m: &Value) -> Result<RequestMessage, ApiError> {
         return Err(bad(format!("{at} must be an object"), &at));
     };
     let role = parse_role(m, &at)?;
+    let tool_calls = match m.get("tool_calls") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) if role == Role::Assistant => list
+            .iter()
+            .enumerate()
+            .map(|(j, c)| parse_tool_call(&format!("{at}.tool_calls[{j}]"), c))
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(Value::Array(_)) => {
+            return Err(bad(
+                format!("{at}.tool_calls: only assistant messages carry tool calls"),
+                &format!("{at}.tool_calls"),
+            ))
+        }
+        Some(v) => {
+            return Err(bad(
+                format!("{at}.tool_calls must be an array, got {}", kind_of(v)),
+                &format!("{at}.tool_calls"),
+            ))
+        }
+    };
+    let tool_call_id = match m.get("tool_call_id") {
+        Some(Value::String(id)) if role == Role::Tool => Some(id.clone()),
+        None | Some(Value::Null) if role != Role::Tool => None,
+        _ => {
+            let param = format!("{at}.tool_call_id");
+            return Err(bad(
+                format!("{param}: a tool message names the call it answers (a string), and only a tool message does"),
+                &param,
+            ));
+        }
+    };
     let parts = match m.get("content") {
         None | Some(Value::Null) if role == Role::Assistant => Vec::new(),
         Some(Value::String(s)) => vec![RequestPart::Text(s.clone())],
@@ -158,18 +474,92 @@ fn parse_message(i: usize, m: &Value) -> Result<RequestMessage, ApiError> {
             ))
         }
     };
-    Ok(RequestMessage { role, parts })
+    if role == Role::Tool && parts.iter().any(|p| !matches!(p, RequestPart::Text(_))) {
+        return Err(bad(
+            format!("{at}.content: a tool message holds text only"),
+            &format!("{at}.content"),
+        ));
+    }
+    Ok(RequestMessage {
+        role,
+        parts,
+        tool_calls,
+        tool_call_id,
+    })
 }
 
-/// A message's `role` (`at` names the message); tools are not implemented, so no `tool` role.
+/// One call of an assistant message: `{"id", "type": "function", "function": {"name",
+/// "arguments"}}`, the arguments a JSON object as text (or an object).
+fn parse_tool_call(at: &str, c: &Value) -> Result<ToolCall, ApiError> {
+    let Value::Object(c) = c else {
+        return Err(bad(format!("{at} must be an object"), at));
+    };
+    let id = match c.get("id") {
+        Some(Value::String(s)) => s.clone(),
+        _ => {
+            return Err(bad(
+                format!("{at}.id is required (a string)"),
+                &format!("{at}.id"),
+            ))
+        }
+    };
+    if !matches!(
+        c.get("type").and_then(Value::as_str),
+        None | Some("function")
+    ) {
+        return Err(bad(
+            format!("{at}.type must be \"function\""),
+            &format!("{at}.type"),
+        ));
+    }
+    let f = c.get("function").and_then(Value::as_object);
+    let name = match f.and_then(|f| f.get("name")) {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        _ => {
+            return Err(bad(
+                format!("{at}.function.name is required (a string)"),
+                &format!("{at}.function.name"),
+            ))
+        }
+    };
+    let param = format!("{at}.function.arguments");
+    let arguments = match f.and_then(|f| f.get("arguments")) {
+        Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+            Ok(Value::Object(_)) => s.clone(),
+            _ => {
+                return Err(bad(
+                    format!("{param} must be a JSON object as a string, got {s:?}"),
+                    &param,
+                ))
+            }
+        },
+        Some(v @ Value::Object(_)) => v.to_string(),
+        _ => {
+            return Err(bad(
+                format!("{param} is required (a JSON object as a string)"),
+                &param,
+            ))
+        }
+    };
+    Ok(ToolCall {
+        id,
+        name,
+        arguments,
+    })
+}
+
+/// A message's `role` (`at` names the message).
 pub(crate) fn parse_role(m: &Map<String, Value>, at: &str) -> Result<Role, ApiError> {
     let param = format!("{at}.role");
     match m.get("role").and_then(Value::as_str) {
         Some("system") | Some("developer") => Ok(Role::System),
         Some("user") => Ok(Role::User),
         Some("assistant") => Ok(Role::Assistant),
+        Some("tool") => Ok(Role::Tool),
         Some(other) => Err(bad(
-            format!("{param} {other:?} is not supported (system, developer, user, assistant)"),
+            format!(
+                "{param} {other:?} is not supported (system, developer, user, assistant, tool)"
+            ),
             &param,
         )),
         None => Err(bad(format!("{param} is required (a string)"), &param)),
@@ -368,11 +758,49 @@ pub fn completion_body(id: &str, created: u64, model: &str, c: &Completion) -> V
         "model": model,
         "choices": [{
             "index": 0,
-            "message": { "role": "assistant", "content": c.text },
+            "message": message_json(c),
             "finish_reason": c.finish.as_str(),
         }],
         "usage": usage(c),
     })
+}
+
+/// The answer's message: its text, and its calls when it made some (the content then null when
+/// there is no text, as OpenAI's).
+fn message_json(c: &Completion) -> Value {
+    if c.tool_calls.is_empty() {
+        return json!({ "role": "assistant", "content": c.text });
+    }
+    let content = if c.text.is_empty() {
+        Value::Null
+    } else {
+        Value::String(c.text.clone())
+    };
+    json!({
+        "role": "assistant",
+        "content": content,
+        "tool_calls": tool_calls_json(&c.tool_calls, false),
+    })
+}
+
+/// OpenAI's `tool_calls`: id, type and function (name, arguments as a JSON string); in a stream
+/// delta each call also carries its `index`.
+pub fn tool_calls_json(calls: &[ToolCall], indexed: bool) -> Value {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut v = json!({
+                "id": c.id,
+                "type": "function",
+                "function": { "name": c.name, "arguments": c.arguments },
+            });
+            if indexed {
+                v["index"] = json!(i);
+            }
+            v
+        })
+        .collect()
 }
 
 /// One streamed chunk: `delta` and `finish_reason` of choice 0.
@@ -448,8 +876,104 @@ mod tests {
             (r#"{"messages":[]}"#, "messages"),
             (r#"{"messages":"hi"}"#, "messages"),
             (
-                r#"{"messages":[{"role":"tool","content":"x"}]}"#,
+                r#"{"messages":[{"role":"function","content":"x"}]}"#,
                 "messages[0].role",
+            ),
+            (
+                r#"{"messages":[{"role":"tool","content":"x"}]}"#,
+                "messages[0].tool_call_id",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x","tool_call_id":"c"}]}"#,
+                "messages[0].tool_call_id",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x","tool_calls":[]}]}"#,
+                "messages[0].tool_calls",
+            ),
+            (
+                r#"{"messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{oops"}}]}]}"#,
+                "messages[0].tool_calls[0].function.arguments",
+            ),
+            (
+                r#"{"messages":[{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f","arguments":"{}"}}]}]}"#,
+                "messages[0].tool_calls[0].id",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"tools":{}}"#,
+                "tools",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"retrieval"}]}"#,
+                "tools[0].type",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a b"}}]}"#,
+                "tools[0].function.name",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":"x"}}]}"#,
+                "tools[0].function.parameters",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]}"#,
+                "tools[1].function.name",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"tool_choice":"required"}"#,
+                "tool_choice",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes"}"#,
+                "tool_choice",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}}"#,
+                "tool_choice.function.name",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"parallel_tool_calls":"no"}"#,
+                "parallel_tool_calls",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"yaml"}}"#,
+                "response_format.type",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"response_format":"json"}"#,
+                "response_format",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}}"#,
+                "response_format.json_schema",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"schema":{}}}}"#,
+                "response_format.json_schema.name",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":[]}}}"#,
+                "response_format.json_schema.schema",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"},"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required"}"#,
+                "response_format",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"logprobs":true}"#,
+                "logprobs",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"42":5}}"#,
+                "logit_bias",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"functions":[{"name":"f"}]}"#,
+                "functions",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"modalities":["text","audio"]}"#,
+                "modalities",
             ),
             (
                 r#"{"messages":[{"role":"user","content":5}]}"#,
@@ -501,8 +1025,63 @@ mod tests {
             assert_eq!(e.status.as_u16(), 400, "{body}");
             assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
         }
-        // Control: a good body parses.
+        // Control: a good body parses, and fields at values that ask for nothing are taken.
         parse(r#"{"messages":[{"role":"user","content":"x"}],"temperature":0}"#).unwrap();
+        parse(
+            r#"{"messages":[{"role":"user","content":"x"}],"logprobs":false,"logit_bias":{},
+            "tools":[],"tool_choice":"auto","modalities":["text"],"response_format":{"type":"text"},
+            "user":"u","store":false}"#,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn tools_calls_and_formats_read() {
+        let b = parse(
+            r#"{"messages":[{"role":"user","content":"weather?"},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function",
+             "function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
+            {"role":"tool","tool_call_id":"call_1","content":"sunny"}],
+            "tools":[{"type":"function","function":{"name":"get_weather","description":"d",
+             "parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],
+            "tool_choice":{"type":"function","function":{"name":"get_weather"}},
+            "parallel_tool_calls":false}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            b.messages[1].tool_calls,
+            vec![ToolCall {
+                id: "call_1".into(),
+                name: "get_weather".into(),
+                arguments: r#"{"city":"Paris"}"#.into()
+            }]
+        );
+        assert!(b.messages[1].parts.is_empty());
+        assert_eq!(b.messages[2].role, Role::Tool);
+        assert_eq!(b.messages[2].tool_call_id.as_deref(), Some("call_1"));
+        assert_eq!(b.tools.choice, ToolChoice::Function("get_weather".into()));
+        assert!(!b.tools.parallel);
+        assert_eq!(b.tools.functions()[0].0, "get_weather");
+        assert_eq!(b.format, ResponseFormat::Text);
+        // Defaults: auto, parallel; tool_choice none keeps the tools but uses none.
+        let b = parse(
+            r#"{"messages":[{"role":"user","content":"x"}],"tool_choice":"none",
+            "tools":[{"type":"function","function":{"name":"f"}}]}"#,
+        )
+        .unwrap();
+        assert!(b.tools.parallel && !b.tools.in_use());
+        assert_eq!(b.tools.functions()[0].1, json!({"type": "object"}));
+        let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+        let b = parse(
+            &json!({"messages": [{"role": "user", "content": "x"}], "response_format":
+                {"type": "json_schema", "json_schema": {"name": "n", "strict": true, "schema": schema}}})
+            .to_string(),
+        )
+        .unwrap();
+        assert_eq!(b.format, ResponseFormat::JsonSchema(schema));
+        let b = parse(r#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}"#)
+            .unwrap();
+        assert_eq!(b.format, ResponseFormat::JsonObject);
     }
 
     #[test]

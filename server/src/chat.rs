@@ -1,7 +1,10 @@
 //! What the server asks of the engine: one chat completion at a time, events streamed out. The
 //! server owns no generate loop; `xdna-vl serve` plugs the engine's session in behind this trait.
 
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
 
 /// Who speaks a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -9,6 +12,100 @@ pub enum Role {
     System,
     User,
     Assistant,
+    /// A tool's result, answering an assistant's call (`tool_call_id`).
+    Tool,
+}
+
+/// A function call: made by the model in an answer, or sent back in an assistant message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCall {
+    /// `call_...`, which the tool message with the result names.
+    pub id: String,
+    pub name: String,
+    /// The arguments as JSON text (an object).
+    pub arguments: String,
+}
+
+/// A fresh call id: `call_` and 24 hex digits, from the clock and a process-wide counter (unique
+/// within a server's life, which is all a client matches them within).
+pub fn new_call_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!("call_{t:016x}{:08x}", n as u32)
+}
+
+/// Which calls the answer may or must make (OpenAI's `tool_choice`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// No call: the tools are not shown to the model, its answer is text.
+    None,
+    /// Text or calls, as the model chooses; its calls are read out of the answer.
+    #[default]
+    Auto,
+    /// At least one call (constrained decoding).
+    Required,
+    /// A call of this function (constrained decoding).
+    Function(String),
+}
+
+/// The tools a request offers and how they may be used.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tools {
+    /// OpenAI function tools as sent (`{"type": "function", "function": {...}}`), given to the
+    /// chat template as they are.
+    pub list: Vec<Value>,
+    pub choice: ToolChoice,
+    /// More than one call in an answer (OpenAI's `parallel_tool_calls`, default true).
+    pub parallel: bool,
+}
+
+impl Default for Tools {
+    fn default() -> Self {
+        Tools {
+            list: Vec::new(),
+            choice: ToolChoice::Auto,
+            parallel: true,
+        }
+    }
+}
+
+impl Tools {
+    /// Each tool's name and parameters schema (none given: any object).
+    pub fn functions(&self) -> Vec<(String, Value)> {
+        self.list
+            .iter()
+            .map(|t| {
+                let f = &t["function"];
+                let parameters = match f.get("parameters") {
+                    Some(p @ Value::Object(_)) => p.clone(),
+                    _ => serde_json::json!({"type": "object"}),
+                };
+                (
+                    f["name"].as_str().unwrap_or_default().to_string(),
+                    parameters,
+                )
+            })
+            .collect()
+    }
+
+    /// Whether the model's answer is read for calls.
+    pub fn in_use(&self) -> bool {
+        !self.list.is_empty() && self.choice != ToolChoice::None
+    }
+}
+
+/// What the answer must look like (OpenAI's `response_format`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum ResponseFormat {
+    #[default]
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON fitting this schema.
+    JsonSchema(Value),
 }
 
 /// One piece of a message's content, in order.
@@ -26,6 +123,22 @@ pub enum Part {
 pub struct Message {
     pub role: Role,
     pub parts: Vec<Part>,
+    /// The calls an assistant message made.
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a tool message answers.
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    /// A message of `role` with `parts`, no calls.
+    pub fn new(role: Role, parts: Vec<Part>) -> Message {
+        Message {
+            role,
+            parts,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
 }
 
 /// The request's sampling; `None` takes the pack's generation defaults.
@@ -43,10 +156,12 @@ pub struct Sampling {
     pub stop: Vec<String>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChatRequest {
     pub messages: Vec<Message>,
     pub sampling: Sampling,
+    pub tools: Tools,
+    pub format: ResponseFormat,
 }
 
 /// Why generation ended (OpenAI's `finish_reason`).
@@ -56,6 +171,8 @@ pub enum Finish {
     Stop,
     /// max_tokens (or the context) ran out.
     Length,
+    /// The answer is tool calls.
+    ToolCalls,
 }
 
 impl Finish {
@@ -63,13 +180,17 @@ impl Finish {
         match self {
             Finish::Stop => "stop",
             Finish::Length => "length",
+            Finish::ToolCalls => "tool_calls",
         }
     }
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Completion {
+    /// The answer's text (without its calls).
     pub text: String,
+    /// The calls the answer made (finish [`Finish::ToolCalls`]).
+    pub tool_calls: Vec<ToolCall>,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub finish: Finish,

@@ -119,9 +119,17 @@ async fn chat_completions(
         sampling,
         stream,
         include_usage,
+        tools,
+        format,
         ..
     } = api::parse_chat_body(&bytes, state.max_tokens_cap)?;
-    let answer = answer::start(&state.queue, &state.media, messages, sampling).await?;
+    let request = answer::Request {
+        messages,
+        sampling,
+        tools,
+        format,
+    };
+    let answer = answer::start(&state.queue, &state.media, request).await?;
     let id = format!("chatcmpl-{}", state.next_id.fetch_add(1, Ordering::Relaxed));
     let created = now();
     let model = state.info.id.clone();
@@ -165,13 +173,20 @@ impl answer::Chunks for OpenAiChunks {
 
     fn done(&self, c: &Completion) -> Vec<Value> {
         let (id, created, model) = (&self.id, self.created, &self.model);
-        let mut last = vec![api::chunk_body(
+        let mut last = Vec::new();
+        if !c.tool_calls.is_empty() {
+            // Each call whole in one chunk (id, type, name and all its arguments), as the
+            // `openai` client accepts beside OpenAI's own name-then-argument-pieces chunks.
+            let delta = json!({ "tool_calls": api::tool_calls_json(&c.tool_calls, true) });
+            last.push(api::chunk_body(id, created, model, delta, None));
+        }
+        last.push(api::chunk_body(
             id,
             created,
             model,
             json!({}),
             Some(c.finish.as_str()),
-        )];
+        ));
         if self.include_usage {
             last.push(api::usage_chunk_body(id, created, model, c));
         }

@@ -453,3 +453,97 @@ fn the_web_chat_is_served_without_the_key_and_the_api_still_needs_it() {
     assert_eq!(r.body, server::web::INDEX_HTML.as_bytes());
     open.stop().unwrap();
 }
+
+#[test]
+fn tool_calls_whole_and_streamed_in_openais_shape() {
+    let server = Running::start(
+        ServeOptions {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            ..ServeOptions::default()
+        },
+        Duration::ZERO,
+    );
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}},
+        {"type": "function", "function": {"name": "add"}}
+    ]);
+    let mut body = user("call");
+    body["tools"] = tools.clone();
+    let j = chat(server.addr, body.clone()).json();
+    let choice = &j["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert_eq!(choice["message"]["content"], "ok");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2);
+    for (c, name) in calls.iter().zip(["get_weather", "add"]) {
+        assert!(c["id"].as_str().unwrap().starts_with("call_"), "{c}");
+        assert_eq!(c["type"], "function");
+        assert_eq!(c["function"]["name"], name);
+        // Arguments are a JSON object as a string, as OpenAI sends them.
+        let args: Value =
+            serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(args, json!({"n": 1}));
+        assert!(c.get("index").is_none(), "{c}");
+    }
+    assert_ne!(calls[0]["id"], calls[1]["id"]);
+    let sent = server.requests().pop().unwrap();
+    assert_eq!(sent.tools.list, tools.as_array().unwrap().clone());
+    assert!(sent.tools.parallel);
+
+    // Streamed: the text deltas, one chunk with every call whole (index, id, type, name,
+    // arguments), then the finish chunk.
+    body["stream"] = json!(true);
+    let (text, chunks) = streamed_text(&chat(server.addr, body));
+    assert_eq!(text, "ok");
+    let call_chunks: Vec<&Value> = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["delta"].get("tool_calls").is_some())
+        .collect();
+    assert_eq!(call_chunks.len(), 1);
+    let delta = &call_chunks[0]["choices"][0]["delta"]["tool_calls"];
+    for (i, name) in ["get_weather", "add"].iter().enumerate() {
+        assert_eq!(delta[i]["index"], i);
+        assert!(delta[i]["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(delta[i]["type"], "function");
+        assert_eq!(delta[i]["function"]["name"], *name);
+        assert_eq!(delta[i]["function"]["arguments"], r#"{"n":1}"#);
+    }
+    assert!(call_chunks[0]["choices"][0]["finish_reason"].is_null());
+    let last = &chunks.last().unwrap()["choices"][0];
+    assert_eq!(last["finish_reason"], "tool_calls");
+    assert_eq!(last["delta"], json!({}));
+
+    // Control: the same text without tools is an answer, no calls.
+    let j = chat(server.addr, user("call")).json();
+    assert_eq!(j["choices"][0]["finish_reason"], "stop");
+    assert!(j["choices"][0]["message"].get("tool_calls").is_none());
+    // tool_choice "none": the engine is told no tool may be used.
+    let mut body = user("call");
+    body["tools"] = tools;
+    body["tool_choice"] = json!("none");
+    let j = chat(server.addr, body).json();
+    assert_eq!(j["choices"][0]["message"]["content"], "echo(0): call");
+    assert!(!server.requests().pop().unwrap().tools.in_use());
+
+    // Refusals are OpenAI-shaped 400s naming the field, and reach no engine.
+    let before = server.requests().len();
+    for (extra, param) in [
+        (
+            json!({"response_format": {"type": "yaml"}}),
+            "response_format.type",
+        ),
+        (json!({"tool_choice": "required"}), "tool_choice"),
+        (json!({"logprobs": true}), "logprobs"),
+    ] {
+        let mut body = user("x");
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let r = chat(server.addr, body);
+        assert_eq!(r.status, 400);
+        assert_eq!(r.json()["error"]["param"], param);
+    }
+    assert_eq!(server.requests().len(), before);
+    server.stop().unwrap();
+}

@@ -492,10 +492,7 @@ fn options_reach_the_engine_as_its_sampling() {
     };
     let sent = server.requests().pop().unwrap();
     assert_eq!(sent.sampling, expected);
-    let text = |role, t: &str| Message {
-        role,
-        parts: vec![Part::Text(t.into())],
-    };
+    let text = |role, t: &str| Message::new(role, vec![Part::Text(t.into())]);
     assert_eq!(
         sent.messages,
         vec![
@@ -584,7 +581,7 @@ fn refusals_name_their_field_in_ollamas_shape() {
             400,
             "model is required",
         ),
-        ("/api/chat", chat(json!({"format": "json"})), 400, "format"),
+        ("/api/chat", chat(json!({"format": "yaml"})), 400, "format"),
         (
             "/api/chat",
             chat(json!({"tools": [{"type": "function"}]})),
@@ -655,7 +652,7 @@ fn refusals_name_their_field_in_ollamas_shape() {
         ),
         (
             "/api/generate",
-            generate(json!({"format": {"type": "object"}})),
+            generate(json!({"format": ["json"]})),
             400,
             "format",
         ),

@@ -5,11 +5,15 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use engine::tool_calls::{calls_grammar, CallSplitter, FunctionTool};
 use engine::{
-    Content, EngineError, FinishReason, Generation, Message, Role, SamplingParams, Scheduler,
-    SchedulerHandle, SchedulerOptions, Session,
+    Content, EngineError, FinishReason, Generation, Grammar, Message, Role, SamplingParams,
+    Scheduler, SchedulerHandle, SchedulerOptions, Session, ToolCall,
 };
-use server::chat::{self as api, ChatEngine, ChatRequest, Completion, Finish};
+use serde_json::Value;
+use server::chat::{
+    self as api, ChatEngine, ChatRequest, Completion, Finish, ResponseFormat, ToolChoice,
+};
 use server::{MediaPolicy, ModelInfo, ServeOptions};
 
 use crate::cli::ServeArgs;
@@ -22,6 +26,7 @@ trait Answerer: Send + 'static {
     fn generate(
         &mut self,
         messages: &[Message],
+        tools: &[Value],
         params: &SamplingParams,
         on_event: &mut dyn FnMut(engine::Event<'_>) -> bool,
     ) -> engine::Result<Generation>;
@@ -37,10 +42,11 @@ impl Answerer for Session {
     fn generate(
         &mut self,
         messages: &[Message],
+        tools: &[Value],
         params: &SamplingParams,
         on_event: &mut dyn FnMut(engine::Event<'_>) -> bool,
     ) -> engine::Result<Generation> {
-        Session::generate(self, messages, params, on_event)
+        Session::generate_with_tools(self, messages, tools, params, on_event)
     }
 }
 
@@ -60,10 +66,12 @@ impl Answerer for Parallel {
     fn generate(
         &mut self,
         messages: &[Message],
+        tools: &[Value],
         params: &SamplingParams,
         on_event: &mut dyn FnMut(engine::Event<'_>) -> bool,
     ) -> engine::Result<Generation> {
-        self.handle.generate(messages, params, on_event)
+        self.handle
+            .generate_with_tools(messages, tools, params, on_event)
     }
 }
 
@@ -79,24 +87,67 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
         on_event: &mut dyn FnMut(api::Event<'_>) -> bool,
     ) -> Result<Completion, api::EngineError> {
         let messages = self.messages(request).map_err(refusal)?;
-        let params = sampling(self.answerer.default_sampling(), &request.sampling);
+        let mut params = sampling(self.answerer.default_sampling(), &request.sampling);
+        params.grammar = grammar(request);
+        let tools = &request.tools;
+        // tool_choice "none": the model is not told about the tools, so it calls none.
+        let shown_tools: &[Value] = if tools.choice == ToolChoice::None {
+            &[]
+        } else {
+            &tools.list
+        };
+        // Calls are read out of free text and out of the calls grammar's answer alike; a JSON
+        // answer (response_format) is only JSON.
+        let reads_calls = tools.in_use() && request.format == ResponseFormat::Text;
+        let functions = tools.functions();
+        let names: Vec<&str> = functions.iter().map(|(n, _)| n.as_str()).collect();
+        let mut splitter = CallSplitter::default();
+        let mut shown = String::new();
+        let mut show = |t: &str, on_event: &mut dyn FnMut(api::Event<'_>) -> bool| {
+            shown.push_str(t);
+            t.is_empty() || on_event(api::Event::Text(t))
+        };
         let mut forward_event = |e: engine::Event<'_>| match e {
             engine::Event::Started { prompt_tokens, .. } => {
                 on_event(api::Event::Started { prompt_tokens })
             }
-            engine::Event::Text(t) => on_event(api::Event::Text(t)),
+            engine::Event::Text(t) if reads_calls => show(&splitter.push(t), on_event),
+            engine::Event::Text(t) => show(t, on_event),
         };
         let g = self
             .answerer
-            .generate(&messages, &params, &mut forward_event)
+            .generate(&messages, shown_tools, &params, &mut forward_event)
             .map_err(refusal)?;
-        let finish = match g.finish {
+        let mut finish = match g.finish {
             FinishReason::Eos(_) | FinishReason::Stop(_) => Finish::Stop,
             FinishReason::MaxTokens | FinishReason::ContextFull => Finish::Length,
             FinishReason::Cancelled => return Err(api::EngineError::Cancelled),
         };
+        let mut tool_calls = Vec::new();
+        if reads_calls {
+            let parsed = splitter.finish(&names);
+            show(&parsed.text, on_event);
+            tool_calls = parsed
+                .calls
+                .into_iter()
+                .map(|c| api::ToolCall {
+                    id: api::new_call_id(),
+                    name: c.name,
+                    arguments: c.arguments,
+                })
+                .collect();
+            // parallel_tool_calls false: at most one call (the grammar makes one; free text may
+            // hold more, of which the first is kept).
+            if !tools.parallel {
+                tool_calls.truncate(1);
+            }
+            if !tool_calls.is_empty() && finish == Finish::Stop {
+                finish = Finish::ToolCalls;
+            }
+        }
         Ok(Completion {
-            text: g.text,
+            text: shown,
+            tool_calls,
             prompt_tokens: g.prompt_tokens,
             completion_tokens: g.ids.len(),
             finish,
@@ -104,6 +155,28 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
             answer_time: g.timings.decode,
         })
     }
+}
+
+/// The constraint a request asks for: its response format's, or the calls grammar of
+/// tool_choice "required" (any of the tools) or a named function (that one).
+fn grammar(request: &ChatRequest) -> Option<Grammar> {
+    match &request.format {
+        ResponseFormat::JsonObject => return Some(Grammar::JsonObject),
+        ResponseFormat::JsonSchema(schema) => return Some(Grammar::JsonSchema(schema.clone())),
+        ResponseFormat::Text => {}
+    }
+    let tools = &request.tools;
+    let functions: Vec<FunctionTool> = tools
+        .functions()
+        .into_iter()
+        .filter(|(name, _)| match &tools.choice {
+            ToolChoice::Required => true,
+            ToolChoice::Function(n) => n == name,
+            ToolChoice::None | ToolChoice::Auto => false,
+        })
+        .map(|(name, parameters)| FunctionTool { name, parameters })
+        .collect();
+    (!functions.is_empty()).then(|| calls_grammar(&functions, tools.parallel))
 }
 
 impl<A: Answerer> ServerEngine<A> {
@@ -127,8 +200,21 @@ impl<A: Answerer> ServerEngine<A> {
                     api::Role::System => Role::System,
                     api::Role::User => Role::User,
                     api::Role::Assistant => Role::Assistant,
+                    api::Role::Tool => Role::Tool,
                 };
-                Ok(Message { role, content })
+                Ok(Message {
+                    tool_calls: m
+                        .tool_calls
+                        .iter()
+                        .map(|c| ToolCall {
+                            id: c.id.clone(),
+                            name: c.name.clone(),
+                            arguments: c.arguments.clone(),
+                        })
+                        .collect(),
+                    tool_call_id: m.tool_call_id.clone(),
+                    ..Message::new(role, content)
+                })
             })
             .collect()
     }
@@ -143,6 +229,10 @@ fn refusal(e: EngineError) -> api::EngineError {
         | EngineError::Prompt(_)
         | EngineError::Template(_)
         | EngineError::Sampling(_) => api::EngineError::Invalid(e.to_string()),
+        // The request's schema or a tool's parameters schema, refused by the constraint parser.
+        EngineError::Grammar(m) => api::EngineError::Invalid(format!(
+            "response_format or tools: the schema is refused by the constraint: {m}"
+        )),
         other => api::EngineError::Failed(other.to_string()),
     }
 }
@@ -291,5 +381,147 @@ fn parallel(args: &ServeArgs, per_sequence: usize) -> Result<usize, String> {
         )),
         Some(n) => Ok(n),
         None => Ok(fits.min(8)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use server::chat::{Part, Tools};
+
+    /// Answers with `pieces` as its streamed text, whatever it is asked; keeps the tools and the
+    /// grammar it was given.
+    struct Scripted {
+        pieces: Vec<String>,
+        seen: Vec<(usize, Option<Grammar>)>,
+    }
+
+    impl Answerer for Scripted {
+        fn image(&self, name: &str, _: &[u8]) -> engine::Result<engine::Image> {
+            Err(EngineError::Prompt(format!("{name}: no images here")))
+        }
+        fn default_sampling(&self) -> SamplingParams {
+            SamplingParams::default()
+        }
+        fn generate(
+            &mut self,
+            _: &[Message],
+            tools: &[Value],
+            params: &SamplingParams,
+            on_event: &mut dyn FnMut(engine::Event<'_>) -> bool,
+        ) -> engine::Result<Generation> {
+            self.seen.push((tools.len(), params.grammar.clone()));
+            on_event(engine::Event::Started {
+                prompt_tokens: 1,
+                image_tokens: 0,
+                reused_tokens: 0,
+            });
+            for p in &self.pieces {
+                on_event(engine::Event::Text(p));
+            }
+            Ok(Generation {
+                text: self.pieces.concat(),
+                ids: vec![0; self.pieces.len()],
+                finish: FinishReason::Eos(0),
+                prompt_tokens: 1,
+                image_tokens: 0,
+                reused_tokens: 0,
+                timings: Default::default(),
+            })
+        }
+    }
+
+    /// (streamed text, completion) of `pieces` answered under `tools`.
+    fn answer(pieces: &[&str], tools: Tools) -> (String, Completion, Scripted) {
+        let mut engine = ServerEngine {
+            answerer: Scripted {
+                pieces: pieces.iter().map(|p| p.to_string()).collect(),
+                seen: Vec::new(),
+            },
+        };
+        let request = ChatRequest {
+            messages: vec![api::Message::new(
+                api::Role::User,
+                vec![Part::Text("hi".into())],
+            )],
+            tools,
+            ..ChatRequest::default()
+        };
+        let mut streamed = String::new();
+        let c = engine
+            .complete(&request, &mut |e| {
+                if let api::Event::Text(t) = e {
+                    streamed.push_str(t);
+                }
+                true
+            })
+            .unwrap();
+        (streamed, c, engine.answerer)
+    }
+
+    fn tools(choice: ToolChoice, parallel: bool) -> Tools {
+        Tools {
+            list: vec![serde_json::json!({"type": "function", "function": {"name": "add"}})],
+            choice,
+            parallel,
+        }
+    }
+
+    const CALL: &str = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+
+    #[test]
+    fn auto_reads_calls_and_leaves_a_malformed_one_as_text() {
+        let (streamed, c, seen) = answer(
+            &["Sure.\n", "<tool_", &CALL[6..]],
+            tools(ToolChoice::Auto, true),
+        );
+        assert_eq!(streamed, "Sure.\n");
+        assert_eq!(c.text, "Sure.\n");
+        assert_eq!(c.finish, Finish::ToolCalls);
+        assert_eq!(c.tool_calls.len(), 1);
+        assert_eq!(c.tool_calls[0].name, "add");
+        assert_eq!(c.tool_calls[0].arguments, r#"{"a":1}"#);
+        // auto: the tools go to the template, no grammar.
+        assert_eq!(seen.seen, vec![(1, None)]);
+
+        for bad in [
+            "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1\n</tool_call>",
+            "<tool_call>\n{\"name\": \"sub\", \"arguments\": {}}\n</tool_call>",
+            "<tool_call>\n{\"name\": \"add\", \"arguments\": {}}",
+        ] {
+            let (streamed, c, _) = answer(&["x ", bad], tools(ToolChoice::Auto, true));
+            assert_eq!(streamed, format!("x {bad}"), "shown whole, as text");
+            assert_eq!(c.text, streamed);
+            assert!(c.tool_calls.is_empty());
+            assert_eq!(c.finish, Finish::Stop);
+        }
+    }
+
+    #[test]
+    fn choices_pick_the_grammar_and_the_tools_shown() {
+        let two = format!("{CALL}\n{CALL}");
+        // parallel false keeps one call.
+        let (_, c, _) = answer(&[&two], tools(ToolChoice::Auto, false));
+        assert_eq!(c.tool_calls.len(), 1);
+        let (_, c, _) = answer(&[&two], tools(ToolChoice::Auto, true));
+        assert_eq!(c.tool_calls.len(), 2);
+        assert_ne!(c.tool_calls[0].id, c.tool_calls[1].id);
+        // none: no tools shown, no calls read (the text stays text).
+        let (streamed, c, seen) = answer(&[CALL], tools(ToolChoice::None, true));
+        assert_eq!(streamed, CALL);
+        assert!(c.tool_calls.is_empty());
+        assert_eq!(seen.seen, vec![(0, None)]);
+        // required and named: the calls grammar.
+        for choice in [ToolChoice::Required, ToolChoice::Function("add".into())] {
+            let (_, c, seen) = answer(&[CALL], tools(choice, false));
+            assert_eq!(c.finish, Finish::ToolCalls);
+            let Some(Grammar::Lark(g)) = &seen.seen[0].1 else {
+                panic!("{:?}", seen.seen)
+            };
+            assert!(
+                g.starts_with("start: call\n") && g.contains(r#"{"const":"add"}"#),
+                "{g}"
+            );
+        }
     }
 }

@@ -4,6 +4,7 @@
 //! runs one.
 
 mod common;
+mod constraint;
 
 mod drafts;
 mod prompt_fixtures;
@@ -11,4 +12,5 @@ mod qwen3_5_session;
 mod scheduler;
 mod session_fixtures;
 mod stream_utf8;
+mod tools;
 mod tower_session;

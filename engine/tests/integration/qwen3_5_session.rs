@@ -88,7 +88,7 @@ fn messages(s: &mut Session, run: &Value) -> Vec<Message> {
                     .collect(),
                 other => panic!("content {other}"),
             };
-            Message { role, content }
+            Message::new(role, content)
         })
         .collect()
 }

@@ -1,5 +1,6 @@
 //! `server::api::parse_chat_body`: the body of POST /v1/chat/completions, from valid requests
-//! mutated field by field and byte by byte.
+//! (tools, tool calls and messages, response formats among them) mutated field by field and byte
+//! by byte.
 
 use std::path::Path;
 
@@ -13,13 +14,15 @@ pub const FILE: &str = "body.json";
 /// The cap `xdna-vl serve` applies to max_tokens.
 const MAX_TOKENS_CAP: usize = 512;
 
-const BODIES: [&str; 6] = [
+const BODIES: [&str; 8] = [
     r#"{"model":"qwen3-vl","messages":[{"role":"user","content":"Hello"}]}"#,
     r#"{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":[{"type":"text","text":"Describe"},{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo="}}]}],"max_tokens":64,"temperature":0.7,"top_p":0.9,"top_k":20,"seed":5}"#,
     r#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}],"stream":true,"stream_options":{"include_usage":true},"stop":["\n\n","END"]}"#,
     r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":"file.png"},{"type":"text","text":"what?"}]}],"max_completion_tokens":9999,"min_p":0.05,"repetition_penalty":1.1,"frequency_penalty":0.5,"presence_penalty":-0.5,"n":1}"#,
     r#"{"messages":[{"role":"user","content":"x"}],"stop":"STOP","temperature":0,"stream":false}"#,
     r#"{"model":null,"messages":[{"role":"developer","content":"rules"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"seed":18446744073709551615}"#,
+    r#"{"messages":[{"role":"user","content":"weather?"},{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","tool_call_id":"call_1","content":"sunny"}],"tools":[{"type":"function","function":{"name":"get_weather","description":"d","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}],"tool_choice":{"type":"function","function":{"name":"get_weather"}},"parallel_tool_calls":false}"#,
+    r#"{"messages":[{"role":"user","content":"json"}],"response_format":{"type":"json_schema","json_schema":{"name":"pick","strict":true,"schema":{"type":"object","properties":{"n":{"type":"integer","minimum":1}},"required":["n"]}}},"tool_choice":"none","tools":[],"logprobs":false}"#,
 ];
 
 pub struct ChatBodyTarget {

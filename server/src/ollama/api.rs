@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use serde_json::{json, Map, Value};
 
 use crate::api::{self, bad, kind_of, RequestMessage, RequestPart};
-use crate::chat::{Completion, ModelInfo, Role, Sampling};
+use crate::chat::{Completion, ModelInfo, ResponseFormat, Role, Sampling};
 use crate::error::ApiError;
 
 /// What `GET /api/version` answers: the Ollama release whose API these routes follow.
@@ -31,6 +31,9 @@ pub struct OllamaBody {
     pub messages: Vec<RequestMessage>,
     pub sampling: Sampling,
     pub stream: bool,
+    /// `format`: `"json"` or a JSON schema, by the same constrained decoding as OpenAI's
+    /// `response_format`.
+    pub format: ResponseFormat,
 }
 
 /// The name `/api/tags` lists for the model `id`: with Ollama's default tag `latest` unless the id
@@ -104,7 +107,6 @@ fn asks_nothing(v: Option<&Value>) -> bool {
 /// taken as absent; any other value is refused by name, never ignored. `think` is refused at
 /// any value: whether the model thinks is its own (a Qwen3-VL Thinking checkpoint always does).
 const NOT_IMPLEMENTED: &[(&str, &str)] = &[
-    ("format", "JSON mode and structured outputs are not implemented"),
     ("template", "the prompt is always built with the model's own chat template"),
     ("raw", "the prompt always goes through the model's chat template"),
     ("suffix", "fill-in-the-middle is not implemented"),
@@ -359,7 +361,7 @@ fn message(role: Role, images: Vec<RequestPart>, text: String) -> RequestMessage
     if !text.is_empty() || parts.is_empty() {
         parts.push(RequestPart::Text(text));
     }
-    RequestMessage { role, parts }
+    RequestMessage::new(role, parts)
 }
 
 fn parse_message(i: usize, m: &Value) -> Result<RequestMessage, ApiError> {
@@ -381,6 +383,13 @@ fn parse_message(i: usize, m: &Value) -> Result<RequestMessage, ApiError> {
         ],
     )?;
     let role = api::parse_role(m, &at)?;
+    if role == Role::Tool {
+        let param = format!("{at}.role");
+        return Err(bad(
+            format!("{param} \"tool\" is not supported: tool calling is not implemented on the Ollama routes (it is on /v1/chat/completions)"),
+            &param,
+        ));
+    }
     for (key, why) in [
         ("thinking", "a thinking trace is not taken back"),
         ("tool_calls", "tool calling is not implemented"),
@@ -431,6 +440,7 @@ pub fn parse_body(
     only_fields(&obj, "", &known)?;
     refuse_not_implemented(&obj, "")?;
     check_keep_alive(obj.get("keep_alive"))?;
+    let format = parse_format(obj.get("format"))?;
     let sampling = parse_options(obj.get("options"), max_tokens_cap, info.context)?;
     let stream = match obj.get("stream") {
         None | Some(Value::Null) => true,
@@ -473,7 +483,22 @@ pub fn parse_body(
         messages,
         sampling,
         stream,
+        format,
     })
+}
+
+/// Ollama's `format`: none or `""` (text), `"json"` (any JSON object) or a JSON schema.
+fn parse_format(v: Option<&Value>) -> Result<ResponseFormat, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(ResponseFormat::Text),
+        Some(Value::String(s)) if s.is_empty() => Ok(ResponseFormat::Text),
+        Some(Value::String(s)) if s == "json" => Ok(ResponseFormat::JsonObject),
+        Some(schema @ Value::Object(_)) => Ok(ResponseFormat::JsonSchema(schema.clone())),
+        Some(v) => Err(bad(
+            format!("format must be \"json\" or a JSON schema object, got {v}"),
+            "format",
+        )),
+    }
 }
 
 /// Checks a `/api/show` body (`model`, or `name` as older clients send it); returns the model as
@@ -728,20 +753,17 @@ mod tests {
         assert_eq!(
             b.messages,
             vec![
-                RequestMessage {
-                    role: Role::System,
-                    parts: vec![RequestPart::Text("be brief".into())]
-                },
-                RequestMessage {
-                    role: Role::User,
-                    parts: vec![
+                RequestMessage::new(Role::System, vec![RequestPart::Text("be brief".into())]),
+                RequestMessage::new(
+                    Role::User,
+                    vec![
                         RequestPart::ImageBase64 {
                             data: "AAEC".into(),
                             param: "images[0]".into()
                         },
                         RequestPart::Text("what?".into())
                     ]
-                }
+                )
             ]
         );
         // Nothing to answer: a load request.
@@ -764,8 +786,8 @@ mod tests {
             (r#"{"messages":[]}"#.to_string(), "model", 400),
             (r#"{"model":"llama3.2","messages":[]}"#.into(), "model", 404),
             (r#"{"model":"tiny:7b","messages":[]}"#.into(), "model", 404),
-            (chat(r#","format":"json""#), "format", 400),
-            (chat(r#","format":{"type":"object"}"#), "format", 400),
+            (chat(r#","format":"yaml""#), "format", 400),
+            (chat(r#","format":["json"]"#), "format", 400),
             (chat(r#","tools":[{"type":"function"}]"#), "tools", 400),
             (chat(r#","think":false"#), "think", 400),
             (chat(r#","think":"high""#), "think", 400),

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use tokio_stream::StreamExt;
 
 use crate::answer::{self, Chunks};
-use crate::chat::Completion;
+use crate::chat::{Completion, Tools};
 use crate::error::{ApiError, OllamaError};
 use crate::routes::AppState;
 use api::Endpoint;
@@ -71,7 +71,13 @@ async fn respond(
     if body.messages.is_empty() {
         return Ok(Json(api::loaded(endpoint, &model)).into_response());
     }
-    let answer = answer::start(&state.queue, &state.media, body.messages, body.sampling).await?;
+    let request = answer::Request {
+        messages: body.messages,
+        sampling: body.sampling,
+        tools: Tools::default(),
+        format: body.format,
+    };
+    let answer = answer::start(&state.queue, &state.media, request).await?;
     if !body.stream {
         let c = answer.whole().await?;
         let whole = api::done(endpoint, &model, &c.text, &c, received.elapsed());

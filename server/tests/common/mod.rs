@@ -11,7 +11,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
-use server::chat::{ChatEngine, ChatRequest, Completion, EngineError, Event, Finish, Part};
+use server::chat::{
+    new_call_id, ChatEngine, ChatRequest, Completion, EngineError, Event, Finish, Part, ToolCall,
+};
 use server::client::{self, Reply};
 use server::{ModelInfo, ServeOptions};
 
@@ -24,7 +26,8 @@ pub const PNG: &[u8] = b"\x89PNG\r\n\x1a\nrest";
 
 /// Answers "echo(<images>): <last user text>" one character per token, `delay` per token. A
 /// prompt of more than 400 characters is "over the context"; an image must start with the PNG
-/// magic. It keeps every request it is given and counts the ones cancelled mid-answer.
+/// magic. With tools in use and a last text "call", it calls each tool with `{"n": 1}` after the
+/// text "ok". It keeps every request it is given and counts the ones cancelled mid-answer.
 struct ScriptedEngine {
     delay: Duration,
     cancels: Arc<AtomicUsize>,
@@ -68,6 +71,30 @@ impl ChatEngine for ScriptedEngine {
         }) {
             return Err(EngineError::Cancelled);
         }
+        if request.tools.in_use() && last_text == "call" {
+            if !on_event(Event::Text("ok")) {
+                return Err(EngineError::Cancelled);
+            }
+            let tool_calls = request
+                .tools
+                .functions()
+                .into_iter()
+                .map(|(name, _)| ToolCall {
+                    id: new_call_id(),
+                    name,
+                    arguments: r#"{"n":1}"#.into(),
+                })
+                .collect();
+            return Ok(Completion {
+                text: "ok".into(),
+                tool_calls,
+                prompt_tokens: prompt,
+                completion_tokens: 9,
+                finish: Finish::ToolCalls,
+                prompt_time: PROMPT_TIME,
+                answer_time: ANSWER_TIME,
+            });
+        }
         let answer = format!("echo({images}): {last_text}");
         let max = request.sampling.max_tokens.unwrap_or(usize::MAX);
         let mut text = String::new();
@@ -75,6 +102,7 @@ impl ChatEngine for ScriptedEngine {
             if n == max {
                 return Ok(Completion {
                     text,
+                    tool_calls: Vec::new(),
                     prompt_tokens: prompt,
                     completion_tokens: n,
                     finish: Finish::Length,
@@ -93,6 +121,7 @@ impl ChatEngine for ScriptedEngine {
         Ok(Completion {
             completion_tokens: answer.chars().count(),
             text,
+            tool_calls: Vec::new(),
             prompt_tokens: prompt,
             finish: Finish::Stop,
             prompt_time: PROMPT_TIME,

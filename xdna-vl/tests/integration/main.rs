@@ -7,4 +7,5 @@ mod common;
 
 mod cli;
 mod serve;
+mod structured;
 mod t5;

@@ -14,13 +14,13 @@ use server::client::{self, Reply};
 
 use crate::common::{chat_dir, pack};
 
-struct Served {
+pub(crate) struct Served {
     child: Child,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
 }
 
 impl Served {
-    fn start(extra: &[&str]) -> Served {
+    pub(crate) fn start(extra: &[&str]) -> Served {
         let mut child = Command::new(env!("CARGO_BIN_EXE_xdna-vl"))
             .arg("serve")
             .arg(pack())
@@ -41,7 +41,7 @@ impl Served {
         Served { child, addr }
     }
 
-    fn post(&self, body: &Value) -> Reply {
+    pub(crate) fn post(&self, body: &Value) -> Reply {
         client::request(
             self.addr,
             "POST",
@@ -53,7 +53,7 @@ impl Served {
     }
 
     /// SIGTERM: the server finishes and exits 0.
-    fn terminate(mut self) -> i32 {
+    pub(crate) fn terminate(mut self) -> i32 {
         let pid = self.child.id().to_string();
         Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         self.child.wait().unwrap().code().unwrap_or(-1)

@@ -173,7 +173,7 @@ pub fn messages(case: &Value) -> Vec<Message> {
                         "assistant" => engine::Role::Assistant,
                         _ => engine::Role::User,
                     };
-                    Message { role, content }
+                    Message::new(role, content)
                 }
                 other => panic!("content {other}"),
             }

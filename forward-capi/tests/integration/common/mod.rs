@@ -90,7 +90,7 @@ pub fn pkg_config() -> PkgConfig {
         let eq = line.find('=');
         let colon = line.find(':');
         match (eq, colon) {
-            (Some(e), c) if c.map_or(true, |c| e < c) => {
+            (Some(e), c) if c.is_none_or(|c| e < c) => {
                 let value = expand(line[e + 1..].trim(), &vars);
                 vars.push((line[..e].trim().to_string(), value));
             }

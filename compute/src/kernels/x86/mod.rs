@@ -31,7 +31,7 @@
 // Index loops mirror the lane layouts (row r, weight row c, group g) across several arrays.
 #![allow(clippy::needless_range_loop)]
 
-use super::{Activations, Q4Codes, WeightBlock, PANEL};
+use super::{Activations, Q4Codes, WeightBlock, FEW_MAX_ROWS, PANEL};
 use half::bf16;
 use packs::quant::Q4_GROUP;
 use std::arch::x86_64::*;
@@ -40,6 +40,7 @@ mod activations;
 mod float;
 pub(crate) mod i8_pairs;
 mod i8_tiles;
+mod q4_few;
 mod q4_packed;
 mod q4_rows;
 mod vnni;
@@ -49,11 +50,14 @@ pub(super) use activations::{copy_u32_avx2, q4_groups_row_avx2, quantize_row_avx
 pub use float::bf16x8_to_ps;
 pub(crate) use float::f32_to_bf16_avx2;
 #[cfg(test)]
+pub(crate) use q4_few::test_hooks as few_test_hooks;
+#[cfg(test)]
 pub(crate) use vnni::EmuVnniDot;
 pub(crate) use vnni::VnniDot;
 
 use float::f32_block;
 use i8_tiles::{i8_block, i8_tile};
+use q4_few::q4_block_few;
 use q4_packed::q4_block_packed;
 use q4_rows::{q4_block_rows, split_q4_pair};
 
@@ -69,8 +73,14 @@ pub(super) fn has_avx512_vnni() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
-/// Rows at which q4 switches from the per-row kernel to the packed-panel kernel.
+/// Rows at which q4 switches from the per-row kernel to the packed-panel kernel (past the few-row
+/// kernel's `Q4_FEW_MIN_ROWS..=FEW_MAX_ROWS`).
 const Q4_PACKED_MIN_ROWS: usize = 4;
+/// Rows from which q4 takes the few-row kernel (`q4_few.rs`), which unpacks each weight panel once
+/// for all rows; one row takes the GEMV.
+const Q4_FEW_MIN_ROWS: usize = 2;
+/// Fewest groups (K / 32) of the few-row q4 kernel: it unpacks 8 groups at a time.
+const Q4_FEW_MIN_GROUPS: usize = 8;
 /// How far ahead (bytes of weight codes, in address order) the q4 and i8 GEMVs prefetch at least;
 /// they prefetch one whole panel of 8 rows ahead (`PANEL * K / 2` bytes for q4, `PANEL * K` for
 /// i8) when that is more: the pack's panel layout makes each panel one address-ordered stream for
@@ -92,6 +102,9 @@ pub(crate) trait Dot {
     /// [`Dot::i8_tile_many`] runs on 32 `zmm` registers (16 accumulators; each 64-byte activation
     /// load then feeds 4 `vpdpbusd`, halving the loads from L2 per product).
     const I8_MANY_COLS: usize = 2;
+    /// Weight rows per tile of the i8 few-row kernel (`i8_tiles.rs`): 2 (16 `ymm` registers), or 4
+    /// where [`Dot::i8_tile_many`] runs on 32 `zmm` registers.
+    const I8_FEW_COLS: usize = 2;
     /// Whether the f32 tiles of a row block take 2 activation rows at a time (16 accumulators:
     /// `ymm0`-`ymm31` under AVX-512 VL), so each weight load serves both; else 1 (16 `ymm`).
     const F32_PAIRS: bool = false;
@@ -115,8 +128,17 @@ pub(crate) trait Dot {
     /// # Safety
     /// The CPU must support `Self`'s features; every `w[c]` must point to 32 readable bytes.
     unsafe fn u4_rows8(w: [*const u8; PANEL], a_even: __m256i, a_odd: __m256i) -> [__m256i; 2];
-    /// [`i8_tile`] for [`I8_TILE_ROWS`](i8_tiles::I8_TILE_ROWS) or more activation rows, unless the
-    /// instruction set has a wider form.
+    /// The dots (before the `8 * Σa` correction) of one q4 group of 8 weight rows unpacked with
+    /// lanes = weight rows: `w[j]` is chunk j (lane c = row c's 4 unsigned `nibble ^ 8` values),
+    /// chunks 0..4 against the group's even activation codes `even[4j..4j + 4]`, chunks 4..8
+    /// against its odd ones `odd[4(j - 4)..]` (`q4_few.rs`).
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features; `even` and `odd` must each point to 16 readable
+    /// codes.
+    unsafe fn u4_group_lanes(w: &[__m256i; 8], even: *const i8, odd: *const i8) -> __m256i;
+    /// [`i8_tile`] for several activation rows (prefetching the line `pf` bytes on per 64 bytes of
+    /// each weight row when `pf` > 0), unless the instruction set has a wider form.
     ///
     /// # Safety
     /// The CPU must support `Self`'s features; every row of `a` and `w` must hold at least `k`
@@ -127,12 +149,13 @@ pub(crate) trait Dot {
         w: [&[i8]; C],
         k: usize,
         offsets: [i32; R],
+        pf: usize,
     ) -> [[i32; C]; R]
     where
         Self: Sized,
     {
         // SAFETY: `i8_tile`'s contract is this one.
-        unsafe { i8_tile::<Self, R, C>(a, w, k, offsets) }
+        unsafe { i8_tile::<Self, R, C>(a, w, k, offsets, pf) }
     }
     /// q4 against [`Q4_PACKED_MIN_ROWS`] or more activation rows, K at least one group: packed
     /// panels ([`q4_block_packed`]) on the instruction set's widest
@@ -197,6 +220,25 @@ impl Dot for Avx2Dot {
                 _mm256_permute2x128_si256::<0x20>(lo, hi),
                 _mm256_permute2x128_si256::<0x31>(lo, hi),
             ]
+        }
+    }
+    /// # Safety
+    /// The CPU must support AVX2; `even` and `odd` must each point to 16 readable codes.
+    #[inline(always)]
+    unsafe fn u4_group_lanes(w: &[__m256i; 8], even: *const i8, odd: *const i8) -> __m256i {
+        // Each `vpmaddubsw` i16 lane is at most 2 * 15 * 127 = 3810 in magnitude; the 8 chunks add
+        // to at most 30480 < 32767 before `vpmaddwd` widens the pairs.
+        // SAFETY: AVX2, which the caller guarantees; the chunk reads stay inside the 16 codes at
+        // `even` and at `odd`, readable by this function's contract.
+        unsafe {
+            let mut s = _mm256_setzero_si256();
+            for j in 0..4 {
+                let ae = _mm256_set1_epi32((even.add(4 * j) as *const i32).read_unaligned());
+                let ao = _mm256_set1_epi32((odd.add(4 * j) as *const i32).read_unaligned());
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[j], ae));
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[4 + j], ao));
+            }
+            _mm256_madd_epi16(s, _mm256_set1_epi16(1))
         }
     }
     /// # Safety
@@ -313,7 +355,12 @@ unsafe fn gemm_block_generic<D: Dot>(
             WeightBlock::Bf16(w) => f32_block::<D, bf16>(w, k, x, out),
             WeightBlock::I8 { codes, scales } => i8_block::<D>(codes, scales, k, acts, out),
             WeightBlock::Q4 { codes, scales } => {
-                if out.len() >= Q4_PACKED_MIN_ROWS && k >= Q4_GROUP {
+                let rows = out.len();
+                if (Q4_FEW_MIN_ROWS..=FEW_MAX_ROWS).contains(&rows)
+                    && k >= Q4_FEW_MIN_GROUPS * Q4_GROUP
+                {
+                    q4_block_few::<D>(codes, scales, k, acts, out)
+                } else if rows >= Q4_PACKED_MIN_ROWS && k >= Q4_GROUP {
                     D::q4_block_many(codes, scales, k, acts, out)
                 } else {
                     q4_block_rows::<D>(codes, scales, k, acts, out)

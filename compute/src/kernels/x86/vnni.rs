@@ -47,6 +47,7 @@ impl Dpbusd for RealVnni {
 impl<P: Dpbusd> Dot for Vnni<P> {
     const I8_OFFSET: i32 = 128;
     const I8_MANY_COLS: usize = 4;
+    const I8_FEW_COLS: usize = 4;
     const F32_PAIRS: bool = true;
     /// # Safety
     /// The CPU must support AVX2.
@@ -70,6 +71,24 @@ impl<P: Dpbusd> Dot for Vnni<P> {
         unsafe { vnni_rows8::<P>(w, a_even, a_odd) }
     }
     /// # Safety
+    /// The CPU must support AVX2 and `P`'s features; `even` and `odd` must each point to 16
+    /// readable codes.
+    #[inline(always)]
+    unsafe fn u4_group_lanes(w: &[__m256i; 8], even: *const i8, odd: *const i8) -> __m256i {
+        // SAFETY: AVX2 and `P`'s features, which the caller guarantees; the chunk reads stay inside
+        // the 16 codes at `even` and at `odd`, readable by this function's contract.
+        unsafe {
+            let mut s = _mm256_setzero_si256();
+            for j in 0..4 {
+                let ae = _mm256_set1_epi32((even.add(4 * j) as *const i32).read_unaligned());
+                let ao = _mm256_set1_epi32((odd.add(4 * j) as *const i32).read_unaligned());
+                s = P::dpbusd(s, w[j], ae);
+                s = P::dpbusd(s, w[4 + j], ao);
+            }
+            s
+        }
+    }
+    /// # Safety
     /// The CPU must support AVX2 and `P`'s features; the rows `0..out.len()` of `acts` must hold at
     /// least `k` codes.
     #[inline(always)]
@@ -91,9 +110,10 @@ impl<P: Dpbusd> Dot for Vnni<P> {
         w: [&[i8]; C],
         k: usize,
         offsets: [i32; R],
+        pf: usize,
     ) -> [[i32; C]; R] {
         // SAFETY: `P`'s features cover `P::Wide`'s; the rows as this function requires.
-        unsafe { wide::i8_tile16::<P::Wide, R, C>(a, w, k, offsets) }
+        unsafe { wide::i8_tile16::<P::Wide, R, C>(a, w, k, offsets, pf) }
     }
 }
 

@@ -155,3 +155,71 @@ fn a_planted_row_stride_is_caught_on_every_simd_path_and_only_in_the_few_row_ran
         assert_eq!(i8_mismatch(rows, ki, n, &x, &codes, &scales), None);
     }
 }
+
+/// Timing, not a check (`cargo test -p compute --release few_row_timing -- --ignored --nocapture`):
+/// one thread, the least time of many runs per 256 weight rows (a host task's chunk, L2-resident
+/// like the decoder's repeated tasks are not, so this times the arithmetic), per path, kind, K and
+/// row count; beside it the time of the rows one at a time (the GEMV per row).
+#[test]
+#[ignore]
+fn few_row_timing() {
+    use std::time::Instant;
+    let mut rng = Rng(45);
+    let n = 256;
+    for k in [2048, 6144] {
+        let x = activations(&mut rng, FEW_MAX_ROWS, k);
+        let (codes4, scales4) = q4_weight(&mut rng, n, k);
+        let panels = quant::q4_to_panels(&codes4, n, k);
+        let codes: Vec<i8> = (0..n * k).map(|_| rng.byte() as i8).collect();
+        let scales: Vec<f32> = (0..n).map(|_| rng.unit().abs() * 0.02).collect();
+        let kinds = [
+            (
+                "q4",
+                LinearData::Q4 {
+                    codes: &panels,
+                    scales: &scales4,
+                },
+                ActivationLayout::Q4Groups,
+            ),
+            (
+                "i8",
+                LinearData::I8 {
+                    codes: &codes,
+                    scales: &scales,
+                },
+                ActivationLayout::Natural,
+            ),
+        ];
+        // `FEW_TIMING=q4` (or i8) times one kind (for a profiler).
+        let only = std::env::var("FEW_TIMING").ok();
+        for (kind, w, layout) in &kinds {
+            if only.as_deref().is_some_and(|o| o != *kind) {
+                continue;
+            }
+            for path in paths() {
+                let Path::Real(kern) = path else { continue };
+                if kern.isa() == Isa::Scalar {
+                    continue;
+                }
+                let mut line = format!("{kind} k {k} {:>10}:", kern.isa().name());
+                for rows in [1, 2, 3, 4, 6, 8, 12, 16] {
+                    let mut acts = Activations::default();
+                    acts.prepare(kern, *layout, &x[..rows * k], rows, k);
+                    let mut out = vec![vec![0f32; n]; rows];
+                    let best = |f: &mut dyn FnMut()| {
+                        let mut best = f64::MAX;
+                        for _ in 0..200 {
+                            let t = Instant::now();
+                            f();
+                            best = best.min(t.elapsed().as_secs_f64() * 1e6);
+                        }
+                        best
+                    };
+                    let together = best(&mut || run(path, w, k, 0, &x, &acts, &mut out));
+                    line += &format!("  {rows}r {together:6.1}");
+                }
+                println!("{line}  (µs per 256 weight rows)");
+            }
+        }
+    }
+}

@@ -129,14 +129,20 @@ pub(crate) trait Dot {
     /// The CPU must support `Self`'s features; every `w[c]` must point to 32 readable bytes.
     unsafe fn u4_rows8(w: [*const u8; PANEL], a_even: __m256i, a_odd: __m256i) -> [__m256i; 2];
     /// The dots (before the `8 * Σa` correction) of one q4 group of 8 weight rows unpacked with
-    /// lanes = weight rows: `w[j]` is chunk j (lane c = row c's 4 unsigned `nibble ^ 8` values),
-    /// chunks 0..4 against the group's even activation codes `even[4j..4j + 4]`, chunks 4..8
-    /// against its odd ones `odd[4(j - 4)..]` (`q4_few.rs`).
+    /// lanes = weight rows, against R activation rows: `w[j]` is chunk j (lane c = weight row c's 4
+    /// unsigned `nibble ^ 8` values), chunks 0..4 against activation row r's even codes
+    /// `even[r][4j..4j + 4]` of the group, chunks 4..8 against its odd ones `odd[r][4(j - 4)..]`
+    /// (`q4_few.rs`). The R rows' chains are interleaved (and split in two per row), so the
+    /// latency of one chain does not bound the loop.
     ///
     /// # Safety
-    /// The CPU must support `Self`'s features; `even` and `odd` must each point to 16 readable
-    /// codes.
-    unsafe fn u4_group_lanes(w: &[__m256i; 8], even: *const i8, odd: *const i8) -> __m256i;
+    /// The CPU must support `Self`'s features; every `even[r]` and `odd[r]` must point to 16
+    /// readable codes.
+    unsafe fn u4_group_lanes<const R: usize>(
+        w: &[__m256i; 8],
+        even: [*const i8; R],
+        odd: [*const i8; R],
+    ) -> [__m256i; R];
     /// [`i8_tile`] for several activation rows (prefetching the line `pf` bytes on per 64 bytes of
     /// each weight row when `pf` > 0), unless the instruction set has a wider form.
     ///
@@ -225,20 +231,32 @@ impl Dot for Avx2Dot {
     /// # Safety
     /// The CPU must support AVX2; `even` and `odd` must each point to 16 readable codes.
     #[inline(always)]
-    unsafe fn u4_group_lanes(w: &[__m256i; 8], even: *const i8, odd: *const i8) -> __m256i {
+    unsafe fn u4_group_lanes<const R: usize>(
+        w: &[__m256i; 8],
+        even: [*const i8; R],
+        odd: [*const i8; R],
+    ) -> [__m256i; R] {
         // Each `vpmaddubsw` i16 lane is at most 2 * 15 * 127 = 3810 in magnitude; the 8 chunks add
         // to at most 30480 < 32767 before `vpmaddwd` widens the pairs.
         // SAFETY: AVX2, which the caller guarantees; the chunk reads stay inside the 16 codes at
-        // `even` and at `odd`, readable by this function's contract.
+        // each `even[r]` and `odd[r]`, readable by this function's contract.
         unsafe {
-            let mut s = _mm256_setzero_si256();
+            let mut se = [_mm256_setzero_si256(); R];
+            let mut so = [_mm256_setzero_si256(); R];
             for j in 0..4 {
-                let ae = _mm256_set1_epi32((even.add(4 * j) as *const i32).read_unaligned());
-                let ao = _mm256_set1_epi32((odd.add(4 * j) as *const i32).read_unaligned());
-                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[j], ae));
-                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[4 + j], ao));
+                for r in 0..R {
+                    let ae = _mm256_set1_epi32((even[r].add(4 * j) as *const i32).read_unaligned());
+                    let ao = _mm256_set1_epi32((odd[r].add(4 * j) as *const i32).read_unaligned());
+                    se[r] = _mm256_add_epi16(se[r], _mm256_maddubs_epi16(w[j], ae));
+                    so[r] = _mm256_add_epi16(so[r], _mm256_maddubs_epi16(w[4 + j], ao));
+                }
             }
-            _mm256_madd_epi16(s, _mm256_set1_epi16(1))
+            let ones = _mm256_set1_epi16(1);
+            let mut out = [_mm256_setzero_si256(); R];
+            for r in 0..R {
+                out[r] = _mm256_madd_epi16(_mm256_add_epi16(se[r], so[r]), ones);
+            }
+            out
         }
     }
     /// # Safety

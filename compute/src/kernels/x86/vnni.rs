@@ -74,18 +74,29 @@ impl<P: Dpbusd> Dot for Vnni<P> {
     /// The CPU must support AVX2 and `P`'s features; `even` and `odd` must each point to 16
     /// readable codes.
     #[inline(always)]
-    unsafe fn u4_group_lanes(w: &[__m256i; 8], even: *const i8, odd: *const i8) -> __m256i {
+    unsafe fn u4_group_lanes<const R: usize>(
+        w: &[__m256i; 8],
+        even: [*const i8; R],
+        odd: [*const i8; R],
+    ) -> [__m256i; R] {
         // SAFETY: AVX2 and `P`'s features, which the caller guarantees; the chunk reads stay inside
-        // the 16 codes at `even` and at `odd`, readable by this function's contract.
+        // the 16 codes at each `even[r]` and `odd[r]`, readable by this function's contract.
         unsafe {
-            let mut s = _mm256_setzero_si256();
+            let mut se = [_mm256_setzero_si256(); R];
+            let mut so = [_mm256_setzero_si256(); R];
             for j in 0..4 {
-                let ae = _mm256_set1_epi32((even.add(4 * j) as *const i32).read_unaligned());
-                let ao = _mm256_set1_epi32((odd.add(4 * j) as *const i32).read_unaligned());
-                s = P::dpbusd(s, w[j], ae);
-                s = P::dpbusd(s, w[4 + j], ao);
+                for r in 0..R {
+                    let ae = _mm256_set1_epi32((even[r].add(4 * j) as *const i32).read_unaligned());
+                    let ao = _mm256_set1_epi32((odd[r].add(4 * j) as *const i32).read_unaligned());
+                    se[r] = P::dpbusd(se[r], w[j], ae);
+                    so[r] = P::dpbusd(so[r], w[4 + j], ao);
+                }
             }
-            s
+            let mut out = [_mm256_setzero_si256(); R];
+            for r in 0..R {
+                out[r] = _mm256_add_epi32(se[r], so[r]);
+            }
+            out
         }
     }
     /// # Safety

@@ -9,9 +9,10 @@
 //!
 //! The files: this one holds feature detection, the [`Dot`] trait with its AVX2 form, the entry
 //! points and the lane helpers the kernels share; `vnni.rs` the VNNI [`Dot`] (and its emulation);
-//! `i8_tiles.rs` the i8 register tiles and GEMV; `i8_pairs.rs` the AVX2 i8 kernel for many rows;
-//! `q4_rows.rs` the q4 kernel for few rows; `q4_packed.rs` the packed-panel q4 kernel for many
-//! rows; `wide.rs` the 16-lane panels; `float.rs` the f32/bf16 tiles and the bf16 conversion;
+//! `i8_tiles.rs` the i8 register tiles, GEMV and few-row kernel; `i8_pairs.rs` the AVX2 i8 kernel
+//! for many rows; `q4_rows.rs` the q4 GEMV (one row); `q4_few.rs` the q4 kernel for 2..=16 rows
+//! (several decode streams: each weight panel unpacked once for all rows); `q4_packed.rs` the
+//! packed-panel q4 kernel for many rows; `wide.rs` the 16-lane panels; `float.rs` the f32/bf16 tiles and the bf16 conversion;
 //! `activations.rs` the activation rows' preparation (quantization, q4 group layout and sums, the
 //! bit copy).
 //!
@@ -77,7 +78,8 @@ pub(super) fn has_avx512_vnni() -> bool {
 /// kernel's `Q4_FEW_MIN_ROWS..=FEW_MAX_ROWS`).
 const Q4_PACKED_MIN_ROWS: usize = 4;
 /// Rows from which q4 takes the few-row kernel (`q4_few.rs`), which unpacks each weight panel once
-/// for all rows; one row takes the GEMV.
+/// for all rows; one row takes the GEMV (10.3 us per 256 weight rows of K = 2048 on one VNNI thread,
+/// against 18-19 for the few-row kernel at 1 or 2 rows: `few_row_timing`).
 const Q4_FEW_MIN_ROWS: usize = 2;
 /// Fewest groups (K / 32) of the few-row q4 kernel: it unpacks 8 groups at a time.
 const Q4_FEW_MIN_GROUPS: usize = 8;
@@ -128,21 +130,6 @@ pub(crate) trait Dot {
     /// # Safety
     /// The CPU must support `Self`'s features; every `w[c]` must point to 32 readable bytes.
     unsafe fn u4_rows8(w: [*const u8; PANEL], a_even: __m256i, a_odd: __m256i) -> [__m256i; 2];
-    /// The dots (before the `8 * Σa` correction) of one q4 group of 8 weight rows unpacked with
-    /// lanes = weight rows, against R activation rows: `w[j]` is chunk j (lane c = weight row c's 4
-    /// unsigned `nibble ^ 8` values), chunks 0..4 against activation row r's even codes
-    /// `even[r][4j..4j + 4]` of the group, chunks 4..8 against its odd ones `odd[r][4(j - 4)..]`
-    /// (`q4_few.rs`). The R rows' chains are interleaved (and split in two per row), so the
-    /// latency of one chain does not bound the loop.
-    ///
-    /// # Safety
-    /// The CPU must support `Self`'s features; every `even[r]` and `odd[r]` must point to 16
-    /// readable codes.
-    unsafe fn u4_group_lanes<const R: usize>(
-        w: &[__m256i; 8],
-        even: [*const i8; R],
-        odd: [*const i8; R],
-    ) -> [__m256i; R];
     /// [`i8_tile`] for several activation rows (prefetching the line `pf` bytes on per 64 bytes of
     /// each weight row when `pf` > 0), unless the instruction set has a wider form.
     ///
@@ -171,6 +158,20 @@ pub(crate) trait Dot {
     /// The CPU must support `Self`'s features; the rows `0..out.len()` of `acts` must hold at least
     /// `k` codes.
     unsafe fn q4_block_many(
+        codes: Q4Codes<'_>,
+        scales: &[bf16],
+        k: usize,
+        acts: &Activations,
+        out: &mut [&mut [f32]],
+    );
+    /// q4 against 2..=[`FEW_MAX_ROWS`] activation rows, K at least 8 groups: [`q4_block_few`] on
+    /// the instruction set's widest [`PanelLanes`](q4_packed::PanelLanes).
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features; `codes` must be a block for K = `k` with at least
+    /// `out[0].len()` rows; the rows `0..out.len()` of `acts` must hold at least `k` codes and
+    /// `k / 32` group sums.
+    unsafe fn q4_block_few(
         codes: Q4Codes<'_>,
         scales: &[bf16],
         k: usize,
@@ -229,37 +230,6 @@ impl Dot for Avx2Dot {
         }
     }
     /// # Safety
-    /// The CPU must support AVX2; `even` and `odd` must each point to 16 readable codes.
-    #[inline(always)]
-    unsafe fn u4_group_lanes<const R: usize>(
-        w: &[__m256i; 8],
-        even: [*const i8; R],
-        odd: [*const i8; R],
-    ) -> [__m256i; R] {
-        // Each `vpmaddubsw` i16 lane is at most 2 * 15 * 127 = 3810 in magnitude; the 8 chunks add
-        // to at most 30480 < 32767 before `vpmaddwd` widens the pairs.
-        // SAFETY: AVX2, which the caller guarantees; the chunk reads stay inside the 16 codes at
-        // each `even[r]` and `odd[r]`, readable by this function's contract.
-        unsafe {
-            let mut se = [_mm256_setzero_si256(); R];
-            let mut so = [_mm256_setzero_si256(); R];
-            for j in 0..4 {
-                for r in 0..R {
-                    let ae = _mm256_set1_epi32((even[r].add(4 * j) as *const i32).read_unaligned());
-                    let ao = _mm256_set1_epi32((odd[r].add(4 * j) as *const i32).read_unaligned());
-                    se[r] = _mm256_add_epi16(se[r], _mm256_maddubs_epi16(w[j], ae));
-                    so[r] = _mm256_add_epi16(so[r], _mm256_maddubs_epi16(w[4 + j], ao));
-                }
-            }
-            let ones = _mm256_set1_epi16(1);
-            let mut out = [_mm256_setzero_si256(); R];
-            for r in 0..R {
-                out[r] = _mm256_madd_epi16(_mm256_add_epi16(se[r], so[r]), ones);
-            }
-            out
-        }
-    }
-    /// # Safety
     /// The CPU must support AVX2; the rows `0..out.len()` of `acts` must hold at least `k` codes.
     #[inline(always)]
     unsafe fn q4_block_many(
@@ -271,6 +241,20 @@ impl Dot for Avx2Dot {
     ) {
         // SAFETY: `YmmPair`'s features are AVX2; the rows of `acts` as this function requires.
         unsafe { q4_block_packed::<wide::YmmPair<wide::Maddubs16>>(codes, scales, k, acts, out) }
+    }
+    /// # Safety
+    /// The CPU must support AVX2; the block and the activations as [`Dot::q4_block_few`] says.
+    #[inline(always)]
+    unsafe fn q4_block_few(
+        codes: Q4Codes<'_>,
+        scales: &[bf16],
+        k: usize,
+        acts: &Activations,
+        out: &mut [&mut [f32]],
+    ) {
+        // SAFETY: `YmmPair`'s features are AVX2; the block and the activations as this function
+        // requires.
+        unsafe { q4_block_few::<wide::YmmPair<wide::Maddubs16>>(codes, scales, k, acts, out) }
     }
 }
 
@@ -377,7 +361,7 @@ unsafe fn gemm_block_generic<D: Dot>(
                 if (Q4_FEW_MIN_ROWS..=FEW_MAX_ROWS).contains(&rows)
                     && k >= Q4_FEW_MIN_GROUPS * Q4_GROUP
                 {
-                    q4_block_few::<D>(codes, scales, k, acts, out)
+                    D::q4_block_few(codes, scales, k, acts, out)
                 } else if rows >= Q4_PACKED_MIN_ROWS && k >= Q4_GROUP {
                     D::q4_block_many(codes, scales, k, acts, out)
                 } else {

@@ -142,7 +142,7 @@ unsafe fn q4_row_panel<D: Dot>(
 }
 
 /// The exact dot of one group from its even and odd activation halves.
-pub(super) fn q4_group_dot_scalar(even: &[i8], odd: &[i8], w: &[u8]) -> i32 {
+fn q4_group_dot_scalar(even: &[i8], odd: &[i8], w: &[u8]) -> i32 {
     let mut acc = 0i32;
     for ((&b, &e), &o) in w.iter().zip(even).zip(odd) {
         acc += e as i32 * (((b << 4) as i8) >> 4) as i32 + o as i32 * ((b as i8) >> 4) as i32;

@@ -2,6 +2,7 @@
 //! many rows, over a [`Dpbusd`] flavour — the real instruction, or in the tests its exact AVX2
 //! emulation, so the tests run the very bodies the VNNI entry point compiles.
 
+use super::q4_few::q4_block_few;
 use super::q4_packed::q4_block_packed;
 use super::q4_rows::split_q4_pair;
 use super::{wide, Dot};
@@ -71,35 +72,6 @@ impl<P: Dpbusd> Dot for Vnni<P> {
         unsafe { vnni_rows8::<P>(w, a_even, a_odd) }
     }
     /// # Safety
-    /// The CPU must support AVX2 and `P`'s features; `even` and `odd` must each point to 16
-    /// readable codes.
-    #[inline(always)]
-    unsafe fn u4_group_lanes<const R: usize>(
-        w: &[__m256i; 8],
-        even: [*const i8; R],
-        odd: [*const i8; R],
-    ) -> [__m256i; R] {
-        // SAFETY: AVX2 and `P`'s features, which the caller guarantees; the chunk reads stay inside
-        // the 16 codes at each `even[r]` and `odd[r]`, readable by this function's contract.
-        unsafe {
-            let mut se = [_mm256_setzero_si256(); R];
-            let mut so = [_mm256_setzero_si256(); R];
-            for j in 0..4 {
-                for r in 0..R {
-                    let ae = _mm256_set1_epi32((even[r].add(4 * j) as *const i32).read_unaligned());
-                    let ao = _mm256_set1_epi32((odd[r].add(4 * j) as *const i32).read_unaligned());
-                    se[r] = P::dpbusd(se[r], w[j], ae);
-                    so[r] = P::dpbusd(so[r], w[4 + j], ao);
-                }
-            }
-            let mut out = [_mm256_setzero_si256(); R];
-            for r in 0..R {
-                out[r] = _mm256_add_epi32(se[r], so[r]);
-            }
-            out
-        }
-    }
-    /// # Safety
     /// The CPU must support AVX2 and `P`'s features; the rows `0..out.len()` of `acts` must hold at
     /// least `k` codes.
     #[inline(always)]
@@ -112,6 +84,21 @@ impl<P: Dpbusd> Dot for Vnni<P> {
     ) {
         // SAFETY: `P`'s features cover `P::Wide`'s; the rows of `acts` as this function requires.
         unsafe { q4_block_packed::<P::Wide>(codes, scales, k, acts, out) }
+    }
+    /// # Safety
+    /// The CPU must support AVX2 and `P`'s features; the block and the activations as
+    /// [`Dot::q4_block_few`] says.
+    #[inline(always)]
+    unsafe fn q4_block_few(
+        codes: Q4Codes<'_>,
+        scales: &[bf16],
+        k: usize,
+        acts: &Activations,
+        out: &mut [&mut [f32]],
+    ) {
+        // SAFETY: `P`'s features cover `P::Wide`'s; the block and the activations as this function
+        // requires.
+        unsafe { q4_block_few::<P::Wide>(codes, scales, k, acts, out) }
     }
     /// # Safety
     /// The CPU must support `P`'s features; every row of `a` and `w` must hold at least `k` codes.

@@ -119,9 +119,10 @@ fn each_row_beside_others_equals_it_alone() {
 #[test]
 fn a_planted_row_stride_is_caught_on_every_simd_path_and_only_in_the_few_row_range() {
     // The few-row kernels reading activation row 2r (mod rows) for row r: every SIMD path's check
-    // fails for every row count that takes them (2..=FEW_MAX_ROWS), for q4 and i8; 1 row (the
-    // GEMV) and FEW_MAX_ROWS + 1 (the prefill kernels) still pass, which shows where the host
-    // dispatches to them. The portable path has no few-row kernel and passes throughout.
+    // fails for every row count that takes them (q4 from 3, i8 from 2, to FEW_MAX_ROWS); fewer
+    // rows (the GEMVs) and FEW_MAX_ROWS + 1 (the prefill kernels) still pass, which shows where the
+    // host dispatches to them. The portable path has no few-row kernel and passes throughout.
+    use x86::{I8_FEW_MIN_ROWS, Q4_FEW_MIN_ROWS};
     let mut rng = Rng(44);
     let (kq, ki, n) = (288, 2048 + 17, 13);
     for rows in few_rows() {
@@ -135,7 +136,8 @@ fn a_planted_row_stride_is_caught_on_every_simd_path_and_only_in_the_few_row_ran
             .collect();
         for path in paths() {
             let simd = !matches!(path, Path::Real(k) if k.isa() == Isa::Scalar);
-            let in_range = (2..=FEW_MAX_ROWS).contains(&rows);
+            let q4_range = (Q4_FEW_MIN_ROWS..=FEW_MAX_ROWS).contains(&rows);
+            let i8_range = (I8_FEW_MIN_ROWS..=FEW_MAX_ROWS).contains(&rows);
             let (q4, i8) = with_row_step(2, || {
                 only_path(path, || {
                     (
@@ -146,7 +148,7 @@ fn a_planted_row_stride_is_caught_on_every_simd_path_and_only_in_the_few_row_ran
             });
             assert_eq!(
                 (q4.is_some(), i8.is_some()),
-                (simd && in_range, simd && in_range),
+                (simd && q4_range, simd && i8_range),
                 "{path:?} rows {rows}: q4 {q4:?} i8 {i8:?}"
             );
         }

@@ -169,7 +169,7 @@ pub(super) unsafe fn i8_block<D: Dot>(
 
 /// Rows from which i8 takes the few-row kernel ([`i8_block_few`], up to [`FEW_MAX_ROWS`]); fewer
 /// take the GEMV.
-const I8_FEW_MIN_ROWS: usize = 2;
+pub(crate) const I8_FEW_MIN_ROWS: usize = 2;
 /// Activation rows per pass of the few-row kernel over a tile of weight rows.
 const I8_FEW_PASS: usize = 4;
 /// Longest rows (codes) whose tiles the few-row kernel prefetches. With 2 KB rows (K = 2048)

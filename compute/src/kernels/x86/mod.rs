@@ -57,6 +57,8 @@ pub(crate) use vnni::EmuVnniDot;
 pub(crate) use vnni::VnniDot;
 
 use float::f32_block;
+#[cfg(test)]
+pub(crate) use i8_tiles::I8_FEW_MIN_ROWS;
 use i8_tiles::{i8_block, i8_tile};
 use q4_few::q4_block_few;
 use q4_packed::q4_block_packed;
@@ -78,9 +80,10 @@ pub(super) fn has_avx512_vnni() -> bool {
 /// kernel's `Q4_FEW_MIN_ROWS..=FEW_MAX_ROWS`).
 const Q4_PACKED_MIN_ROWS: usize = 4;
 /// Rows from which q4 takes the few-row kernel (`q4_few.rs`), which unpacks each weight panel once
-/// for all rows; one row takes the GEMV (10.3 us per 256 weight rows of K = 2048 on one VNNI thread,
-/// against 18-19 for the few-row kernel at 1 or 2 rows: `few_row_timing`).
-const Q4_FEW_MIN_ROWS: usize = 2;
+/// for all rows; fewer take the GEMV. Its unpacking costs about 1.5 GEMVs of one row (15.6 us per
+/// 256 weight rows of K = 2048 on one VNNI thread, against 10.3), so at 2 rows the GEMV (19.5-19.8
+/// us) is as fast as the few-row kernel (18.9-22.3), and it prefetches tuned for the stream.
+pub(crate) const Q4_FEW_MIN_ROWS: usize = 3;
 /// Fewest groups (K / 32) of the few-row q4 kernel: it unpacks 8 groups at a time.
 const Q4_FEW_MIN_GROUPS: usize = 8;
 /// How far ahead (bytes of weight codes, in address order) the q4 and i8 GEMVs prefetch at least;

@@ -199,7 +199,9 @@ pub(super) unsafe fn q4_block_few<V: PanelLanes>(
     let (mut wp, mut sp) = FEW_PANEL.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     wp.resize(pb, 0);
     sp.resize(ps, 0.0);
-    let dist = GEMV_PREFETCH_MIN.max(PANEL * k / 2);
+    // A whole packed panel ahead (the GEMV's distance is one 8-row panel; here the second half of a
+    // 16-row panel is read right after the first, so one 8-row panel ahead would be no distance).
+    let dist = GEMV_PREFETCH_MIN.max(lanes * k / 2);
     let a: [&[i8]; FEW_MAX_ROWS] = std::array::from_fn(|r| acts.codes(src(r.min(rows - 1))));
     let corr: [&[i32]; FEW_MAX_ROWS] = std::array::from_fn(|r| acts.sums(src(r.min(rows - 1))));
     let halves = lanes / PANEL;
@@ -210,9 +212,8 @@ pub(super) unsafe fn q4_block_few<V: PanelLanes>(
         let parts: [_; MAX_LANES / PANEL] = std::array::from_fn(|half| {
             let js = panel_rows::<PANEL>((j0 + PANEL * half).min(nb - 1), nb);
             let w = Q4PanelRows::new(codes, js);
-            let whole = (0..PANEL).all(|c| {
-                w.step[c] == PANEL * Q4_GROUP && w.start[c] == w.start[0] + c * Q4_GROUP
-            });
+            let whole = (0..PANEL)
+                .all(|c| w.step[c] == PANEL * Q4_GROUP && w.start[c] == w.start[0] + c * Q4_GROUP);
             let s = map_n(js, |j| &scales[j * groups..(j + 1) * groups]);
             let pf = (
                 codes.all().as_ptr() as usize + codes.row_start(js[0]) + dist,
@@ -248,15 +249,7 @@ pub(super) unsafe fn q4_block_few<V: PanelLanes>(
                     // SAFETY: AVX2 (in `V`'s features); `half < lanes / 8` and `wp`, `sp` are a
                     // panel of `groups` groups.
                     unsafe {
-                        q4_pack_panel(
-                            codes,
-                            scales,
-                            (k, g0),
-                            js,
-                            (lanes, half),
-                            &mut wp,
-                            &mut sp,
-                        )
+                        q4_pack_panel(codes, scales, (k, g0), js, (lanes, half), &mut wp, &mut sp)
                     };
                 }
             }

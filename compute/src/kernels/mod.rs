@@ -2,8 +2,11 @@
 //! on the instruction set chosen at run time.
 //!
 //! Three paths produce the same bytes: portable scalar, AVX2, and AVX-512 VNNI (`vpdpbusd` at 256-bit
-//! width through AVX512-VL for the GEMVs, 512-bit for many rows: `x86/wide.rs`). A SIMD path is
-//! used only after its run-time self-check (`self_check.rs`). The arithmetic is `packs::quant`'s:
+//! width through AVX512-VL for the GEMVs, 512-bit for many rows: `x86/wide.rs`). Between one row
+//! (the GEMVs) and many (the prefill tiles), 2..=[`FEW_MAX_ROWS`] rows — several decode streams in
+//! one forward, a verified draft window — take few-row kernels that read each weight panel once for
+//! all rows (`x86/q4_few.rs`, `x86/i8_tiles.rs`). A SIMD path is used only after its run-time
+//! self-check (`self_check.rs`). The arithmetic is `packs::quant`'s:
 //! - i8: the integer dot of activation codes and weight codes is exact (any summation order), then
 //!   `finish_i8(acc, s_a, s_w)`.
 //! - q4: per group of 32, the exact integer dot, then `sum += acc as f32 * scale` in ascending group
@@ -58,6 +61,11 @@ pub fn f32_to_bf16(dst: &mut [half::bf16], src: &[f32]) {
 /// Weight rows per panel: the SIMD tiles work on this many weight rows at once (a short last panel
 /// repeats its last row and drops the extra lanes).
 pub const PANEL: usize = 8;
+
+/// Most activation rows the few-row kernels take (several decode streams in one forward, or a
+/// verified draft window): each weight panel is read from memory once and unpacked once for all of
+/// them. More rows take the prefill kernels.
+pub const FEW_MAX_ROWS: usize = 16;
 
 /// An instruction set the kernels can run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -91,9 +91,10 @@ struct Case {
     n: usize,
 }
 
-/// Rows that take the GEMV, the first row tile, a tile plus a remainder; N with a short last panel
-/// (and 37 for q4: several panels of 8 and of 16 rows).
-const ROWS: [usize; 4] = [1, 3, 8, 9];
+/// Rows that take the GEMV, the few-row kernels (3, 8, 9: passes and their remainders) and the
+/// prefill kernels (17: tiles plus a remainder); N with a short last panel (and 37 for q4: several
+/// panels of 8 and of 16 rows).
+const ROWS: [usize; 5] = [1, 3, 8, 9, 17];
 const N: usize = 13;
 
 fn cases() -> Vec<Case> {

@@ -4,7 +4,8 @@
 
 use super::*;
 
-const ROWS: [usize; 10] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 16];
+/// Every kernel's row counts: the GEMV, the few-row kernels, the prefill tiles (with remainders).
+const ROWS: [usize; 12] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 22];
 const NS: [usize; 4] = [1, 5, 8, 13];
 
 #[test]
@@ -27,7 +28,7 @@ fn i8_extremes_are_exact_without_saturation() {
     // Activation codes all ±127 and weights at -128, -127 and 127: the largest pair sums the sign
     // trick and the VNNI offset ever see.
     let (k, n) = (2048 + 17, 11);
-    for rows in [1, 3, 16] {
+    for rows in [1, 3, 16, FEW_MAX_ROWS + 4] {
         for &(a_sign, w_byte) in &[
             (1.0f32, -128i8),
             (-1.0, -128),
@@ -63,7 +64,7 @@ fn q4_many_rows_across_several_panels_match_the_oracle() {
     // kernel, emulated here), whole and short, from block offsets.
     let mut rng = Rng(9);
     for k in [32, 96, 288] {
-        for rows in [4, 5, 8, 9, 16] {
+        for rows in [4, 5, 8, 9, 16, 17, 22] {
             for n in [16, 17, 37, 48] {
                 let x = activations(&mut rng, rows, k);
                 let (codes, scales) = q4_weight(&mut rng, n, k);
@@ -86,7 +87,7 @@ fn q4_extreme_nibbles_are_exact() {
     // Every nibble -8 (0x88) or 7 (0x77), activations all ±127: the largest group dots, and the
     // largest i16 sums the packed AVX2 kernel accumulates.
     let (k, n) = (2048, 9);
-    for rows in [1, 4, 16] {
+    for rows in [1, 4, 16, FEW_MAX_ROWS + 4] {
         for &(a_sign, byte) in &[
             (1.0f32, 0x88u8),
             (-1.0, 0x88),
@@ -172,14 +173,15 @@ fn the_i16_pair_i8_kernel_checks_catch_each_planted_mistake() {
     // built and catches a dropped last code pair, swapped codes within a pair and an unstored last
     // weight row. K = 608 spans three K chunks with no padding (a dropped padding pair would change
     // nothing; padded K tails are in the random tests); 17 weight rows leave a short last panel and
-    // a short last tile of panels; 6 rows a short last tile of rows. 40 weight rows (5 panels: a
-    // tile of 3, then one of 2) and 25 (3, then 1) run the narrower tiles.
+    // a short last tile of panels; FEW_MAX_ROWS + 6 rows (past the few-row kernels) a short last
+    // tile of rows. 40 weight rows (5 panels: a tile of 3, then one of 2) and 25 (3, then 1) run the
+    // narrower tiles.
     use x86::i8_pairs::test_hooks::{plant, Fault};
     if !Isa::Avx2.is_available() {
         return;
     }
     let mut rng = Rng(31);
-    let (rows, k, n) = (6, 608, 17);
+    let (rows, k, n) = (FEW_MAX_ROWS + 6, 608, 17);
     let x = activations(&mut rng, rows, k);
     let codes: Vec<i8> = (0..n * k).map(|_| rng.byte() as i8).collect();
     let scales: Vec<f32> = (0..n).map(|_| rng.unit().abs() * 0.02).collect();

@@ -9,6 +9,7 @@ use packs::quant::{self, Q4_GROUP};
 use super::self_check::{check_path, Rng};
 
 mod blocks;
+mod few;
 mod float;
 mod integer;
 mod preparation;
@@ -31,7 +32,23 @@ fn paths() -> Vec<Path> {
     if Isa::Avx2.is_available() {
         p.push(Path::EmulatedVnni);
     }
+    if let Some(only) = ONLY_PATH.with(|o| o.borrow().clone()) {
+        p.retain(|path| format!("{path:?}") == only);
+    }
     p
+}
+
+thread_local! {
+    /// The one path [`paths`] offers on this thread, by its `Debug` form ([`only_path`]).
+    static ONLY_PATH: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// `f` with [`paths`] offering `path` alone on this thread (to see which path a check catches).
+fn only_path<R>(path: Path, f: impl FnOnce() -> R) -> R {
+    ONLY_PATH.with(|o| *o.borrow_mut() = Some(format!("{path:?}")));
+    let r = f();
+    ONLY_PATH.with(|o| *o.borrow_mut() = None);
+    r
 }
 
 fn run(

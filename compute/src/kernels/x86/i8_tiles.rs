@@ -6,12 +6,14 @@
 use super::{hsum_epi32, i8_pairs, map_n, panel_rows, Dot, GEMV_PREFETCH_MIN};
 use crate::kernels::activations::SIMD_BYTES;
 use crate::kernels::row_blocks::{row_blocks, INT_BLOCK_BYTES};
-use crate::kernels::{Activations, PANEL};
+use crate::kernels::{Activations, FEW_MAX_ROWS, PANEL};
 use packs::quant;
 use std::arch::x86_64::*;
 
 /// The exact i8 dots of R rows by C weight rows; element `r * C + c`. `a` and `w` rows hold `k` codes;
-/// `offsets[r]` is row r's code sum over the SIMD part of K.
+/// `offsets[r]` is row r's code sum over the SIMD part of K. With a nonzero `pf`, every 64 bytes of
+/// the weight rows prefetch the C lines at `pf + (s / 2 * C + i) * 64` (step s; the few-row
+/// kernel's tiles ahead, in address order).
 ///
 /// # Safety
 /// The CPU must support `D`'s features; every row of `a` and `w` must hold at least `k` codes (the
@@ -22,14 +24,20 @@ pub(super) unsafe fn i8_tile<D: Dot, const R: usize, const C: usize>(
     w: [&[i8]; C],
     k: usize,
     offsets: [i32; R],
+    pf: usize,
 ) -> [[i32; C]; R] {
     let steps = k / SIMD_BYTES;
     // SAFETY: `D`'s features, which the caller guarantees; each load reads codes `off..off + 32`
-    // with `off + 32 <= k`, inside every row by this function's contract.
+    // with `off + 32 <= k`, inside every row by this function's contract; a prefetch never faults.
     let acc = unsafe {
         let mut acc = [[_mm256_setzero_si256(); C]; R];
         for s in 0..steps {
             let off = s * SIMD_BYTES;
+            if pf != 0 && s % 2 == 0 {
+                for i in 0..C {
+                    _mm_prefetch::<_MM_HINT_T0>((pf + (s / 2 * C + i) * 64) as *const i8);
+                }
+            }
             for c in 0..C {
                 let wv = _mm256_loadu_si256(w[c].as_ptr().add(off) as *const __m256i);
                 let wu = D::i8_weight(wv);
@@ -124,6 +132,15 @@ pub(super) unsafe fn i8_block<D: Dot>(
     let (rows, nb) = (out.len(), out[0].len());
     let wrow = |j: usize| &codes[j * k..(j + 1) * k];
     let offset = |r: usize| acts.sums(r)[0];
+    if (I8_FEW_MIN_ROWS..=FEW_MAX_ROWS).contains(&rows) {
+        // SAFETY: `D`'s features and the rows of `acts`, as this function requires.
+        return unsafe {
+            match D::I8_FEW_COLS {
+                4 => i8_block_few::<D, 4>(codes, scales, k, acts, out),
+                _ => i8_block_few::<D, 2>(codes, scales, k, acts, out),
+            }
+        };
+    }
     if rows < I8_TILE_ROWS {
         let dist = GEMV_PREFETCH_MIN.max(PANEL * k);
         for j in 0..nb {
@@ -146,6 +163,122 @@ pub(super) unsafe fn i8_block<D: Dot>(
             i8_block_tiles::<D, 4>(codes, scales, k, acts, out)
         } else {
             i8_block_tiles::<D, 2>(codes, scales, k, acts, out)
+        }
+    }
+}
+
+/// Rows from which i8 takes the few-row kernel ([`i8_block_few`], up to [`FEW_MAX_ROWS`]); fewer
+/// take the GEMV.
+pub(crate) const I8_FEW_MIN_ROWS: usize = 2;
+/// Activation rows per pass of the few-row kernel over a tile of weight rows.
+const I8_FEW_PASS: usize = 4;
+/// Longest rows (codes) whose tiles the few-row kernel prefetches. With 2 KB rows (K = 2048)
+/// prefetching the next tiles took 4 rows from 60 to 40-45 µs per 256 weight rows (one thread,
+/// VNNI; 68 against 73 at 8 rows); with 6 KB rows (K = 6144) it cost 6-10% (123 against 135-145 µs
+/// at 4 rows): there the hardware prefetcher follows the longer rows alone. (Measured by the
+/// previous attempt at these kernels, PERF.md.)
+const I8_FEW_PREFETCH_MAX_K: usize = 4096;
+
+/// [`i8_block`] for 2..=[`FEW_MAX_ROWS`] rows (several decode streams): tiles of C weight rows,
+/// each read from memory once, while passes of up to [`I8_FEW_PASS`] activation rows take their
+/// dots over the whole K (the later passes find the tile's codes in L1). A short last pass is a
+/// narrower tile, not a repeated row. The dots are exact integers, so the bits are the GEMV's.
+///
+/// # Safety
+/// As [`i8_block`].
+#[inline(always)]
+unsafe fn i8_block_few<D: Dot, const C: usize>(
+    codes: &[i8],
+    scales: &[f32],
+    k: usize,
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    let (rows, nb) = (out.len(), out[0].len());
+    let wrow = |j: usize| &codes[j * k..(j + 1) * k];
+    // Rows of at most `I8_FEW_PREFETCH_MAX_K` codes: the first pass over a tile prefetches the
+    // tiles at least `GEMV_PREFETCH_MIN` bytes ahead, in address order (a tile's rows are
+    // consecutive).
+    let ahead = GEMV_PREFETCH_MIN.div_ceil(C * k.max(1)).max(1) * C;
+    let prefetch = k <= I8_FEW_PREFETCH_MAX_K;
+    for j0 in (0..nb).step_by(C) {
+        let js = panel_rows::<C>(j0, nb);
+        let live = (nb - j0).min(C);
+        let w = map_n(js, wrow);
+        let mut r = 0;
+        while r < rows {
+            let n = (rows - r).min(I8_FEW_PASS);
+            let pf = if r == 0 && prefetch {
+                codes.as_ptr() as usize + (j0 + ahead) * k
+            } else {
+                0
+            };
+            let pass = FewPass {
+                r0: r,
+                j0,
+                live,
+                pf,
+            };
+            // SAFETY: `D`'s features, which the caller guarantees; the weight rows are `k` codes
+            // each (`wrow`), the activation rows `r..r + n` (below `rows`) at least `k` by this
+            // function's contract.
+            unsafe {
+                match n {
+                    1 => i8_few_pass::<D, 1, C>(acts, w, k, pass, scales, out),
+                    2 => i8_few_pass::<D, 2, C>(acts, w, k, pass, scales, out),
+                    3 => i8_few_pass::<D, 3, C>(acts, w, k, pass, scales, out),
+                    _ => i8_few_pass::<D, 4, C>(acts, w, k, pass, scales, out),
+                }
+            }
+            r += n;
+        }
+    }
+}
+
+/// Where one pass of [`i8_block_few`] works: activation rows from `r0`, the tile's weight rows
+/// `j0..j0 + live` (live ones), and its prefetch address (0: none).
+#[derive(Clone, Copy)]
+struct FewPass {
+    r0: usize,
+    j0: usize,
+    live: usize,
+    pf: usize,
+}
+
+/// One pass of [`i8_block_few`]: activation rows `r0..r0 + R` against the tile `w`, finished into
+/// `out`.
+///
+/// # Safety
+/// The CPU must support `D`'s features; the rows `r0..r0 + R` of `acts` and every row of `w` must
+/// hold at least `k` codes.
+#[inline(always)]
+unsafe fn i8_few_pass<D: Dot, const R: usize, const C: usize>(
+    acts: &Activations,
+    w: [&[i8]; C],
+    k: usize,
+    pass: FewPass,
+    scales: &[f32],
+    out: &mut [&mut [f32]],
+) {
+    #[cfg(test)]
+    let row_step = super::few_test_hooks::row_step();
+    #[cfg(not(test))]
+    let row_step = 1;
+    let rows = out.len();
+    let src = |i: usize| ((pass.r0 + i) * row_step) % rows;
+    let mut a = [acts.codes(pass.r0); R];
+    let mut offsets = [0i32; R];
+    for i in 0..R {
+        a[i] = acts.codes(src(i));
+        offsets[i] = acts.sums(src(i))[0];
+    }
+    // SAFETY: `D`'s features and the rows' lengths, as this function requires.
+    let acc = unsafe { D::i8_tile_many::<R, C>(a, w, k, offsets, pass.pf) };
+    for (i, accs) in acc.iter().enumerate() {
+        let r = pass.r0 + i;
+        for c in 0..pass.live {
+            let j = pass.j0 + c;
+            out[r][j] = quant::finish_i8(accs[c], acts.scale(src(i)), scales[j]);
         }
     }
 }
@@ -184,6 +317,7 @@ unsafe fn i8_block_tiles<D: Dot, const C: usize>(
                         map_n(js, wrow),
                         k,
                         map_n(rs, offset),
+                        0,
                     )
                 };
                 for (i, accs) in acc.iter().enumerate().take(rb.end - r) {

@@ -9,9 +9,10 @@
 //!
 //! The files: this one holds feature detection, the [`Dot`] trait with its AVX2 form, the entry
 //! points and the lane helpers the kernels share; `vnni.rs` the VNNI [`Dot`] (and its emulation);
-//! `i8_tiles.rs` the i8 register tiles and GEMV; `i8_pairs.rs` the AVX2 i8 kernel for many rows;
-//! `q4_rows.rs` the q4 kernel for few rows; `q4_packed.rs` the packed-panel q4 kernel for many
-//! rows; `wide.rs` the 16-lane panels; `float.rs` the f32/bf16 tiles and the bf16 conversion;
+//! `i8_tiles.rs` the i8 register tiles, GEMV and few-row kernel; `i8_pairs.rs` the AVX2 i8 kernel
+//! for many rows; `q4_rows.rs` the q4 GEMV (one row); `q4_few.rs` the q4 kernel for 2..=16 rows
+//! (several decode streams: each weight panel unpacked once for all rows); `q4_packed.rs` the
+//! packed-panel q4 kernel for many rows; `wide.rs` the 16-lane panels; `float.rs` the f32/bf16 tiles and the bf16 conversion;
 //! `activations.rs` the activation rows' preparation (quantization, q4 group layout and sums, the
 //! bit copy).
 //!
@@ -31,7 +32,7 @@
 // Index loops mirror the lane layouts (row r, weight row c, group g) across several arrays.
 #![allow(clippy::needless_range_loop)]
 
-use super::{Activations, Q4Codes, WeightBlock, PANEL};
+use super::{Activations, Q4Codes, WeightBlock, FEW_MAX_ROWS, PANEL};
 use half::bf16;
 use packs::quant::Q4_GROUP;
 use std::arch::x86_64::*;
@@ -40,6 +41,7 @@ mod activations;
 mod float;
 pub(crate) mod i8_pairs;
 mod i8_tiles;
+mod q4_few;
 mod q4_packed;
 mod q4_rows;
 mod vnni;
@@ -49,11 +51,16 @@ pub(super) use activations::{copy_u32_avx2, q4_groups_row_avx2, quantize_row_avx
 pub use float::bf16x8_to_ps;
 pub(crate) use float::f32_to_bf16_avx2;
 #[cfg(test)]
+pub(crate) use q4_few::test_hooks as few_test_hooks;
+#[cfg(test)]
 pub(crate) use vnni::EmuVnniDot;
 pub(crate) use vnni::VnniDot;
 
 use float::f32_block;
+#[cfg(test)]
+pub(crate) use i8_tiles::I8_FEW_MIN_ROWS;
 use i8_tiles::{i8_block, i8_tile};
+use q4_few::q4_block_few;
 use q4_packed::q4_block_packed;
 use q4_rows::{q4_block_rows, split_q4_pair};
 
@@ -69,8 +76,16 @@ pub(super) fn has_avx512_vnni() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
-/// Rows at which q4 switches from the per-row kernel to the packed-panel kernel.
+/// Rows at which q4 switches from the per-row kernel to the packed-panel kernel (past the few-row
+/// kernel's `Q4_FEW_MIN_ROWS..=FEW_MAX_ROWS`).
 const Q4_PACKED_MIN_ROWS: usize = 4;
+/// Rows from which q4 takes the few-row kernel (`q4_few.rs`), which unpacks each weight panel once
+/// for all rows; fewer take the GEMV. Its unpacking costs about 1.5 GEMVs of one row (15.6 us per
+/// 256 weight rows of K = 2048 on one VNNI thread, against 10.3), so at 2 rows the GEMV (19.5-19.8
+/// us) is as fast as the few-row kernel (18.9-22.3), and it prefetches tuned for the stream.
+pub(crate) const Q4_FEW_MIN_ROWS: usize = 3;
+/// Fewest groups (K / 32) of the few-row q4 kernel: it unpacks 8 groups at a time.
+const Q4_FEW_MIN_GROUPS: usize = 8;
 /// How far ahead (bytes of weight codes, in address order) the q4 and i8 GEMVs prefetch at least;
 /// they prefetch one whole panel of 8 rows ahead (`PANEL * K / 2` bytes for q4, `PANEL * K` for
 /// i8) when that is more: the pack's panel layout makes each panel one address-ordered stream for
@@ -92,6 +107,9 @@ pub(crate) trait Dot {
     /// [`Dot::i8_tile_many`] runs on 32 `zmm` registers (16 accumulators; each 64-byte activation
     /// load then feeds 4 `vpdpbusd`, halving the loads from L2 per product).
     const I8_MANY_COLS: usize = 2;
+    /// Weight rows per tile of the i8 few-row kernel (`i8_tiles.rs`): 2 (16 `ymm` registers), or 4
+    /// where [`Dot::i8_tile_many`] runs on 32 `zmm` registers.
+    const I8_FEW_COLS: usize = 2;
     /// Whether the f32 tiles of a row block take 2 activation rows at a time (16 accumulators:
     /// `ymm0`-`ymm31` under AVX-512 VL), so each weight load serves both; else 1 (16 `ymm`).
     const F32_PAIRS: bool = false;
@@ -115,8 +133,8 @@ pub(crate) trait Dot {
     /// # Safety
     /// The CPU must support `Self`'s features; every `w[c]` must point to 32 readable bytes.
     unsafe fn u4_rows8(w: [*const u8; PANEL], a_even: __m256i, a_odd: __m256i) -> [__m256i; 2];
-    /// [`i8_tile`] for [`I8_TILE_ROWS`](i8_tiles::I8_TILE_ROWS) or more activation rows, unless the
-    /// instruction set has a wider form.
+    /// [`i8_tile`] for several activation rows (prefetching the line `pf` bytes on per 64 bytes of
+    /// each weight row when `pf` > 0), unless the instruction set has a wider form.
     ///
     /// # Safety
     /// The CPU must support `Self`'s features; every row of `a` and `w` must hold at least `k`
@@ -127,12 +145,13 @@ pub(crate) trait Dot {
         w: [&[i8]; C],
         k: usize,
         offsets: [i32; R],
+        pf: usize,
     ) -> [[i32; C]; R]
     where
         Self: Sized,
     {
         // SAFETY: `i8_tile`'s contract is this one.
-        unsafe { i8_tile::<Self, R, C>(a, w, k, offsets) }
+        unsafe { i8_tile::<Self, R, C>(a, w, k, offsets, pf) }
     }
     /// q4 against [`Q4_PACKED_MIN_ROWS`] or more activation rows, K at least one group: packed
     /// panels ([`q4_block_packed`]) on the instruction set's widest
@@ -142,6 +161,20 @@ pub(crate) trait Dot {
     /// The CPU must support `Self`'s features; the rows `0..out.len()` of `acts` must hold at least
     /// `k` codes.
     unsafe fn q4_block_many(
+        codes: Q4Codes<'_>,
+        scales: &[bf16],
+        k: usize,
+        acts: &Activations,
+        out: &mut [&mut [f32]],
+    );
+    /// q4 against 2..=[`FEW_MAX_ROWS`] activation rows, K at least 8 groups: [`q4_block_few`] on
+    /// the instruction set's widest [`PanelLanes`](q4_packed::PanelLanes).
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features; `codes` must be a block for K = `k` with at least
+    /// `out[0].len()` rows; the rows `0..out.len()` of `acts` must hold at least `k` codes and
+    /// `k / 32` group sums.
+    unsafe fn q4_block_few(
         codes: Q4Codes<'_>,
         scales: &[bf16],
         k: usize,
@@ -212,6 +245,40 @@ impl Dot for Avx2Dot {
         // SAFETY: `YmmPair`'s features are AVX2; the rows of `acts` as this function requires.
         unsafe { q4_block_packed::<wide::YmmPair<wide::Maddubs16>>(codes, scales, k, acts, out) }
     }
+    /// # Safety
+    /// The CPU must support AVX2; the block and the activations as [`Dot::q4_block_few`] says.
+    #[inline(always)]
+    unsafe fn q4_block_few(
+        codes: Q4Codes<'_>,
+        scales: &[bf16],
+        k: usize,
+        acts: &Activations,
+        out: &mut [&mut [f32]],
+    ) {
+        // SAFETY: the CPU supports AVX2 (this function's contract), all `q4_block_few_avx2` needs
+        // beside the block and the activations, which are as it requires.
+        unsafe { q4_block_few_avx2(codes, scales, k, acts, out) }
+    }
+}
+
+/// [`q4_block_few`] on AVX2, compiled apart from `gemm_block_avx2`: inlined there, it changed the
+/// code LLVM made for the q4 GEMV beside it (one thread, K = 2048, 256 weight rows: 11.0 -> 14.5 us;
+/// `few_row_timing`).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; the block and the activations as [`Dot::q4_block_few`] says.
+#[target_feature(enable = "avx2,fma")]
+#[inline(never)]
+unsafe fn q4_block_few_avx2(
+    codes: Q4Codes<'_>,
+    scales: &[bf16],
+    k: usize,
+    acts: &Activations,
+    out: &mut [&mut [f32]],
+) {
+    // SAFETY: `YmmPair`'s features (AVX2) are enabled here; the block and the activations as this
+    // function requires.
+    unsafe { q4_block_few::<wide::YmmPair<wide::Maddubs16>>(codes, scales, k, acts, out) }
 }
 
 /// One row's products for a pair of q4 groups as i16 lanes (pair sums of `vpmaddubsw`, even and odd
@@ -313,7 +380,12 @@ unsafe fn gemm_block_generic<D: Dot>(
             WeightBlock::Bf16(w) => f32_block::<D, bf16>(w, k, x, out),
             WeightBlock::I8 { codes, scales } => i8_block::<D>(codes, scales, k, acts, out),
             WeightBlock::Q4 { codes, scales } => {
-                if out.len() >= Q4_PACKED_MIN_ROWS && k >= Q4_GROUP {
+                let rows = out.len();
+                if (Q4_FEW_MIN_ROWS..=FEW_MAX_ROWS).contains(&rows)
+                    && k >= Q4_FEW_MIN_GROUPS * Q4_GROUP
+                {
+                    D::q4_block_few(codes, scales, k, acts, out)
+                } else if rows >= Q4_PACKED_MIN_ROWS && k >= Q4_GROUP {
                     D::q4_block_many(codes, scales, k, acts, out)
                 } else {
                     q4_block_rows::<D>(codes, scales, k, acts, out)

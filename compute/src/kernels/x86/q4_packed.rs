@@ -57,7 +57,8 @@ pub(super) unsafe fn chunk(even: *const i8, odd: *const i8, j: usize) -> i32 {
     }
 }
 
-/// Unpacks the 8 weight rows `js` into lanes `8 * half ..` of a packed panel `lanes` rows wide:
+/// Unpacks groups `from..` of the 8 weight rows `js` into lanes `8 * half ..` of a packed panel
+/// `lanes` rows wide:
 /// `wp` holds per group and chunk j (4 codes) the `lanes` rows' 4 bytes side by side
 /// (`groups x 8 x 4 * lanes` bytes), `sp` per group the rows' scales (`groups x lanes`). The 8-lane
 /// kernels use one half; the 16-lane (`wide`) ones two.
@@ -66,10 +67,10 @@ pub(super) unsafe fn chunk(even: *const i8, odd: *const i8, j: usize) -> i32 {
 /// The CPU must support AVX2; `8 * (half + 1) <= lanes` and `wp.len() >= k / 32 * 32 * lanes`
 /// (its stores are unchecked; every other access is checked).
 #[inline(always)]
-unsafe fn q4_pack_panel(
+pub(super) unsafe fn q4_pack_panel(
     codes: Q4Codes<'_>,
     scales: &[bf16],
-    k: usize,
+    (k, from): (usize, usize),
     js: [usize; PANEL],
     (lanes, half): (usize, usize),
     wp: &mut [u8],
@@ -77,7 +78,7 @@ unsafe fn q4_pack_panel(
 ) {
     let groups = k / Q4_GROUP;
     debug_assert!(wp.len() >= groups * 32 * lanes && sp.len() >= groups * lanes);
-    for g in 0..groups {
+    for g in from..groups {
         // SAFETY: AVX2, which the caller guarantees; each `expand_q4` reads one group's 16 bytes
         // (a checked slice); each store writes 32 bytes at `at`, and `at + 32 <= (g + 1) * 32 *
         // lanes <= wp.len()` as `32 * (half + 1) <= 4 * lanes`, both by this function's contract.
@@ -252,7 +253,7 @@ pub(super) unsafe fn q4_block_packed<V: PanelLanes>(
                 let (wpp, spp) = (&mut wp[p * pb..(p + 1) * pb], &mut sp[p * ps..(p + 1) * ps]);
                 // SAFETY: `V`'s features include AVX2; `half < lanes / 8` and `wpp` is
                 // `groups * 32 * lanes` bytes.
-                unsafe { q4_pack_panel(codes, scales, k, js, (lanes, half), wpp, spp) };
+                unsafe { q4_pack_panel(codes, scales, (k, 0), js, (lanes, half), wpp, spp) };
             }
         }
         for rb in row_blocks(rows, k + 4 * groups, INT_BLOCK_BYTES, Q4_TILE_ROWS) {

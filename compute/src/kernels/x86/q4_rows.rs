@@ -35,7 +35,7 @@ pub(super) unsafe fn split_q4_pair(p: *const u8) -> (__m256i, __m256i) {
 /// # Safety
 /// The CPU must support AVX2; every `s[c]` must point to 8 readable bf16 values.
 #[inline(always)]
-unsafe fn scales8x8(s: [*const bf16; PANEL]) -> [__m256; 8] {
+pub(super) unsafe fn scales8x8(s: [*const bf16; PANEL]) -> [__m256; 8] {
     // SAFETY: AVX2, which the caller guarantees; each load reads 8 bf16 values (16 bytes) at an
     // `s[c]`, readable by this function's contract.
     unsafe {
@@ -153,17 +153,17 @@ fn q4_group_dot_scalar(even: &[i8], odd: &[i8], w: &[u8]) -> i32 {
 /// 8 weight rows of a block, where their group pairs live: row c's pair p at
 /// `base + start[c] + p * step[c]` (`Q4Codes::pairs`).
 #[derive(Clone, Copy)]
-struct Q4PanelRows<'a> {
-    codes: Q4Codes<'a>,
-    rows: [usize; PANEL],
-    base: *const u8,
-    start: [usize; PANEL],
-    step: [usize; PANEL],
+pub(super) struct Q4PanelRows<'a> {
+    pub(super) codes: Q4Codes<'a>,
+    pub(super) rows: [usize; PANEL],
+    pub(super) base: *const u8,
+    pub(super) start: [usize; PANEL],
+    pub(super) step: [usize; PANEL],
 }
 
 impl<'a> Q4PanelRows<'a> {
     #[inline(always)]
-    fn new(codes: Q4Codes<'a>, rows: [usize; PANEL]) -> Q4PanelRows<'a> {
+    pub(super) fn new(codes: Q4Codes<'a>, rows: [usize; PANEL]) -> Q4PanelRows<'a> {
         let pairs = map_n(rows, |j| codes.pairs(j));
         Q4PanelRows {
             codes,

@@ -2,6 +2,7 @@
 //! many rows, over a [`Dpbusd`] flavour — the real instruction, or in the tests its exact AVX2
 //! emulation, so the tests run the very bodies the VNNI entry point compiles.
 
+use super::q4_few::q4_block_few;
 use super::q4_packed::q4_block_packed;
 use super::q4_rows::split_q4_pair;
 use super::{wide, Dot};
@@ -47,6 +48,7 @@ impl Dpbusd for RealVnni {
 impl<P: Dpbusd> Dot for Vnni<P> {
     const I8_OFFSET: i32 = 128;
     const I8_MANY_COLS: usize = 4;
+    const I8_FEW_COLS: usize = 4;
     const F32_PAIRS: bool = true;
     /// # Safety
     /// The CPU must support AVX2.
@@ -84,6 +86,21 @@ impl<P: Dpbusd> Dot for Vnni<P> {
         unsafe { q4_block_packed::<P::Wide>(codes, scales, k, acts, out) }
     }
     /// # Safety
+    /// The CPU must support AVX2 and `P`'s features; the block and the activations as
+    /// [`Dot::q4_block_few`] says.
+    #[inline(always)]
+    unsafe fn q4_block_few(
+        codes: Q4Codes<'_>,
+        scales: &[bf16],
+        k: usize,
+        acts: &Activations,
+        out: &mut [&mut [f32]],
+    ) {
+        // SAFETY: `P`'s features cover `P::Wide`'s; the block and the activations as this function
+        // requires.
+        unsafe { q4_block_few::<P::Wide>(codes, scales, k, acts, out) }
+    }
+    /// # Safety
     /// The CPU must support `P`'s features; every row of `a` and `w` must hold at least `k` codes.
     #[inline(always)]
     unsafe fn i8_tile_many<const R: usize, const C: usize>(
@@ -91,9 +108,10 @@ impl<P: Dpbusd> Dot for Vnni<P> {
         w: [&[i8]; C],
         k: usize,
         offsets: [i32; R],
+        pf: usize,
     ) -> [[i32; C]; R] {
         // SAFETY: `P`'s features cover `P::Wide`'s; the rows as this function requires.
-        unsafe { wide::i8_tile16::<P::Wide, R, C>(a, w, k, offsets) }
+        unsafe { wide::i8_tile16::<P::Wide, R, C>(a, w, k, offsets, pf) }
     }
 }
 

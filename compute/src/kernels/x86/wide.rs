@@ -579,7 +579,9 @@ const WIDE_BYTES: usize = 64;
 /// [`i8_tile`](super::i8_tiles::i8_tile) for the VNNI offset form on 64 codes a step: the exact
 /// i8 dots of R activation rows by C weight rows, element `[r][c]`. `offsets[r]` is row r's code
 /// sum over the 32-code SIMD part of K (`Activations`); the offset form here covers the 64-code
-/// steps only, so the codes of a last 32-code step come off it and join the scalar tail.
+/// steps only, so the codes of a last 32-code step come off it and join the scalar tail. With a nonzero
+/// `pf`, step s prefetches the C lines at `pf + (s * C + i) * 64` (the few-row kernel's tiles
+/// ahead, in address order).
 ///
 /// # Safety
 /// The CPU must support `V`'s features; every row of `a` and `w` must hold at least `k` codes (the
@@ -590,16 +592,22 @@ pub(super) unsafe fn i8_tile16<V: Lanes16, const R: usize, const C: usize>(
     w: [&[i8]; C],
     k: usize,
     offsets: [i32; R],
+    pf: usize,
 ) -> [[i32; C]; R] {
     let steps = k / WIDE_BYTES;
     // SAFETY: `V`'s features, which the caller guarantees; each load reads codes `off..off + 64`
-    // with `off + 64 <= k`, inside every row by this function's contract.
+    // with `off + 64 <= k`, inside every row by this function's contract; a prefetch never faults.
     let acc = unsafe {
         // `w ^ 0x80` is `w + 128` as an unsigned byte.
         let flip = V::set1_i(0x8080_8080u32 as i32);
         let mut acc = [[V::zero_i(); C]; R];
         for s in 0..steps {
             let off = s * WIDE_BYTES;
+            if pf != 0 {
+                for i in 0..C {
+                    _mm_prefetch::<_MM_HINT_T0>((pf + (s * C + i) * WIDE_BYTES) as *const i8);
+                }
+            }
             for c in 0..C {
                 let wu = V::xor_i(V::load_i(w[c].as_ptr().add(off) as *const u8), flip);
                 for r in 0..R {

@@ -22,7 +22,8 @@ use packs::Pack;
 use rayon::prelude::*;
 
 use super::delta_rule::{
-    chunked_rows, recurrent_rows, ChunkScratch, DeltaIsa, DeltaRuleForm, HeadRows,
+    chunked_rows, conv_taps, mul_silu, recurrent_rows, ChunkScratch, DeltaIsa, DeltaRuleForm,
+    HeadRows,
 };
 use crate::kv::KvCache;
 use crate::recurrent::MAX_ROLLBACK_ROWS;
@@ -36,8 +37,10 @@ pub struct DeltaNet {
     pub b: LinearHandle,
     pub a: LinearHandle,
     pub out: LinearHandle,
-    /// `conv_dim x kernel`, taps oldest first.
+    /// `conv_dim x kernel`, taps oldest first (the checkpoint's layout).
     pub conv: Vec<f32>,
+    /// The same, tap-major (`kernel x conv_dim`): the conv's sums run over contiguous channels.
+    pub conv_taps: Vec<f32>,
     /// −exp(A_log) per value head (computed once: it is a constant of the layer).
     pub neg_a: Vec<f32>,
     pub dt_bias: Vec<f32>,
@@ -73,6 +76,11 @@ impl DeltaNet {
             Ok(pack.f32_tensor(&name(p))?.to_vec())
         };
         let conv = param(DeltaNetPart::Conv)?;
+        let kernel = d.conv_kernel;
+        let channels = conv.len() / kernel;
+        let conv_taps = (0..kernel * channels)
+            .map(|i| conv[(i % channels) * kernel + i / channels])
+            .collect();
         // transformers: `-self.A_log.float().exp()`.
         let neg_a = param(DeltaNetPart::ALog)?
             .iter()
@@ -88,6 +96,7 @@ impl DeltaNet {
             a: h[3],
             out: h[4],
             conv,
+            conv_taps,
             neg_a,
             dt_bias,
             norm,
@@ -126,6 +135,7 @@ impl DeltaNet {
             ],
         )?;
         let started = std::time::Instant::now();
+        let isa = self.isa;
         let (mixed, z) = (&mut s.q[..rows * conv_dim], &s.gate[..rows * value_dim]);
         let (beta, decay) = (&mut s.k[..rows * nv], &mut s.v[..rows * nv]);
         let core = grow(&mut s.attn, rows * value_dim);
@@ -156,7 +166,7 @@ impl DeltaNet {
                     }
                 }
             };
-            if seg.rows == 1 || step.ablation.conv_state_lags_one_row {
+            if step.ablation.conv_state_lags_one_row {
                 for (r, row) in seg_mixed.chunks_exact_mut(conv_dim).enumerate() {
                     conv_row(
                         &self.conv,
@@ -172,16 +182,16 @@ impl DeltaNet {
                 }
             } else {
                 // The inputs behind their history, `(past + rows) x conv_dim`: row r's taps are
-                // rows r..=r + past, so the rows are independent and run on the pool (the conv's
-                // SiLU was a quarter of the DeltaNet time of a 512-row prefill, serial).
+                // rows r..=r + past, so the rows are independent and run on the pool (serial, the
+                // conv and its libm SiLU were most of a 512-row prefill's DeltaNet time).
                 let inputs = grow(&mut s.proj, (past + seg.rows) * conv_dim);
                 inputs[..past * conv_dim].copy_from_slice(conv_state);
                 inputs[past * conv_dim..].copy_from_slice(seg_mixed);
                 let inputs = &*inputs;
                 for_rows(pool, seg_mixed, conv_dim, |r, row| {
                     conv_taps(
-                        &self.conv,
-                        g.conv_kernel,
+                        isa,
+                        &self.conv_taps,
                         &inputs[r * conv_dim..(r + past + 1) * conv_dim],
                         row,
                     );
@@ -220,7 +230,6 @@ impl DeltaNet {
             let (dk, dv) = (g.key_head_dim, g.value_head_dim);
             let seg_core = &mut core[seg.row0 * value_dim..(seg.row0 + seg.rows) * value_dim];
             let (seg_mixed, seg_beta, seg_decay) = (&*seg_mixed, &*seg_beta, &*seg_decay);
-            let isa = self.isa;
             let head_rows = |h: usize| HeadRows {
                 rows: seg.rows,
                 mixed: seg_mixed,
@@ -288,9 +297,7 @@ impl DeltaNet {
                 let zr = &z[r * value_dim..(r + 1) * value_dim];
                 for (oh, zh) in row.chunks_exact_mut(dv).zip(zr.chunks_exact(dv)) {
                     rmsnorm_inplace(oh, &self.norm, eps);
-                    for (o, &zv) in oh.iter_mut().zip(zh) {
-                        *o *= silu(zv);
-                    }
+                    mul_silu(isa, oh, zh);
                 }
             },
         );
@@ -310,7 +317,7 @@ impl DeltaNet {
 /// One row of the depthwise causal conv with SiLU, in place on `row` (`conv_dim` channels):
 /// `row[c] = silu(Σ_j w[c][j]·input[t − (kernel − 1) + j])` with `history` the `kernel − 1`
 /// previous inputs (oldest first), which then moves on by this row. `lag` (a control) leaves
-/// the history one row behind.
+/// the history one row behind. Only the control runs it: the forward runs [`conv_taps`].
 pub fn conv_row(w: &[f32], kernel: usize, history: &mut [f32], row: &mut [f32], lag: bool) {
     let c_dim = row.len();
     let past = kernel - 1;
@@ -329,20 +336,6 @@ pub fn conv_row(w: &[f32], kernel: usize, history: &mut [f32], row: &mut [f32], 
             }
             history[(past - 1) * c_dim + c] = input;
         }
-    }
-}
-
-/// One output row of the conv with SiLU from its `kernel` input rows (`window`, oldest first,
-/// the last being the row itself): the same sum, in the same order, as [`conv_row`].
-pub fn conv_taps(w: &[f32], kernel: usize, window: &[f32], row: &mut [f32]) {
-    let c_dim = row.len();
-    for (c, x) in row.iter_mut().enumerate() {
-        let taps = &w[c * kernel..(c + 1) * kernel];
-        let mut acc = 0.0f32;
-        for (j, &t) in taps.iter().enumerate() {
-            acc += t * window[j * c_dim + c];
-        }
-        *x = silu(acc);
     }
 }
 

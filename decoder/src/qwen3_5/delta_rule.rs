@@ -19,6 +19,8 @@
 //! AVX-512 (`compute::kernels::Isa::best`, so `XDNA_VL_KERNELS` applies). No FMA contraction:
 //! the products and sums are separate roundings in every copy, so the copies are bit-equal.
 
+use compute::ops::mathf::silu;
+
 /// Columns of S a recurrent block keeps in flight (4 zmm accumulators per dot product).
 pub const BLOCK: usize = 64;
 /// Rows of a chunk of the chunked form (transformers' `chunk_size`).
@@ -415,9 +417,90 @@ fn chunk(
     }
 }
 
+/// One output row of the depthwise causal conv with SiLU from its `kernel` input rows
+/// (`window`, oldest first, the last the row itself) and the tap-major weights `taps`
+/// (`kernel x channels`): `row[c] = silu(0 + Σ_j taps[j][c]·window[j][c])`, j ascending, with
+/// compute's `mathf::silu` (the one the MLP uses; same bits in every copy).
+pub fn conv_taps(isa: DeltaIsa, taps: &[f32], window: &[f32], row: &mut [f32]) {
+    assert_eq!(taps.len(), window.len(), "conv: taps and window");
+    assert_eq!(taps.len() % row.len().max(1), 0, "conv: channels");
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `recurrent_rows`.
+        DeltaIsa::Avx512 => unsafe { x86::conv_taps_avx512(taps, window, row) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Avx2 only when AVX2 and FMA were detected.
+        DeltaIsa::Avx2 => unsafe { x86::conv_taps_avx2(taps, window, row) },
+        _ => conv_taps_body(taps, window, row),
+    }
+}
+
+#[inline(always)]
+fn conv_taps_body(taps: &[f32], window: &[f32], row: &mut [f32]) {
+    let c_dim = row.len();
+    row.fill(0.0);
+    for (w, x) in taps.chunks_exact(c_dim).zip(window.chunks_exact(c_dim)) {
+        for ((acc, &w), &x) in row.iter_mut().zip(w).zip(x) {
+            *acc += w * x;
+        }
+    }
+    for x in row.iter_mut() {
+        *x = silu(*x);
+    }
+}
+
+/// `o[i] *= silu(z[i])` (the gated norm's gate), with `mathf::silu`.
+pub fn mul_silu(isa: DeltaIsa, o: &mut [f32], z: &[f32]) {
+    assert_eq!(o.len(), z.len(), "mul_silu: lengths");
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `recurrent_rows`.
+        DeltaIsa::Avx512 => unsafe { x86::mul_silu_avx512(o, z) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Avx2 only when AVX2 and FMA were detected.
+        DeltaIsa::Avx2 => unsafe { x86::mul_silu_avx2(o, z) },
+        _ => mul_silu_body(o, z),
+    }
+}
+
+#[inline(always)]
+fn mul_silu_body(o: &mut [f32], z: &[f32]) {
+    for (o, &z) in o.iter_mut().zip(z) {
+        *o *= silu(z);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
+
+    /// # Safety
+    /// The CPU must have AVX-512 F, VL and BW, AVX2 and FMA.
+    #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx2,fma")]
+    pub unsafe fn conv_taps_avx512(taps: &[f32], window: &[f32], row: &mut [f32]) {
+        conv_taps_body(taps, window, row)
+    }
+
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn conv_taps_avx2(taps: &[f32], window: &[f32], row: &mut [f32]) {
+        conv_taps_body(taps, window, row)
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512 F, VL and BW, AVX2 and FMA.
+    #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx2,fma")]
+    pub unsafe fn mul_silu_avx512(o: &mut [f32], z: &[f32]) {
+        mul_silu_body(o, z)
+    }
+
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn mul_silu_avx2(o: &mut [f32], z: &[f32]) {
+        mul_silu_body(o, z)
+    }
 
     /// # Safety
     /// The CPU must have AVX-512 F, VL and BW, AVX2 and FMA.
@@ -667,6 +750,46 @@ mod tests {
             &mut ChunkScratch::default(),
         );
         assert!(max_rel(&out, &out_ref) > CHUNKED_REL_BOUND);
+    }
+
+    /// The conv and the gate: every copy gives the portable bits, which are the per-channel
+    /// definition's; control: a tap changed moves the output.
+    #[test]
+    fn conv_and_gate_copies_are_bit_equal() {
+        let (kernel, channels) = (4, 6 * 64 + 5);
+        let mut seed = 17;
+        let taps: Vec<f32> = (0..kernel * channels).map(|_| lcg(&mut seed)).collect();
+        let window: Vec<f32> = (0..kernel * channels)
+            .map(|_| 3.0 * lcg(&mut seed))
+            .collect();
+        let z: Vec<f32> = (0..channels).map(|_| 4.0 * lcg(&mut seed)).collect();
+        let definition: Vec<f32> = (0..channels)
+            .map(|c| {
+                let mut acc = 0.0f32;
+                for j in 0..kernel {
+                    acc += taps[j * channels + c] * window[j * channels + c];
+                }
+                silu(acc)
+            })
+            .collect();
+        for isa in isas() {
+            let mut row = vec![0.0; channels];
+            conv_taps(isa, &taps, &window, &mut row);
+            assert_eq!(bits(&row), bits(&definition), "{isa:?}: conv");
+            let mut gated = definition.clone();
+            mul_silu(isa, &mut gated, &z);
+            let want: Vec<f32> = definition
+                .iter()
+                .zip(&z)
+                .map(|(o, &z)| o * silu(z))
+                .collect();
+            assert_eq!(bits(&gated), bits(&want), "{isa:?}: gate");
+        }
+        let mut moved = taps.clone();
+        moved[2 * channels + 7] += 0.5;
+        let mut row = vec![0.0; channels];
+        conv_taps(DeltaIsa::best(), &moved, &window, &mut row);
+        assert_ne!(bits(&row), bits(&definition));
     }
 
     /// Time of one head (128 x 128) over 512 rows in each form (`cargo test --release -p decoder

@@ -37,9 +37,8 @@ pub struct DeltaNet {
     pub b: LinearHandle,
     pub a: LinearHandle,
     pub out: LinearHandle,
-    /// `conv_dim x kernel`, taps oldest first (the checkpoint's layout).
-    pub conv: Vec<f32>,
-    /// The same, tap-major (`kernel x conv_dim`): the conv's sums run over contiguous channels.
+    /// The conv's weights tap-major, oldest tap first (`kernel x conv_dim`; the checkpoint's are
+    /// channel-major): its sums run over contiguous channels.
     pub conv_taps: Vec<f32>,
     /// −exp(A_log) per value head (computed once: it is a constant of the layer).
     pub neg_a: Vec<f32>,
@@ -95,7 +94,6 @@ impl DeltaNet {
             b: h[2],
             a: h[3],
             out: h[4],
-            conv,
             conv_taps,
             neg_a,
             dt_bias,
@@ -169,7 +167,7 @@ impl DeltaNet {
             if step.ablation.conv_state_lags_one_row {
                 for (r, row) in seg_mixed.chunks_exact_mut(conv_dim).enumerate() {
                     conv_row(
-                        &self.conv,
+                        &self.conv_taps,
                         g.conv_kernel,
                         conv_state,
                         row,
@@ -315,19 +313,18 @@ impl DeltaNet {
 }
 
 /// One row of the depthwise causal conv with SiLU, in place on `row` (`conv_dim` channels):
-/// `row[c] = silu(Σ_j w[c][j]·input[t − (kernel − 1) + j])` with `history` the `kernel − 1`
+/// `row[c] = silu(Σ_j w[j][c]·input[t − (kernel − 1) + j])` (`w` tap-major) with `history` the `kernel − 1`
 /// previous inputs (oldest first), which then moves on by this row. `lag` (a control) leaves
 /// the history one row behind. Only the control runs it: the forward runs [`conv_taps`].
 pub fn conv_row(w: &[f32], kernel: usize, history: &mut [f32], row: &mut [f32], lag: bool) {
     let c_dim = row.len();
     let past = kernel - 1;
     for (c, x) in row.iter_mut().enumerate() {
-        let taps = &w[c * kernel..(c + 1) * kernel];
         let mut acc = 0.0f32;
         for j in 0..past {
-            acc += taps[j] * history[j * c_dim + c];
+            acc += w[j * c_dim + c] * history[j * c_dim + c];
         }
-        acc += taps[past] * *x;
+        acc += w[past * c_dim + c] * *x;
         let input = *x;
         *x = silu(acc);
         if past > 0 && !lag {

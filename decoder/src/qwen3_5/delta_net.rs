@@ -1,5 +1,6 @@
 //! Qwen3.5's Gated DeltaNet (`Qwen3_5GatedDeltaNet`), the recurrent form transformers decodes
-//! with (`torch_recurrent_gated_delta_rule`), row after row for prompts too:
+//! with (`torch_recurrent_gated_delta_rule`), for prompts too (the kernels, and the chunked form
+//! beside it, are in `delta_rule.rs`; PERF.md has why the recurrent one runs prompts):
 //!
 //! 1. `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a` on the normalized rows (one GEMM group);
 //! 2. a depthwise causal conv over [q | k | v] (taps oldest first, the sequence's last
@@ -180,8 +181,8 @@ impl DeltaNet {
                 }
             } else {
                 // The inputs behind their history, `(past + rows) x conv_dim`: row r's taps are
-                // rows r..=r + past, so the rows are independent and run on the pool (serial, the
-                // conv and its libm SiLU were most of a 512-row prefill's DeltaNet time).
+                // rows r..=r + past, so the rows are independent and run on the pool (a 512-row
+                // prefill of the 2B shape has 57 M conv outputs, each a SiLU).
                 let inputs = grow(&mut s.proj, (past + seg.rows) * conv_dim);
                 inputs[..past * conv_dim].copy_from_slice(conv_state);
                 inputs[past * conv_dim..].copy_from_slice(seg_mixed);

@@ -108,6 +108,7 @@ impl Decoder {
             trace_routes: options.trace_layers,
             routes_trace: Vec::new(),
             attention_time: TimeSpent::default(),
+            delta_net_time: TimeSpent::default(),
         };
         Ok(Decoder {
             pack: pack.clone(),
@@ -177,6 +178,11 @@ impl Decoder {
     /// GEMMs, attention and the rest (`bench` reports the three).
     pub fn take_attention_time(&mut self) -> Duration {
         self.state.attention_time.take()
+    }
+    /// Wall time the steps since the last call spent in Gated DeltaNet mixers outside their
+    /// GEMMs (conv, norms, the delta rule), and restarts the count.
+    pub fn take_delta_net_time(&mut self) -> Duration {
+        self.state.delta_net_time.take()
     }
     /// Expert runs and routed rows of the sparse layers since the last call, and restarts the
     /// count (`bench` turns them into bytes read per token).

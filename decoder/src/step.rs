@@ -45,6 +45,8 @@ pub struct StepState {
     pub routes_trace: Vec<Vec<usize>>,
     /// Attention over the cache (the K/V writes included).
     pub attention_time: TimeSpent,
+    /// Qwen3.5's Gated DeltaNet mixers outside their GEMMs (conv, norms, the delta rule).
+    pub delta_net_time: TimeSpent,
 }
 
 /// One sequence's rows within a step: rows `row0..row0 + rows` of the step, at its cache slots

@@ -3,8 +3,8 @@
 
 use crate::quant::QuantKind;
 use crate::semantics::{
-    ImagePreprocess, MoeSemantics, Semantics, VisionSemantics, ARCH_QWEN3_VL, ARCH_QWEN3_VL_MOE,
-    RESAMPLE_BICUBIC, VISION_ACT,
+    DeltaNetSemantics, ImagePreprocess, MoeSemantics, Semantics, VisionSemantics, ARCH_QWEN3_5,
+    ARCH_QWEN3_VL, ARCH_QWEN3_VL_MOE, RESAMPLE_BICUBIC, VISION_ACT,
 };
 
 /// A named model shape.
@@ -16,8 +16,14 @@ pub struct RandomShape {
 }
 
 impl RandomShape {
-    pub const NAMES: [&'static str; 4] =
-        ["tiny", "tiny-vl", "qwen3-vl-2b", "qwen3-vl-30b-a3b-reduced"];
+    pub const NAMES: [&'static str; 6] = [
+        "tiny",
+        "tiny-vl",
+        "qwen3-vl-2b",
+        "qwen3-vl-30b-a3b-reduced",
+        "qwen3.5-2b",
+        "qwen3.5-0.8b",
+    ];
 
     pub fn named(name: &str) -> Option<RandomShape> {
         match name {
@@ -25,6 +31,8 @@ impl RandomShape {
             "tiny-vl" => Some(RandomShape::tiny_vl()),
             "qwen3-vl-2b" => Some(RandomShape::qwen3_vl_2b()),
             "qwen3-vl-30b-a3b-reduced" => Some(RandomShape::qwen3_vl_30b_a3b_reduced()),
+            "qwen3.5-2b" => Some(RandomShape::qwen3_5_2b()),
+            "qwen3.5-0.8b" => Some(RandomShape::qwen3_5_0_8b()),
             _ => None,
         }
     }
@@ -57,6 +65,64 @@ impl RandomShape {
             name: "qwen3-vl-30b-a3b-reduced",
             semantics,
         }
+    }
+
+    /// Qwen3.5-2B's text decoder (REFERENCE.md "Qwen3.5"): hidden 2048, 24 layers in the pattern
+    /// [linear, linear, linear, full] x 6 (18 Gated DeltaNet, 6 gated full attention), intermediate
+    /// 6144; full attention 8 query / 2 KV heads of 256, rotary on the first 64 dims (partial
+    /// rotary factor 0.25), interleaved MRoPE [11, 11, 10], theta 1e7; DeltaNet 16 key heads and
+    /// 16 value heads of 128, conv kernel 4; vocab 248320, tied head.
+    ///
+    /// The tower is assumed, not read from a checkpoint: Qwen3-VL-2B's (hidden 1024, depth 24)
+    /// without DeepStack, as Qwen3.5 drops it; the hub's Qwen3.5 towers are wider (REFERENCE.md).
+    pub fn qwen3_5_2b() -> RandomShape {
+        const LAYERS: usize = 24;
+        let mut semantics = RandomShape::qwen3_vl_2b().semantics;
+        semantics.architecture = ARCH_QWEN3_5.into();
+        semantics.vocab_size = 248_320;
+        semantics.num_layers = LAYERS;
+        semantics.num_heads = 8;
+        semantics.num_kv_heads = 2;
+        semantics.head_dim = 256;
+        semantics.rope_theta = 10_000_000.0;
+        // Half the 64 rotated dims: 32 frequencies.
+        semantics.mrope_section = Some([11, 11, 10]);
+        semantics.deepstack_sets = 0;
+        semantics.image_token_id = Some(248_056);
+        semantics.video_token_id = Some(248_057);
+        semantics.vision_start_token_id = Some(248_053);
+        semantics.vision_end_token_id = Some(248_054);
+        if let Some(v) = &mut semantics.vision {
+            v.deepstack_visual_indexes = Vec::new();
+        }
+        semantics.delta_net = Some(DeltaNetSemantics {
+            linear_layers: (0..LAYERS).filter(|l| l % 4 != 3).collect(),
+            num_key_heads: 16,
+            num_value_heads: 16,
+            key_head_dim: 128,
+            value_head_dim: 128,
+            conv_kernel: 4,
+            rotary_dim: 64,
+            // The hub checkpoint's MTP head is not part of the bench shape.
+            mtp: false,
+        });
+        RandomShape {
+            name: "qwen3.5-2b",
+            semantics,
+        }
+    }
+
+    /// `qwen3.5-2b` narrowed to hidden 1024 and intermediate 3584 (Qwen3.5-0.8B's width), the
+    /// rest as the 2B's; the tower's output follows the hidden size.
+    pub fn qwen3_5_0_8b() -> RandomShape {
+        let mut shape = RandomShape::qwen3_5_2b();
+        shape.name = "qwen3.5-0.8b";
+        shape.semantics.hidden_size = 1024;
+        shape.semantics.intermediate_size = 3584;
+        if let Some(v) = &mut shape.semantics.vision {
+            v.out_hidden_size = 1024;
+        }
+        shape
     }
 
     /// This shape with a vision tower: itself when it has one, `tiny-vl` for `tiny` (which stays
@@ -250,6 +316,15 @@ mod tests {
             (2048, 1536, 4096)
         );
         assert_eq!(v.deepstack_visual_indexes, [5, 11, 17]);
+        let q35 = RandomShape::qwen3_5_2b().semantics;
+        let d = q35.delta_net.as_ref().unwrap();
+        assert_eq!((d.linear_layers.len(), d.conv_dim()), (18, 6144));
+        assert!(!d.is_linear(3) && d.is_linear(22) && !d.is_linear(23));
+        assert_eq!(
+            q35.mrope_section.unwrap().iter().sum::<usize>() * 2,
+            d.rotary_dim
+        );
+        assert!(q35.vision.unwrap().deepstack_visual_indexes.is_empty());
         let p = RandomShape::qwen3_vl_2b().semantics.preprocess.unwrap();
         assert_eq!(
             (p.min_pixels, p.max_pixels, p.image_std),

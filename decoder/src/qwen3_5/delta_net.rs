@@ -1,5 +1,6 @@
 //! Qwen3.5's Gated DeltaNet (`Qwen3_5GatedDeltaNet`), the recurrent form transformers decodes
-//! with (`torch_recurrent_gated_delta_rule`), row after row for prompts too:
+//! with (`torch_recurrent_gated_delta_rule`), for prompts too (the kernels, and the chunked form
+//! beside it, are in `delta_rule.rs`; PERF.md has why the recurrent one runs prompts):
 //!
 //! 1. `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a` on the normalized rows (one GEMM group);
 //! 2. a depthwise causal conv over [q | k | v] (taps oldest first, the sequence's last
@@ -21,7 +22,12 @@ use packs::semantics::DeltaNetSemantics;
 use packs::Pack;
 use rayon::prelude::*;
 
+use super::delta_rule::{
+    chunked_rows, conv_taps, mul_silu, recurrent_rows, ChunkScratch, DeltaIsa, DeltaRuleForm,
+    HeadRows,
+};
 use crate::kv::KvCache;
+use crate::recurrent::MAX_ROLLBACK_ROWS;
 use crate::step::{Step, StepState};
 use crate::DecoderError;
 
@@ -32,14 +38,18 @@ pub struct DeltaNet {
     pub b: LinearHandle,
     pub a: LinearHandle,
     pub out: LinearHandle,
-    /// `conv_dim x kernel`, taps oldest first.
-    pub conv: Vec<f32>,
+    /// The conv's weights tap-major, oldest tap first (`kernel x conv_dim`; the checkpoint's are
+    /// channel-major): its sums run over contiguous channels.
+    pub conv_taps: Vec<f32>,
     /// −exp(A_log) per value head (computed once: it is a constant of the layer).
     pub neg_a: Vec<f32>,
     pub dt_bias: Vec<f32>,
     /// The gated RMSNorm's weight (`value_head_dim`).
     pub norm: Vec<f32>,
     pub geometry: DeltaNetSemantics,
+    /// The delta rule kernels' instruction set, and the form of steps that keep no row states.
+    pub isa: DeltaIsa,
+    pub form: DeltaRuleForm,
 }
 
 impl DeltaNet {
@@ -66,6 +76,11 @@ impl DeltaNet {
             Ok(pack.f32_tensor(&name(p))?.to_vec())
         };
         let conv = param(DeltaNetPart::Conv)?;
+        let kernel = d.conv_kernel;
+        let channels = conv.len() / kernel;
+        let conv_taps = (0..kernel * channels)
+            .map(|i| conv[(i % channels) * kernel + i / channels])
+            .collect();
         // transformers: `-self.A_log.float().exp()`.
         let neg_a = param(DeltaNetPart::ALog)?
             .iter()
@@ -80,11 +95,13 @@ impl DeltaNet {
             b: h[2],
             a: h[3],
             out: h[4],
-            conv,
+            conv_taps,
             neg_a,
             dt_bias,
             norm,
             geometry: d,
+            isa: DeltaIsa::best(),
+            form: DeltaRuleForm::from_env(),
         })
     }
 
@@ -116,6 +133,8 @@ impl DeltaNet {
                 grow(&mut s.v, rows * nv),
             ],
         )?;
+        let started = std::time::Instant::now();
+        let isa = self.isa;
         let (mixed, z) = (&mut s.q[..rows * conv_dim], &s.gate[..rows * value_dim]);
         let (beta, decay) = (&mut s.k[..rows * nv], &mut s.v[..rows * nv]);
         let core = grow(&mut s.attn, rows * value_dim);
@@ -130,29 +149,14 @@ impl DeltaNet {
             let (layer, mut kept) = state.layer_views(index);
             let (conv_state, delta_state) = layer.split_at_mut((g.conv_kernel - 1) * conv_dim);
             let seg_mixed = &mut mixed[seg.row0 * conv_dim..(seg.row0 + seg.rows) * conv_dim];
-            for (r, row) in seg_mixed.chunks_exact_mut(conv_dim).enumerate() {
-                conv_row(
-                    &self.conv,
-                    g.conv_kernel,
-                    conv_state,
-                    row,
-                    step.ablation.conv_state_lags_one_row,
-                );
-                if let Some(k) = kept.get_mut(r) {
-                    k[..conv_state.len()].copy_from_slice(conv_state);
-                }
-            }
-            // q, k normalized and scaled; β and g per value head.
-            let seg_beta = &mut beta[seg.row0 * nv..(seg.row0 + seg.rows) * nv];
-            let seg_decay = &mut decay[seg.row0 * nv..(seg.row0 + seg.rows) * nv];
-            for r in 0..seg.rows {
-                let row = &mut seg_mixed[r * conv_dim..(r + 1) * conv_dim];
+            // The conv with SiLU, then q and k normalized per key head and q scaled.
+            let past = g.conv_kernel - 1;
+            let (dk, scale) = (g.key_head_dim, (g.key_head_dim as f32).sqrt());
+            let normalize = |row: &mut [f32]| {
                 let (q, rest) = row.split_at_mut(key_dim);
-                let k = &mut rest[..key_dim];
-                let scale = (g.key_head_dim as f32).sqrt();
                 for (qh, kh) in q
-                    .chunks_exact_mut(g.key_head_dim)
-                    .zip(k.chunks_exact_mut(g.key_head_dim))
+                    .chunks_exact_mut(dk)
+                    .zip(rest[..key_dim].chunks_exact_mut(dk))
                 {
                     l2norm(qh);
                     l2norm(kh);
@@ -160,6 +164,48 @@ impl DeltaNet {
                         *v /= scale;
                     }
                 }
+            };
+            if step.ablation.conv_state_lags_one_row {
+                for (r, row) in seg_mixed.chunks_exact_mut(conv_dim).enumerate() {
+                    conv_row(
+                        &self.conv_taps,
+                        g.conv_kernel,
+                        conv_state,
+                        row,
+                        step.ablation.conv_state_lags_one_row,
+                    );
+                    if let Some(k) = kept.get_mut(r) {
+                        k[..conv_state.len()].copy_from_slice(conv_state);
+                    }
+                    normalize(row);
+                }
+            } else {
+                // The inputs behind their history, `(past + rows) x conv_dim`: row r's taps are
+                // rows r..=r + past, so the rows are independent and run on the pool (a 512-row
+                // prefill of the 2B shape has 57 M conv outputs, each a SiLU).
+                let inputs = grow(&mut s.proj, (past + seg.rows) * conv_dim);
+                inputs[..past * conv_dim].copy_from_slice(conv_state);
+                inputs[past * conv_dim..].copy_from_slice(seg_mixed);
+                let inputs = &*inputs;
+                for_rows(pool, seg_mixed, conv_dim, |r, row| {
+                    conv_taps(
+                        isa,
+                        &self.conv_taps,
+                        &inputs[r * conv_dim..(r + past + 1) * conv_dim],
+                        row,
+                    );
+                    normalize(row);
+                });
+                conv_state.copy_from_slice(&inputs[seg.rows * conv_dim..]);
+                for (r, k) in kept.iter_mut().enumerate() {
+                    k[..conv_state.len()]
+                        .copy_from_slice(&inputs[(r + 1) * conv_dim..(r + 1 + past) * conv_dim]);
+                }
+            }
+            // β and g per value head.
+            let seg_beta = &mut beta[seg.row0 * nv..(seg.row0 + seg.rows) * nv];
+            let seg_decay = &mut decay[seg.row0 * nv..(seg.row0 + seg.rows) * nv];
+            for r in 0..seg.rows {
                 for h in 0..nv {
                     let i = r * nv + h;
                     seg_beta[i] = sigmoid(seg_beta[i]);
@@ -172,56 +218,71 @@ impl DeltaNet {
                     seg_decay[i] = self.neg_a[h] * sp;
                 }
             }
-            // The delta rule per value head, rows in order.
+            // The delta rule per value head, on the pool: recurrent (always when the step keeps a
+            // state per row: draft windows), or chunked when `form` asks for it.
             let hs = g.key_head_dim * g.value_head_dim;
             let conv_values = conv_state.len();
-            let mut heads: Vec<(&mut [f32], Vec<&mut [f32]>)> = delta_state
-                .chunks_exact_mut(hs)
-                .map(|c| (c, Vec::new()))
-                .collect();
-            for k in kept.iter_mut() {
-                for (h, c) in k[conv_values..].chunks_exact_mut(hs).enumerate() {
-                    heads[h].1.push(c);
-                }
-            }
-            let seg_core = &mut core[seg.row0 * value_dim..(seg.row0 + seg.rows) * value_dim];
-            let mut outs: Vec<Vec<f32>> = vec![Vec::new(); nv];
+            let chunked = self.form == DeltaRuleForm::Chunked
+                && kept.is_empty()
+                && seg.rows > MAX_ROLLBACK_ROWS;
             let group = nv / g.num_key_heads;
+            let (dk, dv) = (g.key_head_dim, g.value_head_dim);
+            let seg_core = &mut core[seg.row0 * value_dim..(seg.row0 + seg.rows) * value_dim];
             let (seg_mixed, seg_beta, seg_decay) = (&*seg_mixed, &*seg_beta, &*seg_decay);
-            pool.install(|| {
-                heads
-                    .par_iter_mut()
-                    .zip(outs.par_iter_mut())
-                    .enumerate()
-                    .for_each(|(h, ((s, kept), out))| {
-                        let kh = h / group;
-                        out.resize(seg.rows * g.value_head_dim, 0.0);
-                        for r in 0..seg.rows {
-                            let row = &seg_mixed[r * conv_dim..(r + 1) * conv_dim];
-                            let q = &row[kh * g.key_head_dim..(kh + 1) * g.key_head_dim];
-                            let k = &row[key_dim + kh * g.key_head_dim..][..g.key_head_dim];
-                            let v = &row[2 * key_dim + h * g.value_head_dim..][..g.value_head_dim];
-                            let o = &mut out[r * g.value_head_dim..(r + 1) * g.value_head_dim];
-                            delta_rule_row(
-                                s,
-                                q,
-                                k,
-                                v,
-                                seg_beta[r * nv + h],
-                                seg_decay[r * nv + h].exp(),
-                                o,
-                            );
-                            if let Some(keep) = kept.get_mut(r) {
-                                keep.copy_from_slice(s);
+            let head_rows = |h: usize| HeadRows {
+                rows: seg.rows,
+                mixed: seg_mixed,
+                row_len: conv_dim,
+                q_at: (h / group) * dk,
+                k_at: key_dim + (h / group) * dk,
+                v_at: 2 * key_dim + h * dv,
+                key_dim: dk,
+                value_dim: dv,
+                beta: seg_beta,
+                log_decay: seg_decay,
+                gate_len: nv,
+                head: h,
+            };
+            if seg.rows == 1 {
+                // Decode: the heads write their rows of `core` directly (one row: value_dim).
+                pool.install(|| {
+                    delta_state
+                        .par_chunks_exact_mut(hs)
+                        .zip(seg_core.par_chunks_exact_mut(dv))
+                        .enumerate()
+                        .for_each(|(h, (s, out))| {
+                            recurrent_rows(isa, s, &head_rows(h), out, &mut []);
+                        });
+                });
+            } else {
+                // Head-major outputs (`nv x rows x dv`) in the MLP's `up` buffer (free until the
+                // MLP), interleaved into `core` after.
+                let outs = grow(&mut s.up, nv * seg.rows * dv);
+                let mut kept_heads: Vec<Vec<&mut [f32]>> = (0..nv).map(|_| Vec::new()).collect();
+                for k in kept.iter_mut() {
+                    for (h, c) in k[conv_values..].chunks_exact_mut(hs).enumerate() {
+                        kept_heads[h].push(c);
+                    }
+                }
+                pool.install(|| {
+                    delta_state
+                        .par_chunks_exact_mut(hs)
+                        .zip(outs.par_chunks_exact_mut(seg.rows * dv))
+                        .zip(kept_heads.par_iter_mut())
+                        .enumerate()
+                        .for_each(|(h, ((s, out), kept))| {
+                            let inp = head_rows(h);
+                            if chunked {
+                                chunked_rows(isa, s, &inp, out, &mut ChunkScratch::default());
+                            } else {
+                                recurrent_rows(isa, s, &inp, out, kept);
                             }
-                        }
-                    });
-            });
-            for (h, out) in outs.iter().enumerate() {
-                for r in 0..seg.rows {
-                    let dv = g.value_head_dim;
-                    seg_core[r * value_dim + h * dv..r * value_dim + (h + 1) * dv]
-                        .copy_from_slice(&out[r * dv..(r + 1) * dv]);
+                        });
+                });
+                for (h, out) in outs.chunks_exact(seg.rows * dv).enumerate() {
+                    for (r, o) in out.chunks_exact(dv).enumerate() {
+                        seg_core[r * value_dim + h * dv..][..dv].copy_from_slice(o);
+                    }
                 }
             }
         }
@@ -235,12 +296,11 @@ impl DeltaNet {
                 let zr = &z[r * value_dim..(r + 1) * value_dim];
                 for (oh, zh) in row.chunks_exact_mut(dv).zip(zr.chunks_exact(dv)) {
                     rmsnorm_inplace(oh, &self.norm, eps);
-                    for (o, &zv) in oh.iter_mut().zip(zh) {
-                        *o *= silu(zv);
-                    }
+                    mul_silu(isa, oh, zh);
                 }
             },
         );
+        st.delta_net_time.add(started.elapsed());
         step.runtime.gemm(
             pack,
             self.out,
@@ -254,19 +314,18 @@ impl DeltaNet {
 }
 
 /// One row of the depthwise causal conv with SiLU, in place on `row` (`conv_dim` channels):
-/// `row[c] = silu(Σ_j w[c][j]·input[t − (kernel − 1) + j])` with `history` the `kernel − 1`
+/// `row[c] = silu(Σ_j w[j][c]·input[t − (kernel − 1) + j])` (`w` tap-major) with `history` the `kernel − 1`
 /// previous inputs (oldest first), which then moves on by this row. `lag` (a control) leaves
-/// the history one row behind.
+/// the history one row behind. Only the control runs it: the forward runs [`conv_taps`].
 pub fn conv_row(w: &[f32], kernel: usize, history: &mut [f32], row: &mut [f32], lag: bool) {
     let c_dim = row.len();
     let past = kernel - 1;
     for (c, x) in row.iter_mut().enumerate() {
-        let taps = &w[c * kernel..(c + 1) * kernel];
         let mut acc = 0.0f32;
         for j in 0..past {
-            acc += taps[j] * history[j * c_dim + c];
+            acc += w[j * c_dim + c] * history[j * c_dim + c];
         }
-        acc += taps[past] * *x;
+        acc += w[past * c_dim + c] * *x;
         let input = *x;
         *x = silu(acc);
         if past > 0 && !lag {
@@ -274,44 +333,6 @@ pub fn conv_row(w: &[f32], kernel: usize, history: &mut [f32], row: &mut [f32], 
                 history[j * c_dim + c] = history[(j + 1) * c_dim + c];
             }
             history[(past - 1) * c_dim + c] = input;
-        }
-    }
-}
-
-/// One row of the gated delta rule for one value head: `s` is its `k_dim x v_dim` state (key
-/// major), `decay` = e^g. Writes o = qᵀS (after the update).
-pub fn delta_rule_row(
-    s: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    beta: f32,
-    decay: f32,
-    o: &mut [f32],
-) {
-    let dv = v.len();
-    for x in s.iter_mut() {
-        *x *= decay;
-    }
-    // kv_mem = kᵀS, summed over the key dim in order.
-    let mut delta = vec![0.0f32; dv];
-    for (srow, &ki) in s.chunks_exact(dv).zip(k) {
-        for (m, &sv) in delta.iter_mut().zip(srow) {
-            *m += sv * ki;
-        }
-    }
-    for (d, &vv) in delta.iter_mut().zip(v) {
-        *d = (vv - *d) * beta;
-    }
-    for (srow, &ki) in s.chunks_exact_mut(dv).zip(k) {
-        for (sv, &d) in srow.iter_mut().zip(&delta) {
-            *sv += ki * d;
-        }
-    }
-    o.fill(0.0);
-    for (srow, &qi) in s.chunks_exact(dv).zip(q) {
-        for (ov, &sv) in o.iter_mut().zip(srow) {
-            *ov += sv * qi;
         }
     }
 }

@@ -4,6 +4,7 @@
 //! It runs on the same decoder loop as Qwen3-VL's layers, beside them.
 
 pub mod delta_net;
+pub mod delta_rule;
 pub mod gated_attention;
 pub mod layer;
 pub mod mtp;

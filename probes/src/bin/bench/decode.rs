@@ -12,8 +12,8 @@ use packs::random::RandomShape;
 use packs::QuantKind;
 use serde_json::{json, Map, Value};
 
-/// Qwen3-VL's `max_position_embeddings` (the 2B and 30B-A3B hub configs' text_config): packs do
-/// not record it, and every named shape is a Qwen3-VL.
+/// Qwen3-VL's `max_position_embeddings` (the 2B and 30B-A3B hub configs' text_config; Qwen3.5's
+/// is the same): packs do not record it.
 const MAX_POSITIONS: usize = 262_144;
 /// Issue 19's long-context target: decode at this context with the bf16 KV cache at most this
 /// many times ctx 0's time per token.
@@ -197,12 +197,13 @@ fn bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind], plan: &Plan) -> V
                 // Bandwidth-bound, a step's time grows with the bytes it reads.
                 let predicted = weights.map(|w| (w + kv_bytes) / w);
                 let roofline = weights.map(|w| 100.0 * d.roofline(w + kv_bytes));
-                let (_, attention_ms) = d.non_gemm_ms();
+                let (non_gemm_ms, attention_ms) = d.non_gemm_ms();
+                let delta_net_ms = d.delta_net_ms();
                 let target =
                     (*ctx == TARGET_CTX && kv == KvDtype::Bf16).then_some(ratio <= TARGET_RATIO);
                 if !c.json {
                     println!(
-                        "    ctx {ctx:6}: {ms:8.2} ms/token {:7.2} tok/s  ctx{ctx}/ctx0 x{ratio:.3}  bandwidth predicts x{}  ({:.0} MB of KV per step; {}% of the read bandwidth beside it, median {:.1} GB/s; attention {attention_ms:.2} ms){}",
+                        "    ctx {ctx:6}: {ms:8.2} ms/token {:7.2} tok/s  ctx{ctx}/ctx0 x{ratio:.3}  bandwidth predicts x{}  ({:.0} MB of KV per step; {}% of the read bandwidth beside it, median {:.1} GB/s; non-GEMM {non_gemm_ms:.2} ms: attention {attention_ms:.2}, DeltaNet {delta_net_ms:.2}){}",
                         d.tok_s(),
                         predicted.map_or("?".into(), |p| format!("{p:.3}")),
                         kv_bytes / 1e6,
@@ -231,6 +232,8 @@ fn bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind], plan: &Plan) -> V
                         "roofline_pct": roofline.map(round2),
                         "read_gb_s": round2(median(d.read.clone())),
                         "attention_ms": round_ms(attention_ms),
+                        "non_gemm_ms": round_ms(non_gemm_ms),
+                        "delta_net_ms": round_ms(delta_net_ms),
                     }),
                 );
             }

@@ -45,11 +45,16 @@ struct Args {
     mode: Option<Mode>,
     #[command(flatten)]
     common: Common,
+    /// Prefill row counts of the decoder benchmark (no subcommand), comma separated [default:
+    /// 16,128,512,2048]; 512 is always run (the ctx-512 decode continues from it).
+    #[arg(long, value_delimiter = ',')]
+    prefill_rows: Option<Vec<usize>>,
 }
 
 #[derive(clap::Args, Clone)]
 struct Common {
-    /// A named random shape (tiny, qwen3-vl-2b, qwen3-vl-30b-a3b-reduced).
+    /// A named random shape (tiny, tiny-vl, qwen3-vl-2b, qwen3-vl-30b-a3b-reduced, qwen3.5-2b,
+    /// qwen3.5-0.8b).
     #[arg(long, default_value = "qwen3-vl-2b", global = true)]
     shape: String,
     /// Threads of the forward's pool (and of the bandwidth probe).
@@ -200,7 +205,14 @@ fn main() {
         refuse(format!("cannot create {}: {e}", c.pack_dir.display()));
     }
     let report = match &args.mode {
-        None => roofline::run(c, &shape, &kinds),
+        None => roofline::run(
+            c,
+            &shape,
+            &kinds,
+            args.prefill_rows
+                .as_deref()
+                .unwrap_or(&roofline::PREFILL_ROWS),
+        ),
         Some(Mode::Attention { context, rows }) => attention::run(c, &shape, *context, *rows),
         Some(Mode::KvAccuracy { fixtures }) => kv_accuracy::run(c, fixtures),
         Some(Mode::Vision {

@@ -14,13 +14,13 @@ use crate::{refuse, Common};
 use compute::kernels::Isa;
 use decoder::{Decoder, KvDtype};
 use packs::random::RandomShape;
-use packs::{Pack, QuantKind};
+use packs::{Pack, QuantKind, TensorKind};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
 pub const DECODE_STEPS: usize = 12;
 pub const LONG_CONTEXT: usize = 512;
-const PREFILL_ROWS: [usize; 4] = [16, 128, 512, 2048];
+pub const PREFILL_ROWS: [usize; 4] = [16, 128, 512, 2048];
 /// Prefills timed per row count; the fastest counts, as the best of 7 passes counts for the peak
 /// it is set against: a single timed prefill lets the shared host's other work into the share
 /// (one binary's i8 GEMMs at 512 rows: 71% and 81% of the peak in two runs).
@@ -31,15 +31,16 @@ pub fn forward_for(pack: &Arc<Pack>, threads: usize, kv: KvDtype, rows: usize) -
     forward_with_room(pack, threads, kv, rows.max(LONG_CONTEXT), DECODE_STEPS)
 }
 
-/// Multiply-adds of one prompt row in the decoder's linear layers (q, k, v, o, gate, up, down of
-/// every layer; the head runs for the last row only), and of the head.
+/// Multiply-adds of one prompt row in the decoder's linear layers (every linear of every layer:
+/// q, k, v, o, gate, up, down, and a Gated DeltaNet's in and out projections; the head runs for
+/// the last row only), and of the head.
 fn linear_macs(pack: &Pack) -> (u64, u64) {
-    use packs::names::{proj, Proj};
-    let layers = pack.semantics().num_layers;
-    let per_row = (0..layers)
-        .flat_map(|l| Proj::ALL.map(|p| proj(l, p)))
-        .map(|name| {
-            let w = pack.linear(&name).unwrap_or_else(|e| refuse(e));
+    let per_row = pack
+        .tensors()
+        .iter()
+        .filter(|t| t.kind == TensorKind::Linear && t.name.starts_with(LAYERS_PREFIX))
+        .map(|t| {
+            let w = pack.linear(&t.name).unwrap_or_else(|e| refuse(e));
             (w.n * w.k) as u64
         })
         .sum();
@@ -47,7 +48,12 @@ fn linear_macs(pack: &Pack) -> (u64, u64) {
     (per_row, (head.n * head.k) as u64)
 }
 
-pub fn run(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value {
+/// The decoder layers' tensors (`packs::names::layer_prefix`).
+const LAYERS_PREFIX: &str = "model.language_model.layers.";
+
+/// `prefill_rows`: the row counts to prefill ([`PREFILL_ROWS`] by default); [`LONG_CONTEXT`] is
+/// always among them (the ctx-512 decode continues from its cache).
+pub fn run(c: &Common, shape: &RandomShape, kinds: &[QuantKind], prefill_rows: &[usize]) -> Value {
     if shape.semantics.moe.is_some() {
         return crate::moe::run(c, shape, kinds);
     }
@@ -88,16 +94,23 @@ pub fn run(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value {
         let (macs_per_row, head_macs) = linear_macs(&pack);
         // Memory first, without the probe's buffer: warm-up, then every prefill.
         let rss_reset = reset_peak_rss();
-        let longest = PREFILL_ROWS.iter().copied().max().unwrap_or(0);
+        let mut order: Vec<usize> = prefill_rows
+            .iter()
+            .copied()
+            .chain([LONG_CONTEXT])
+            .filter(|&r| r > 0)
+            .collect();
+        order.sort_unstable();
+        order.dedup();
+        let longest = order.iter().copied().max().unwrap_or(0);
         let mut f = forward_for(&pack, c.threads, KvDtype::F32, longest);
         let kv_per_token = f.kv().bytes_per_token() as u64;
         prefill(&mut f, 16);
-        let mut pj: [Map<String, Value>; 8] = Default::default();
+        let mut pj: [Map<String, Value>; 9] = Default::default();
         let mut prefill_lines = Vec::new();
         // 512 rows last: the decode at ctx 512 continues from its cache, and the bf16 cache is
         // filled with the same prompt.
         let mut ctx_prompt = None;
-        let mut order = PREFILL_ROWS.to_vec();
         order.sort_by_key(|&r| (r == LONG_CONTEXT, r));
         for rows in order {
             let prompt = prompt_for(&f, rows);
@@ -126,24 +139,26 @@ pub fn run(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value {
                 json!(pct_of_peak(whole_gmac_s)),
                 json!(round_ms(run.attention * 1e3)),
                 json!(label.clone()),
+                json!(round_ms(run.delta_net * 1e3)),
             ];
             for (m, v) in pj.iter_mut().zip(values) {
                 m.insert(key.clone(), v);
             }
             prefill_lines.push(format!(
-                "  prefill {rows:4} rows ({label:13}) {tok_s:8.2} tok/s = {}% of peak  GEMMs {:9.1} ms {gemm_gmac_s:7.1} GMAC/s = {}% of peak  attention {:8.1} ms  non-GEMM {:4.1}%",
+                "  prefill {rows:4} rows ({label:13}) {tok_s:8.2} tok/s = {}% of peak  GEMMs {:9.1} ms {gemm_gmac_s:7.1} GMAC/s = {}% of peak  attention {:8.1} ms  DeltaNet {:8.1} ms  non-GEMM {:4.1}%",
                 pct_of_peak(whole_gmac_s).map_or("?".into(), |p| p.to_string()),
                 run.gemm * 1e3,
                 pct_of_peak(gemm_gmac_s).map_or("?".into(), |p| p.to_string()),
                 run.attention * 1e3,
+                run.delta_net * 1e3,
                 100.0 * run.non_gemm()
             ));
             if rows == LONG_CONTEXT {
                 ctx_prompt = Some(prompt);
             }
         }
-        let ctx_prompt = ctx_prompt.expect("PREFILL_ROWS holds LONG_CONTEXT");
-        let [prefill_json, prefill_non_gemm_json, p_gemm_ms, p_gemm_gmac, p_gemm_pct, p_pct, p_attn, p_prompt] =
+        let ctx_prompt = ctx_prompt.expect("the prefills hold LONG_CONTEXT");
+        let [prefill_json, prefill_non_gemm_json, p_gemm_ms, p_gemm_gmac, p_gemm_pct, p_pct, p_attn, p_prompt, p_delta] =
             pj;
         let peak = peak_rss_mb();
         let kv_alloc = f.kv_bytes() as f64;
@@ -187,12 +202,13 @@ pub fn run(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value {
             ] {
                 let (non_gemm_ms, attention_ms) = d.non_gemm_ms();
                 println!(
-                    "  decode {label} {:6.2} tok/s  {:5.1} GB/s moved  {:5.1}% of the read bandwidth beside it (median {:.1} GB/s)  non-GEMM {:4.1}% ({non_gemm_ms:.2} ms: attention {attention_ms:.2})",
+                    "  decode {label} {:6.2} tok/s  {:5.1} GB/s moved  {:5.1}% of the read bandwidth beside it (median {:.1} GB/s)  non-GEMM {:4.1}% ({non_gemm_ms:.2} ms: attention {attention_ms:.2}, DeltaNet {:.2})",
                     d.tok_s(),
                     (bytes + extra) * d.tok_s() / 1e9,
                     100.0 * d.roofline(bytes + extra),
                     median(d.read.clone()),
-                    100.0 * d.non_gemm()
+                    100.0 * d.non_gemm(),
+                    d.delta_net_ms()
                 );
             }
             for line in &prefill_lines {
@@ -227,6 +243,9 @@ pub fn run(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value {
                 "prefill_gemm_peak_pct": p_gemm_pct,
                 "prefill_peak_pct": p_pct,
                 "prefill_attention_ms": p_attn,
+                "prefill_delta_net_ms": p_delta,
+                "delta_net_ms_ctx0": round_ms(d0.delta_net_ms()),
+                "delta_net_ms_ctx512": round_ms(d512.delta_net_ms()),
                 "macs_per_row": macs_per_row,
                 "roofline_pct": round2(100.0 * roofline),
                 "roofline_pct_ctx512": round2(100.0 * d512.roofline(bytes + kv512)),

@@ -156,6 +156,8 @@ pub struct Decode {
     /// Seconds of each step outside the GEMMs, and in attention (cache writes included).
     pub non_gemm_s: Vec<f64>,
     pub attention_s: Vec<f64>,
+    /// Seconds of each step in Gated DeltaNet mixers outside their GEMMs (0 for other families).
+    pub delta_net_s: Vec<f64>,
     /// The better of the two bandwidth passes just before each step (GB/s).
     pub read: Vec<f64>,
     pub logits: Vec<Vec<f32>>,
@@ -188,6 +190,10 @@ impl Decode {
             1e3 * median(self.attention_s.clone()),
         )
     }
+    /// Median ms per step in the DeltaNet mixers outside their GEMMs.
+    pub fn delta_net_ms(&self) -> f64 {
+        1e3 * median(self.delta_net_s.clone())
+    }
 }
 
 /// `steps` decode steps, each feeding the argmax of the one before (the first feeds a fixed
@@ -208,6 +214,7 @@ fn decode(f: &mut Decoder, steps: usize, feed: Option<&[u32]>, probe: &ReadProbe
         non_gemm: Vec::new(),
         non_gemm_s: Vec::new(),
         attention_s: Vec::new(),
+        delta_net_s: Vec::new(),
         read: Vec::new(),
         logits: Vec::new(),
         tokens: Vec::new(),
@@ -222,6 +229,7 @@ fn decode(f: &mut Decoder, steps: usize, feed: Option<&[u32]>, probe: &ReadProbe
         d.read.push(probe.beside());
         f.runtime().take_stats();
         f.take_attention_time();
+        f.take_delta_net_time();
         let slot = f.next_slot();
         let t = Instant::now();
         let out = f
@@ -235,6 +243,7 @@ fn decode(f: &mut Decoder, steps: usize, feed: Option<&[u32]>, probe: &ReadProbe
         d.non_gemm.push(((dt - gemm) / dt).max(0.0));
         d.non_gemm_s.push((dt - gemm).max(0.0));
         d.attention_s.push(secs(f.take_attention_time()));
+        d.delta_net_s.push(secs(f.take_delta_net_time()));
     }
     d
 }
@@ -245,6 +254,8 @@ pub struct PrefillRun {
     pub secs: f64,
     pub gemm: f64,
     pub attention: f64,
+    /// Seconds in Gated DeltaNet mixers outside their GEMMs.
+    pub delta_net: f64,
 }
 
 impl PrefillRun {
@@ -264,6 +275,7 @@ pub fn prefill_prompt(f: &mut Decoder, prompt: &Prompt) -> PrefillRun {
     f.reset();
     f.runtime().take_stats();
     f.take_attention_time();
+    f.take_delta_net_time();
     let t = Instant::now();
     f.step_batch_embeds(&prompt.embeds, &prompt.hybrid, 0, Logits::LastRow)
         .unwrap_or_else(|e| refuse(e));
@@ -272,5 +284,6 @@ pub fn prefill_prompt(f: &mut Decoder, prompt: &Prompt) -> PrefillRun {
         secs: secs_all,
         gemm: secs(f.runtime().take_stats().host),
         attention: secs(f.take_attention_time()),
+        delta_net: secs(f.take_delta_net_time()),
     }
 }

@@ -17,6 +17,7 @@ pub mod drafts;
 pub mod error;
 pub mod format;
 pub mod generation_config;
+pub mod image_rows;
 pub mod images;
 pub mod message;
 pub mod mtp_drafts;

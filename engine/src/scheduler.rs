@@ -27,13 +27,14 @@ use vision::tower::VisionOutput;
 use crate::decoding::{Decoding, Next};
 use crate::error::{EngineError, Result};
 use crate::format::ChatFormat;
+use crate::image_rows::ImageRowsCache;
 use crate::images::ImageEncoder;
 use crate::message::Message;
 use crate::prompt::{Prompt, PromptAblation, PromptBuilder};
 use crate::sampling::SamplingParams;
 use crate::session::{
-    answer_params, encode_images, prompt_fits, prompt_input, refuse_images, reuse_prefix, row_keys,
-    Event, FinishReason, Generation, RowKey, Session, Timings,
+    answer_params, prompt_fits, prompt_input, refuse_images, reuse_prefix, row_keys, Event,
+    FinishReason, Generation, RowKey, Session, Timings,
 };
 
 /// How many sequences and how large a prefill slice.
@@ -104,8 +105,9 @@ struct Running {
 struct Shared {
     inbox: Mutex<Sender<Submission>>,
     format: Arc<ChatFormat>,
-    /// The tower (one encode at a time).
+    /// The tower (one encode at a time), and the rows of recent pictures (locked after it).
     encoder: Option<Mutex<Box<dyn ImageEncoder>>>,
+    image_rows: Mutex<ImageRowsCache>,
     merge: usize,
     /// The decoder's hidden size (the tower's rows are checked against it).
     hidden: usize,
@@ -177,6 +179,7 @@ impl Scheduler {
             inbox: Mutex::new(sender),
             format: format.clone(),
             encoder: parts.encoder.map(Mutex::new),
+            image_rows: Mutex::new(ImageRowsCache::default()),
             merge,
             hidden: parts.decoder.semantics().hidden_size,
             no_encoder: parts.no_encoder,
@@ -542,7 +545,8 @@ impl SchedulerHandle {
         let vision = match &sh.encoder {
             Some(encoder) => {
                 let mut encoder = encoder.lock().unwrap_or_else(|p| p.into_inner());
-                encode_images(encoder.as_mut(), &prompt, 0, sh.hidden, &mut timings.tower)?
+                let mut rows = sh.image_rows.lock().unwrap_or_else(|p| p.into_inner());
+                rows.encode(encoder.as_mut(), &prompt, sh.hidden, &mut timings.tower)?
             }
             None => refuse_images(&prompt, 0, &sh.no_encoder)?,
         };

@@ -820,18 +820,26 @@ pub(crate) fn encode_images(
     if new_images.is_empty() {
         return Ok(None);
     }
-    let patches: Vec<&vision::preprocess::PixelPatches> = new_images
-        .iter()
-        .map(|i| i.image.patches.as_ref())
-        .collect();
+    encode_these(encoder, &new_images, hidden, tower).map(Some)
+}
+
+/// The tower's rows for `images` (one run), checked against the tokens the prompt gave them.
+pub(crate) fn encode_these(
+    encoder: &mut dyn ImageEncoder,
+    images: &[&crate::prompt::PromptImage],
+    hidden: usize,
+    tower: &mut std::time::Duration,
+) -> Result<VisionOutput> {
+    let patches: Vec<&vision::preprocess::PixelPatches> =
+        images.iter().map(|i| i.image.patches.as_ref()).collect();
     let tower_start = Instant::now();
     let out = encoder.encode(&patches)?;
     *tower = tower_start.elapsed();
-    let want: Vec<usize> = new_images.iter().map(|i| i.tokens).collect();
+    let want: Vec<usize> = images.iter().map(|i| i.tokens).collect();
     if out.tokens_per_image != want || out.image_embeds.len() != want.iter().sum::<usize>() * hidden
     {
         return Err(EngineError::Image {
-            name: new_images[0].image.name.clone(),
+            name: images[0].image.name.clone(),
             what: format!(
                 "the image encoder gave {:?} rows ({} values) for images of {want:?} tokens x hidden {hidden}",
                 out.tokens_per_image,
@@ -839,7 +847,7 @@ pub(crate) fn encode_images(
             ),
         });
     }
-    Ok(Some(out))
+    Ok(out)
 }
 
 /// A pack without an encoder refuses a prompt with images (at or after `from`) by name.

@@ -204,3 +204,38 @@ impl PromptBuilderRows {
         tower_session().prompt(m).unwrap().rows()
     }
 }
+
+/// A picture another request sent a moment ago is not encoded again (the tower's rows are kept
+/// by the picture's identity), here behind a different prefix, so the cached rows are used, not a
+/// pooled cache's: the answer is its answer alone and the tower's time is zero. Control: a new
+/// picture runs the tower.
+#[test]
+fn a_picture_seen_a_moment_ago_is_not_encoded_again() {
+    let first = messages(&cases()["cases"]["one_image"]);
+    let mut again = vec![Message::system("You are a terse assistant.".to_string())];
+    again.extend(first.iter().cloned());
+    let two = messages(&cases()["cases"]["two_images"]);
+    let want = alone(&[
+        ("again".into(), again.clone(), greedy()),
+        ("two".into(), two.clone(), greedy()),
+    ]);
+    let h = start(1);
+    let g = h.generate(&first, &greedy(), &mut |_| true).unwrap();
+    assert!(
+        g.timings.tower > Duration::ZERO,
+        "the first request runs the tower"
+    );
+    let g = h.generate(&again, &greedy(), &mut |_| true).unwrap();
+    assert_eq!(g.ids, want[0].0);
+    // Another prefix: the pooled rows end long before the picture (`<|im_start|>` at most).
+    assert!(g.reused_tokens <= 1, "{}", g.reused_tokens);
+    assert_eq!(
+        g.timings.tower,
+        Duration::ZERO,
+        "picture-1 was encoded again"
+    );
+    // Control: picture-2 is new (picture-1's rows are reused beside it).
+    let g = h.generate(&two, &greedy(), &mut |_| true).unwrap();
+    assert_eq!(g.ids, want[1].0);
+    assert!(g.timings.tower > Duration::ZERO);
+}

@@ -105,6 +105,9 @@ pub fn parse(answer: &str, names: &[&str]) -> Parsed {
 }
 
 fn parse_call(json: &str, names: &[&str]) -> Option<ParsedCall> {
+    if json.trim_start().starts_with(FUNCTION_OPEN) {
+        return parse_xml_call(json, names);
+    }
     let Value::Object(call) = serde_json::from_str::<Value>(json.trim()).ok()? else {
         return None;
     };
@@ -116,6 +119,41 @@ fn parse_call(json: &str, names: &[&str]) -> Option<ParsedCall> {
     Some(ParsedCall {
         name: name.to_string(),
         arguments: arguments.to_string(),
+    })
+}
+
+const FUNCTION_OPEN: &str = "<function=";
+const PARAMETER_OPEN: &str = "<parameter=";
+
+/// Qwen3.5 / Qwen3.6's call form (their templates render calls so, and the models write them so):
+/// `<function=NAME>` then `<parameter=P>\nVALUE\n</parameter>` per argument, `</function>`. A
+/// value that parses as JSON (a number, an object, ...) is that value (the template writes
+/// non-strings with `tojson`), anything else a string. Anything else in the body: not a call.
+fn parse_xml_call(body: &str, names: &[&str]) -> Option<ParsedCall> {
+    let body = body.trim();
+    let rest = body.strip_prefix(FUNCTION_OPEN)?;
+    let (name, rest) = rest.split_once('>')?;
+    let mut rest = rest.strip_suffix("</function>")?.trim_start();
+    if !names.contains(&name) {
+        return None;
+    }
+    let mut arguments = serde_json::Map::new();
+    while !rest.is_empty() {
+        let after = rest.strip_prefix(PARAMETER_OPEN)?;
+        let (param, after) = after.split_once('>')?;
+        let (value, after) = after.split_once("</parameter>")?;
+        let value = value.strip_prefix('\n').unwrap_or(value);
+        let value = value.strip_suffix('\n').unwrap_or(value);
+        let parsed = match serde_json::from_str::<Value>(value) {
+            Ok(v) if !v.is_string() => v,
+            _ => Value::String(value.to_string()),
+        };
+        arguments.insert(param.to_string(), parsed);
+        rest = after.trim_start();
+    }
+    Some(ParsedCall {
+        name: name.to_string(),
+        arguments: Value::Object(arguments).to_string(),
     })
 }
 
@@ -198,6 +236,30 @@ mod tests {
         // Control: no call, the text as it is.
         assert_eq!(parse("just text", NAMES).text, "just text");
         assert!(parse("just text", NAMES).calls.is_empty());
+    }
+
+    #[test]
+    fn qwen3_5_xml_calls_are_read_as_its_template_writes_them() {
+        let answer = "Let me look.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=units>\n{\"t\": \"C\"}\n</parameter>\n</function>\n</tool_call>";
+        let p = parse(answer, &["get_weather"]);
+        assert_eq!(p.text, "Let me look.\n\n");
+        assert_eq!(
+            p.calls,
+            vec![call(
+                "get_weather",
+                r#"{"city":"Paris","days":3,"units":{"t":"C"}}"#
+            )]
+        );
+        // Controls: an unknown function, an unclosed parameter, stray text in the body.
+        for bad in [
+            "<tool_call>\n<function=other>\n</function>\n</tool_call>",
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</function>\n</tool_call>",
+            "<tool_call>\n<function=get_weather>\nhello\n</function>\n</tool_call>",
+        ] {
+            let p = parse(bad, &["get_weather"]);
+            assert!(p.calls.is_empty(), "{bad}");
+            assert_eq!(p.text, bad);
+        }
     }
 
     #[test]

@@ -44,6 +44,10 @@ pub struct SchedulerOptions {
     pub parallel: usize,
     /// Most rows of one prompt prefilled in one step.
     pub prefill_chunk: usize,
+    /// Draft tokens (prompt lookup) a decoding sequence's row may carry (0 = off, at most
+    /// [`crate::MAX_DRAFTS`]): its window's rows go into the same forward as the others' rows
+    /// and are kept while the sampler confirms them, as in `Session`.
+    pub drafts: usize,
 }
 
 /// What a sequence tells its caller.
@@ -93,6 +97,11 @@ struct Running {
     fed: usize,
     decoding: Decoding,
     next_token: u32,
+    /// What the next decode step feeds: `next_token`, then its drafts.
+    window: Vec<u32>,
+    /// The prompt's ids (prompt lookup reads them with the answer's).
+    prompt_ids: Vec<u32>,
+    /// The rotary position of `next_token`.
     next_rotary_pos: i64,
     timings: Timings,
     start: Instant,
@@ -138,6 +147,7 @@ pub struct Scheduler {
     waiting: VecDeque<Submission>,
     inbox: Receiver<Submission>,
     prefill_chunk: usize,
+    drafts: usize,
     context: usize,
     /// Free caches, as the handles see it.
     free_count: Arc<AtomicUsize>,
@@ -153,6 +163,13 @@ impl Scheduler {
         session: Session,
         options: SchedulerOptions,
     ) -> Result<(SchedulerHandle, JoinHandle<()>)> {
+        if options.drafts > crate::MAX_DRAFTS {
+            return Err(EngineError::Sampling(format!(
+                "drafts {} must be in 0..={}",
+                options.drafts,
+                crate::MAX_DRAFTS
+            )));
+        }
         if options.parallel == 0 || options.prefill_chunk == 0 {
             return Err(EngineError::Prompt(format!(
                 "parallel {} and prefill chunk {}: both must be at least 1",
@@ -200,6 +217,7 @@ impl Scheduler {
             free_count,
             most_at_once,
             prefill_chunk: options.prefill_chunk,
+            drafts: options.drafts,
             context: parts.context,
         };
         let thread = std::thread::Builder::new()
@@ -302,6 +320,8 @@ impl Scheduler {
             fed: 0,
             decoding,
             next_token: 0,
+            window: Vec::new(),
+            prompt_ids: s.prompt.ids.clone(),
             next_rotary_pos: s.prompt.next_rotary_pos(),
             timings,
             start: s.start,
@@ -326,21 +346,31 @@ impl Scheduler {
                         cache,
                         slices,
                         fed,
-                        next_token,
+                        window,
                         next_rotary_pos,
                         ..
                     } = r;
-                    let input = match slices.get(*fed) {
-                        Some((embeds, hybrid)) => StepInput::Embeds { embeds, hybrid },
-                        None => StepInput::Tokens {
-                            tokens: std::slice::from_ref(next_token),
-                            start_pos: *next_rotary_pos,
-                        },
+                    let (input, logits) = match slices.get(*fed) {
+                        Some((embeds, hybrid)) => {
+                            (StepInput::Embeds { embeds, hybrid }, Logits::LastRow)
+                        }
+                        // A draft window wants every row's logits.
+                        None => (
+                            StepInput::Tokens {
+                                tokens: window,
+                                start_pos: *next_rotary_pos,
+                            },
+                            if window.len() > 1 {
+                                Logits::AllRows
+                            } else {
+                                Logits::LastRow
+                            },
+                        ),
                     };
                     SequenceStep {
                         cache,
                         input,
-                        logits: Logits::LastRow,
+                        logits,
                     }
                 })
                 .collect();
@@ -366,10 +396,11 @@ impl Scheduler {
                 return;
             }
         };
-        debug_assert!(logits.iter().all(|l| l.len() == vocab));
+        debug_assert!(logits.iter().all(|l| l.len() % vocab == 0));
         let mut done = Vec::new();
+        let drafts = self.drafts;
         for (i, (r, mut l)) in self.running.iter_mut().zip(logits).enumerate() {
-            if let Some(outcome) = advance(r, &mut l, &self.format, self.context) {
+            if let Some(outcome) = advance(r, &mut l, &self.format, self.context, vocab, drafts) {
                 done.push((i, outcome));
             }
         }
@@ -434,8 +465,13 @@ fn advance(
     logits: &mut [f32],
     format: &ChatFormat,
     context: usize,
+    vocab: usize,
+    drafts: usize,
 ) -> Option<Result<FinishReason>> {
-    if r.fed < r.slices.len() {
+    // The rows of this step whose logits are here: 1, or a decode step's window.
+    let mut rows = 1;
+    let decode_step = r.fed >= r.slices.len();
+    if !decode_step {
         r.fed += 1;
         if r.fed + 1 == r.slices.len() {
             // All but the prompt's last row: a Qwen3.5 cache keeps its state here (a prompt
@@ -457,27 +493,76 @@ fn advance(
         }
         r.decode_start = Some(Instant::now());
     } else {
-        r.timings.decode_steps += 1;
+        rows = r.window.len();
+        r.timings.decode_forwards += 1;
+        r.timings.drafts_proposed += rows - 1;
     }
     let events = &r.events;
     let mut on_text = |t: &str| events.send(SeqEvent::Text(t.to_string())).is_ok();
-    let cache_full = r.cache.len() >= context;
-    let next = r
-        .decoding
-        .next(logits, &format.tokenizer, cache_full, None, &mut on_text);
-    if r.decoding.ids().len() == 1 {
-        r.timings.time_to_first_token = r.start.elapsed();
+    // Walk the window's rows: row i's logits choose the token after the row; the draft fed at
+    // row i + 1 is kept while the sampler confirms it (greedy: the argmax; sampling: the
+    // speculative acceptance rule), as the session's windows are.
+    let mut row = 0;
+    let walked = loop {
+        let draft = r.window.get(row + 1).copied().filter(|_| decode_step);
+        // Every sampled token but the first is fed by a decode step.
+        r.timings.decode_steps += usize::from(!r.decoding.ids().is_empty());
+        let kept = r.cache.len() - (rows - 1 - row);
+        let next = r.decoding.next(
+            &mut logits[row * vocab..(row + 1) * vocab],
+            &format.tokenizer,
+            kept >= context,
+            draft,
+            &mut on_text,
+        );
+        if r.decoding.ids().len() == 1 {
+            r.timings.time_to_first_token = r.start.elapsed();
+        }
+        match next {
+            Ok(Next::Feed(token)) if Some(token) == draft => {
+                r.timings.drafts_accepted += 1;
+                row += 1;
+            }
+            Ok(Next::Feed(token)) => break Ok(token),
+            Ok(Next::Done(f)) => break Err(Ok(f)),
+            Err(e) => break Err(Err(e)),
+        }
+    };
+    // The rows after the last one whose logits were used held rejected drafts.
+    let kept = r.cache.len() - (rows - 1 - row);
+    if kept < r.cache.len() && r.cache.truncate(kept) != kept {
+        return Some(Err(EngineError::Prompt(format!(
+            "a draft window could not roll back to slot {kept}; serve without --drafts"
+        ))));
     }
-    match next {
-        Ok(Next::Feed(token)) => {
+    if decode_step {
+        // The kept rows' positions are used; the next token's follows them.
+        r.next_rotary_pos += row as i64 + 1;
+    }
+    match walked {
+        Ok(token) => {
             r.next_token = token;
-            if r.decoding.ids().len() > 1 {
-                r.next_rotary_pos += 1;
+            // The next step's window: the token, then prompt-lookup drafts that fit the cache.
+            let room = context.saturating_sub(r.cache.len() + 1);
+            let k = if r.decoding.is_constrained() {
+                0
+            } else {
+                drafts.min(room)
+            };
+            r.window.clear();
+            r.window.push(token);
+            if k > 0 {
+                let mut seen = r.prompt_ids.clone();
+                seen.extend_from_slice(r.decoding.ids());
+                r.window.extend(
+                    crate::drafts::prompt_lookup(&seen, 3, k)
+                        .into_iter()
+                        .take(k),
+                );
             }
             None
         }
-        Ok(Next::Done(f)) => Some(Ok(f)),
-        Err(e) => Some(Err(e)),
+        Err(end) => Some(end),
     }
 }
 

@@ -208,6 +208,7 @@ fn the_scheduler_answers_constrained_requests_as_the_session_does() {
     let options = SchedulerOptions {
         parallel: 2,
         prefill_chunk: 4,
+        drafts: 0,
     };
     let (handle, _thread) = Scheduler::start(tower_session(), options).unwrap();
     let threads: Vec<_> = requests

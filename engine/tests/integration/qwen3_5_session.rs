@@ -230,6 +230,7 @@ fn conversations_beside_each_other_answer_as_alone() {
     let options = SchedulerOptions {
         parallel: 3,
         prefill_chunk: 4,
+        drafts: 0,
     };
     let h = Scheduler::start(session_with(0, false), options).unwrap().0;
     let got: Vec<Vec<u32>> = std::thread::scope(|scope| {
@@ -258,4 +259,15 @@ fn conversations_beside_each_other_answer_as_alone() {
     assert!(reused > 0, "no prompt state was reused");
     std::thread::sleep(std::time::Duration::from_millis(50));
     assert_eq!(h.free_caches(), 3);
+    // With draft windows (each rolls its recurrent state back to its kept rows): the greedy
+    // answers are unchanged.
+    let options = SchedulerOptions {
+        drafts: 4,
+        ..options
+    };
+    let h = Scheduler::start(session_with(0, false), options).unwrap().0;
+    for ((m, p), want) in convs.iter().zip(&alone).step_by(2) {
+        assert_eq!(p.temperature, 0.0);
+        assert_eq!(&h.generate(m, p, &mut |_| true).unwrap().ids, want);
+    }
 }

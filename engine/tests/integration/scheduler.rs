@@ -60,6 +60,7 @@ fn start(parallel: usize) -> SchedulerHandle {
     let options = SchedulerOptions {
         parallel,
         prefill_chunk: 4,
+        drafts: 0,
     };
     Scheduler::start(tower_session(), options).unwrap().0
 }
@@ -238,4 +239,45 @@ fn a_picture_seen_a_moment_ago_is_not_encoded_again() {
     let g = h.generate(&two, &greedy(), &mut |_| true).unwrap();
     assert_eq!(g.ids, want[1].0);
     assert!(g.timings.tower > Duration::ZERO);
+}
+
+/// Draft windows in the scheduler (`serve --parallel N --drafts K`): each sequence's window rows
+/// share the forward with the others' rows, and every answer is what a session with the same
+/// drafts gives alone (greedy: the ids without drafts too; sampled: the same draws, since the
+/// windows and the acceptance rule are the session's). Drafts were taken: fewer forwards.
+#[test]
+fn draft_windows_beside_others_answer_as_a_session_with_drafts() {
+    let convs = conversations();
+    let plain = alone(&convs);
+    let mut s = tower_session();
+    s.set_drafts(4);
+    let with_drafts: Vec<(Vec<u32>, String)> = convs
+        .iter()
+        .map(|(_, m, p)| {
+            s.reset();
+            let g = s.generate(m, p, &mut |_| true).unwrap();
+            (g.ids, g.text)
+        })
+        .collect();
+    for (((name, _, p), a), b) in convs.iter().zip(&plain).zip(&with_drafts) {
+        if p.temperature == 0.0 {
+            assert_eq!(a, b, "{name}: greedy ids changed by drafts");
+        }
+    }
+    let options = SchedulerOptions {
+        parallel: 3,
+        prefill_chunk: 4,
+        drafts: 4,
+    };
+    let h = Scheduler::start(tower_session(), options).unwrap().0;
+    let got = together(&h, &convs, 3);
+    for ((name, _, _), (w, g)) in convs.iter().zip(with_drafts.iter().zip(&got)) {
+        assert_eq!(w, g, "{name}");
+    }
+    // Prompt lookup on the repeat-prone tiny model: some drafts were taken.
+    let g = h.generate(&convs[0].1, &greedy(), &mut |_| true).unwrap();
+    println!("{:?}", g.timings);
+    assert!(g.timings.drafts_proposed > 0, "{:?}", g.timings);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(h.free_caches(), 3);
 }

@@ -16,13 +16,14 @@ pub struct RandomShape {
 }
 
 impl RandomShape {
-    pub const NAMES: [&'static str; 6] = [
+    pub const NAMES: [&'static str; 7] = [
         "tiny",
         "tiny-vl",
         "qwen3-vl-2b",
         "qwen3-vl-30b-a3b-reduced",
         "qwen3.5-2b",
         "qwen3.5-0.8b",
+        "qwen3.5-35b-a3b-reduced",
     ];
 
     pub fn named(name: &str) -> Option<RandomShape> {
@@ -33,6 +34,7 @@ impl RandomShape {
             "qwen3-vl-30b-a3b-reduced" => Some(RandomShape::qwen3_vl_30b_a3b_reduced()),
             "qwen3.5-2b" => Some(RandomShape::qwen3_5_2b()),
             "qwen3.5-0.8b" => Some(RandomShape::qwen3_5_0_8b()),
+            "qwen3.5-35b-a3b-reduced" => Some(RandomShape::qwen3_5_35b_a3b_reduced()),
             _ => None,
         }
     }
@@ -63,6 +65,41 @@ impl RandomShape {
         });
         RandomShape {
             name: "qwen3-vl-30b-a3b-reduced",
+            semantics,
+        }
+    }
+
+    /// Qwen3.5-35B-A3B's text decoder (Qwen3.6's architecture, `qwen3_5_moe`; the hub config as
+    /// we read it, not checked against a download: hidden 2048, 16/2 heads of 256, DeltaNet key
+    /// heads 16 and value heads 32 of 128, 256 experts, top-8, expert and shared intermediate
+    /// 512, untied head) with 4 of its 40 layers ([DeltaNet x3, full]), so a q4 pack is ~3 GB:
+    /// per layer and token the same bytes are read as in the full model.
+    pub fn qwen3_5_35b_a3b_reduced() -> RandomShape {
+        const LAYERS: usize = 4;
+        let mut semantics = RandomShape::qwen3_5_2b().semantics;
+        semantics.architecture = crate::semantics::ARCH_QWEN3_5_MOE.into();
+        semantics.num_layers = LAYERS;
+        semantics.num_heads = 16;
+        semantics.num_kv_heads = 2;
+        semantics.tie_word_embeddings = false;
+        semantics.vision = None;
+        semantics.preprocess = None;
+        if let Some(d) = &mut semantics.delta_net {
+            d.linear_layers = (0..LAYERS).filter(|l| l % 4 != 3).collect();
+            d.num_value_heads = 32;
+        }
+        semantics.moe = Some(MoeSemantics {
+            num_experts: 256,
+            top_k: 8,
+            moe_intermediate_size: 512,
+            norm_topk_prob: true,
+            decoder_sparse_step: 1,
+            mlp_only_layers: Vec::new(),
+            sparse_layers: (0..LAYERS).collect(),
+            shared_expert_intermediate_size: Some(512),
+        });
+        RandomShape {
+            name: "qwen3.5-35b-a3b-reduced",
             semantics,
         }
     }

@@ -43,8 +43,9 @@ pub struct Decoder {
     trace: Vec<Vec<f32>>,
     /// Qwen3.5's MTP head, when the pack carries it.
     mtp: Option<qwen3_5::mtp::Mtp>,
-    /// With an MTP head: every row's final (normed) hidden state of the last step.
+    /// With `keep_last_hidden` on: every row's final (normed) hidden state of the last step.
     hidden: Vec<f32>,
+    keep_hidden: bool,
     /// The MTP head's output rows of its last step.
     mtp_out: Vec<f32>,
 }
@@ -126,6 +127,7 @@ impl Decoder {
             trace: Vec::new(),
             mtp,
             hidden: Vec::new(),
+            keep_hidden: false,
             mtp_out: Vec::new(),
         })
     }
@@ -246,8 +248,17 @@ impl Decoder {
         self.mtp.is_some()
     }
 
-    /// With an MTP head: the final (normed) hidden state of every row of the last step
-    /// (`rows x hidden`, the rows of all its sequences one after another).
+    /// Keep every row's final (normed) hidden state from the next step on ([`last_hidden`]):
+    /// the MTP head's input. Off by default: a decoder that drafts no MTP rows does not pay for
+    /// a norm over every prompt row.
+    ///
+    /// [`last_hidden`]: Decoder::last_hidden
+    pub fn keep_last_hidden(&mut self, on: bool) {
+        self.keep_hidden = on;
+    }
+
+    /// With [`Decoder::keep_last_hidden`] on: the final (normed) hidden state of every row of
+    /// the last step (`rows x hidden`, the rows of all its sequences one after another).
     pub fn last_hidden(&self) -> &[f32] {
         &self.hidden
     }
@@ -674,7 +685,7 @@ impl Decoder {
                 }
             }
         }
-        if self.mtp.is_some() {
+        if self.keep_hidden {
             // The MTP head reads every row's final hidden state.
             let w = self.pack.norm_at(self.final_norm);
             self.hidden.resize(rows * hidden, 0.0);

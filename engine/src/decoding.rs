@@ -57,11 +57,6 @@ impl Decoding {
         })
     }
 
-    /// Whether the answer is greedy (temperature 0).
-    pub fn is_greedy(&self) -> bool {
-        self.sampler.params.is_greedy()
-    }
-
     /// Whether a constraint shapes the answer (the session then feeds no drafts).
     pub fn is_constrained(&self) -> bool {
         self.constraint.is_some()

@@ -10,18 +10,36 @@ use decoder::{Decoder, HybridInputs, KvCache, KvDtype, Logits};
 
 use crate::error::Result;
 
-/// A row the model ran that the head has not yet read.
-struct Row {
+/// The rows `cache.len()..` of the model's cache the head has not yet read, row after row:
+/// their final hidden states, the embeddings fed at them (each the previous row's "next") and
+/// their positions. Flat buffers, reused step to step.
+#[derive(Default)]
+struct Pending {
     hidden: Vec<f32>,
-    /// The embedding fed at this row (the previous row's "next").
-    embed: Vec<f32>,
-    position: [i64; 3],
+    embeds: Vec<f32>,
+    positions: Vec<[i64; 3]>,
+}
+
+impl Pending {
+    fn rows(&self) -> usize {
+        self.positions.len()
+    }
+
+    fn truncate(&mut self, rows: usize) {
+        let h = self.hidden.len() / self.rows().max(1);
+        self.hidden.truncate(rows * h);
+        self.embeds.truncate(rows * h);
+        self.positions.truncate(rows);
+    }
 }
 
 pub struct MtpDrafter {
     cache: KvCache,
-    /// Rows `cache.len()..` of the model's cache, in slot order.
-    pending: Vec<Row>,
+    pending: Pending,
+    /// The inputs of one head step, reused.
+    next_embeds: Vec<f32>,
+    chained_hidden: Vec<f32>,
+    row: Vec<f32>,
 }
 
 impl MtpDrafter {
@@ -29,7 +47,10 @@ impl MtpDrafter {
     pub fn new(decoder: &Decoder, capacity: usize, dtype: KvDtype) -> MtpDrafter {
         MtpDrafter {
             cache: decoder.new_mtp_cache(capacity, dtype),
-            pending: Vec::new(),
+            pending: Pending::default(),
+            next_embeds: Vec::new(),
+            chained_hidden: Vec::new(),
+            row: Vec::new(),
         }
     }
 
@@ -39,7 +60,7 @@ impl MtpDrafter {
         if slot <= done {
             // The head's rows are K/V only: they cut anywhere.
             let _ = self.cache.truncate(slot);
-            self.pending.clear();
+            self.pending.truncate(0);
         } else {
             self.pending.truncate(slot - done);
         }
@@ -59,67 +80,70 @@ impl MtpDrafter {
         self.truncate(first_slot);
         let h = decoder.semantics().hidden_size;
         let rows = embeds.len() / h;
-        let hidden: Vec<f32> = [before, decoder.last_hidden()].concat();
-        debug_assert_eq!(hidden.len(), rows * h);
-        debug_assert_eq!(self.cache.len() + self.pending.len(), first_slot);
-        for r in 0..rows {
-            self.pending.push(Row {
-                hidden: hidden[r * h..(r + 1) * h].to_vec(),
-                embed: embeds[r * h..(r + 1) * h].to_vec(),
-                position: hybrid.position(r, rows),
-            });
-        }
+        debug_assert_eq!(before.len() + decoder.last_hidden().len(), rows * h);
+        debug_assert_eq!(self.cache.len() + self.pending.rows(), first_slot);
+        let p = &mut self.pending;
+        p.hidden.extend_from_slice(before);
+        p.hidden.extend_from_slice(decoder.last_hidden());
+        p.embeds.extend_from_slice(embeds);
+        p.positions
+            .extend((0..rows).map(|r| hybrid.position(r, rows)));
     }
 
     /// Up to `k` drafts to follow `token` (sampled after the model's last row): the head catches
     /// up over the pending rows, then chains.
     pub fn propose(&mut self, decoder: &mut Decoder, token: u32, k: usize) -> Result<Vec<u32>> {
-        if k == 0 || self.pending.is_empty() {
+        let n = self.pending.rows();
+        if k == 0 || n == 0 || self.cache.len() + n + k > self.cache.capacity() {
             return Ok(Vec::new());
         }
         let h = decoder.semantics().hidden_size;
-        let n = self.pending.len();
-        let mut hidden = Vec::with_capacity(n * h);
-        let mut embeds = Vec::with_capacity(n * h);
+        self.row.resize(h, 0.0);
+        // Row r reads the embedding fed at row r + 1; the last row, the sampled token's.
+        self.next_embeds.clear();
+        self.next_embeds
+            .extend_from_slice(&self.pending.embeds[h..]);
+        decoder.embed_row(token, &mut self.row);
+        self.next_embeds.extend_from_slice(&self.row);
         let mut planes = vec![0i64; 3 * n];
-        let mut row = vec![0.0; h];
-        for (r, p) in self.pending.iter().enumerate() {
-            hidden.extend_from_slice(&p.hidden);
-            match self.pending.get(r + 1) {
-                Some(next) => embeds.extend_from_slice(&next.embed),
-                None => {
-                    decoder.embed_row(token, &mut row);
-                    embeds.extend_from_slice(&row);
-                }
-            }
-            for (plane, &v) in p.position.iter().enumerate() {
+        for (r, p) in self.pending.positions.iter().enumerate() {
+            for (plane, &v) in p.iter().enumerate() {
                 planes[plane * n + r] = v;
             }
         }
-        let last = self.pending[n - 1].position;
+        let last = self.pending.positions[n - 1];
         let hybrid = HybridInputs {
             planes: Some(planes),
             ..HybridInputs::default()
         };
         let done = self.cache.len() + n;
-        if self.cache.len() + n + k > self.cache.capacity() {
-            return Ok(Vec::new());
-        }
-        let logits =
-            decoder.mtp_step(&mut self.cache, &hidden, &embeds, &hybrid, Logits::LastRow)?;
+        let logits = decoder.mtp_step(
+            &mut self.cache,
+            &self.pending.hidden,
+            &self.next_embeds,
+            &hybrid,
+            Logits::LastRow,
+        )?;
         let mut drafts = vec![argmax(logits)];
-        self.pending.clear();
+        self.pending.truncate(0);
         for i in 1..k {
+            // The chained row reads the head's own last output row as its hidden state.
             let out = decoder.mtp_hidden();
-            let prev = out[out.len() - h..].to_vec();
-            decoder.embed_row(drafts[i - 1], &mut row);
+            self.chained_hidden.clear();
+            self.chained_hidden.extend_from_slice(&out[out.len() - h..]);
+            decoder.embed_row(drafts[i - 1], &mut self.row);
             let p = last[0] + i as i64;
             let chained = HybridInputs {
                 planes: Some(vec![p, p, p]),
                 ..HybridInputs::default()
             };
-            let logits =
-                decoder.mtp_step(&mut self.cache, &prev, &row, &chained, Logits::LastRow)?;
+            let logits = decoder.mtp_step(
+                &mut self.cache,
+                &self.chained_hidden,
+                &self.row,
+                &chained,
+                Logits::LastRow,
+            )?;
             drafts.push(argmax(logits));
         }
         // Only rows read from the model's own hidden states stay in the head's cache.

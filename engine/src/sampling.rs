@@ -174,6 +174,32 @@ impl Sampler {
         step: usize,
         constraint: Option<&mut Constraint>,
     ) -> Result<u32> {
+        self.apply_penalties(logits, history, answer, step)?;
+        if let Some(c) = constraint {
+            c.mask(logits)?;
+            if logits.iter().all(|&l| l == f32::NEG_INFINITY) {
+                return Err(EngineError::Grammar(format!(
+                    "no token can continue the constrained answer at step {step}"
+                )));
+            }
+        }
+        if self.params.is_greedy() {
+            return Ok(argmax(logits));
+        }
+        let candidates = filtered_distribution(logits, &self.params, &mut self.scratch);
+        let u = self.rng.next_f64();
+        Ok(draw(candidates, u))
+    }
+
+    /// Refuses non-finite or empty logits by name, then applies the repetition, frequency and
+    /// presence penalties (every draw starts here).
+    fn apply_penalties(
+        &self,
+        logits: &mut [f32],
+        history: &[u32],
+        answer: &[u32],
+        step: usize,
+    ) -> Result<()> {
         if let Some(i) = packs::first_non_finite(logits) {
             return Err(EngineError::NonFiniteLogits {
                 value: logits[i],
@@ -191,20 +217,7 @@ impl Sampler {
             self.params.frequency_penalty,
             self.params.presence_penalty,
         );
-        if let Some(c) = constraint {
-            c.mask(logits)?;
-            if logits.iter().all(|&l| l == f32::NEG_INFINITY) {
-                return Err(EngineError::Grammar(format!(
-                    "no token can continue the constrained answer at step {step}"
-                )));
-            }
-        }
-        if self.params.is_greedy() {
-            return Ok(argmax(logits));
-        }
-        let candidates = filtered_distribution(logits, &self.params, &mut self.scratch);
-        let u = self.rng.next_f64();
-        Ok(draw(candidates, u))
+        Ok(())
     }
 
     /// The next token where `draft` was fed after this row (a verified window): greedy, the
@@ -224,20 +237,7 @@ impl Sampler {
         if self.params.is_greedy() {
             return self.sample(logits, history, answer, step);
         }
-        if let Some(i) = packs::first_non_finite(logits) {
-            return Err(EngineError::NonFiniteLogits {
-                value: logits[i],
-                token: i,
-                step,
-            });
-        }
-        apply_repetition_penalty(logits, history, self.params.repetition_penalty);
-        apply_frequency_presence(
-            logits,
-            answer,
-            self.params.frequency_penalty,
-            self.params.presence_penalty,
-        );
+        self.apply_penalties(logits, history, answer, step)?;
         let candidates = filtered_distribution(logits, &self.params, &mut self.scratch);
         let p_draft = candidates
             .iter()

@@ -96,12 +96,11 @@ struct Running {
     slices: Vec<(Vec<f32>, HybridInputs)>,
     fed: usize,
     decoding: Decoding,
-    next_token: u32,
-    /// What the next decode step feeds: `next_token`, then its drafts.
+    /// What the next decode step feeds: the sampled token, then its drafts.
     window: Vec<u32>,
     /// The prompt's ids (prompt lookup reads them with the answer's).
     prompt_ids: Vec<u32>,
-    /// The rotary position of `next_token`.
+    /// The rotary position of the sampled token the next step feeds (`window[0]`).
     next_rotary_pos: i64,
     timings: Timings,
     start: Instant,
@@ -319,7 +318,6 @@ impl Scheduler {
             slices,
             fed: 0,
             decoding,
-            next_token: 0,
             window: Vec::new(),
             prompt_ids: s.prompt.ids.clone(),
             next_rotary_pos: s.prompt.next_rotary_pos(),
@@ -541,7 +539,6 @@ fn advance(
     }
     match walked {
         Ok(token) => {
-            r.next_token = token;
             // The next step's window: the token, then prompt-lookup drafts that fit the cache.
             let room = context.saturating_sub(r.cache.len() + 1);
             let k = if r.decoding.is_constrained() {

@@ -222,7 +222,7 @@ impl Session {
             )));
         }
         let runtime = Runtime::new(&options.runtime)?;
-        let forward = Decoder::new(
+        let mut forward = Decoder::new(
             pack,
             &runtime,
             DecoderOptions {
@@ -234,6 +234,8 @@ impl Session {
         let mtp = match options.draft_source {
             DraftSource::PromptLookup => None,
             DraftSource::Mtp if forward.has_mtp() => {
+                // The head reads every row's final hidden state.
+                forward.keep_last_hidden(true);
                 Some(MtpDrafter::new(&forward, options.context, options.kv_dtype))
             }
             DraftSource::Mtp => {
@@ -515,12 +517,10 @@ impl Session {
                     &mut self.forward,
                     &mut self.cached,
                     &mut self.next_rotary_pos,
+                    self.mtp.as_mut(),
                     self.draft_ablation,
                     kept,
                 )?;
-                if let Some(m) = self.mtp.as_mut() {
-                    m.truncate(self.forward.next_slot());
-                }
                 // The sampled token and its drafts (as many as the cache has slots for).
                 let room = (self.context - self.forward.next_slot()).saturating_sub(1);
                 let drafts = if k == 0 {
@@ -600,12 +600,10 @@ impl Session {
             &mut self.forward,
             &mut self.cached,
             &mut self.next_rotary_pos,
+            self.mtp.as_mut(),
             self.draft_ablation,
             kept,
         )?;
-        if let Some(m) = self.mtp.as_mut() {
-            m.truncate(self.forward.next_slot());
-        }
         timings.decode = decode_start.elapsed();
         let (text, ids) = decoding.finish(&finish, tokenizer, &mut on_text)?;
         Ok(Generation {
@@ -749,11 +747,13 @@ pub(crate) fn prompt_fits(prompt: &Prompt, context: usize) -> Result<usize> {
 }
 
 /// Forgets the cache rows from slot `kept` on (a draft window's rows past the last accepted one),
-/// with their keys (`cached`) and rotary positions (text rows: one position each).
+/// with their keys (`cached`), rotary positions (text rows: one position each) and the MTP
+/// head's rows.
 fn roll_back(
     forward: &mut Decoder,
     cached: &mut Vec<RowKey>,
     next_rotary_pos: &mut i64,
+    mtp: Option<&mut MtpDrafter>,
     ablation: DraftAblation,
     kept: usize,
 ) -> Result<()> {
@@ -773,6 +773,9 @@ fn roll_back(
         }
         cached.truncate(keep);
         *next_rotary_pos -= (slots - keep) as i64;
+        if let Some(m) = mtp {
+            m.truncate(keep);
+        }
     }
     Ok(())
 }

@@ -503,6 +503,20 @@ fn parse_delta_net(
             ))
         }
     };
+    // transformers' Qwen3.5 attention always gates its output; a config without the gate
+    // describes another model than the one transformers runs.
+    match text.get("attn_output_gate") {
+        None | Some(Value::Null) | Some(Value::Bool(true)) => {}
+        Some(v) => {
+            return Err(key_err(
+                "attn_output_gate",
+                format!(
+                    "{v}: transformers' Qwen3.5 attention always has its output gate (q_proj \
+                     carries it); fix the config"
+                ),
+            ))
+        }
+    }
     // The defaults are Qwen3_5TextConfig's.
     Ok(DeltaNetSemantics {
         linear_layers,
@@ -903,17 +917,26 @@ impl Checkpoint {
         let mut semantics = finish_config(&config_path, &facts, inferred_head_dim, mrope_override)?;
         let mut warnings = Vec::new();
         // Qwen3.5's MTP head: carried when the shards hold it (transformers itself ignores it).
-        let mtp_layers = config
-            .get("text_config")
-            .and_then(|t| t.get("mtp_num_hidden_layers"))
+        let text_key = |k: &str| config.get("text_config").and_then(|t| t.get(k));
+        let mtp_layers = text_key("mtp_num_hidden_layers")
             .and_then(Value::as_u64)
             .unwrap_or(0);
+        let mtp_own_embeddings = text_key("mtp_use_dedicated_embeddings")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
         if let Some(d) = semantics.delta_net.as_mut() {
             if find(names::mtp::FC).is_ok() {
                 if semantics.moe.is_some() {
                     warnings.push(format!(
                         "{}: the mtp.* head of a MoE checkpoint is left out (MTP drafts run on \
                          dense Qwen3.5 packs only); decoding is unchanged",
+                        dir.display()
+                    ));
+                } else if mtp_own_embeddings {
+                    warnings.push(format!(
+                        "{}: mtp_use_dedicated_embeddings is true: the MTP head reads \
+                         embeddings of its own, which packs do not carry, so it is left out; \
+                         decoding is unchanged",
                         dir.display()
                     ));
                 } else {

@@ -158,6 +158,31 @@ fn decoder_weights(sem: &Semantics) -> Vec<WeightPlan> {
         stored_plus_one: sem.delta_net.is_some(),
         ..norm(name, len)
     };
+    // The projections of the layer under `prefix` (the attention's when `attention`, the dense
+    // MLP's when `mlp`), each followed by the norms that come after it in file order.
+    let projections = |prefix: &str, attention: bool, mlp: bool, plan: &mut Vec<WeightPlan>| {
+        for p in Proj::ALL {
+            let is_mlp = matches!(p, Proj::Gate | Proj::Up | Proj::Down);
+            if (is_mlp && !mlp) || (!is_mlp && !attention) {
+                continue;
+            }
+            let (rows, cols) = match p {
+                Proj::Q => (sem.q_proj_rows(), h),
+                Proj::K | Proj::V => (sem.kv_dim(), h),
+                Proj::O => (h, sem.q_dim()),
+                Proj::Gate | Proj::Up => (sem.intermediate_size, h),
+                Proj::Down => (h, sem.intermediate_size),
+            };
+            plan.push(linear(names::proj_in(prefix, p), rows, cols));
+            if p == Proj::K {
+                plan.push(norm(names::norm_in(prefix, Norm::QNorm), sem.head_dim));
+                plan.push(norm(names::norm_in(prefix, Norm::KNorm), sem.head_dim));
+            }
+            if p == Proj::O {
+                plan.push(norm(names::norm_in(prefix, Norm::PostAttention), h));
+            }
+        }
+    };
     let mut plan = vec![weight(
         EMBED.to_string(),
         WeightRole::Embedding,
@@ -171,30 +196,8 @@ fn decoder_weights(sem: &Semantics) -> Vec<WeightPlan> {
             plan.extend(delta_net_weights(sem, d, layer));
             plan.push(norm(names::norm(layer, Norm::PostAttention), h));
         }
-        for p in Proj::ALL {
-            if sparse && matches!(p, Proj::Gate | Proj::Up | Proj::Down) {
-                continue;
-            }
-            if sem.is_linear_attention(layer) && matches!(p, Proj::Q | Proj::K | Proj::V | Proj::O)
-            {
-                continue;
-            }
-            let (rows, cols) = match p {
-                Proj::Q => (sem.q_proj_rows(), h),
-                Proj::K | Proj::V => (sem.kv_dim(), h),
-                Proj::O => (h, sem.q_dim()),
-                Proj::Gate | Proj::Up => (sem.intermediate_size, h),
-                Proj::Down => (h, sem.intermediate_size),
-            };
-            plan.push(linear(names::proj(layer, p), rows, cols));
-            if p == Proj::K {
-                plan.push(norm(names::norm(layer, Norm::QNorm), sem.head_dim));
-                plan.push(norm(names::norm(layer, Norm::KNorm), sem.head_dim));
-            }
-            if p == Proj::O {
-                plan.push(norm(names::norm(layer, Norm::PostAttention), h));
-            }
-        }
+        let attention = !sem.is_linear_attention(layer);
+        projections(&names::layer_prefix(layer), attention, !sparse, &mut plan);
         if let Some(m) = sem.moe.as_ref().filter(|_| sparse) {
             // The router stays f32 whatever the pack's kind: routing picks experts by its logits.
             plan.push(plan_weight(
@@ -244,23 +247,7 @@ fn decoder_weights(sem: &Semantics) -> Vec<WeightPlan> {
         plan.push(norm(mtp::NORM_HIDDEN.to_string(), h));
         plan.push(linear(mtp::FC.to_string(), h, 2 * h));
         plan.push(norm(names::norm_in(mtp::LAYER, Norm::Input), h));
-        for p in Proj::ALL {
-            let (rows, cols) = match p {
-                Proj::Q => (sem.q_proj_rows(), h),
-                Proj::K | Proj::V => (sem.kv_dim(), h),
-                Proj::O => (h, sem.q_dim()),
-                Proj::Gate | Proj::Up => (sem.intermediate_size, h),
-                Proj::Down => (h, sem.intermediate_size),
-            };
-            plan.push(linear(names::proj_in(mtp::LAYER, p), rows, cols));
-            if p == Proj::K {
-                plan.push(norm(names::norm_in(mtp::LAYER, Norm::QNorm), sem.head_dim));
-                plan.push(norm(names::norm_in(mtp::LAYER, Norm::KNorm), sem.head_dim));
-            }
-            if p == Proj::O {
-                plan.push(norm(names::norm_in(mtp::LAYER, Norm::PostAttention), h));
-            }
-        }
+        projections(mtp::LAYER, true, true, &mut plan);
         plan.push(norm(mtp::NORM.to_string(), h));
     }
     if head_is_stored(sem) {

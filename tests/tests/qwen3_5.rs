@@ -257,6 +257,7 @@ fn mtp_inputs(case: &Case, f: &mut Decoder) -> (Vec<f32>, Vec<f32>, decoder::Hyb
     let h = f.semantics().hidden_size;
     let rows = inputs.rows();
     let prompt = inputs.embeds(f);
+    f.keep_last_hidden(true);
     f.reset();
     f.step_batch_embeds(&prompt, &inputs.hybrid(), 0, Logits::LastRow)
         .unwrap();

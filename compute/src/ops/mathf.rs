@@ -52,6 +52,12 @@ pub fn sum_lanes(lanes: &[f32; 8]) -> f32 {
     sum
 }
 
+/// `1 / (1 + e^−x)` (Qwen3.5's β, attention gate and shared-expert gate).
+#[inline(always)]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
 /// `x / (1 + e^−x)`.
 #[inline(always)]
 pub fn silu(x: f32) -> f32 {

@@ -14,6 +14,7 @@
 //! transformers prefills with the chunked form of step 4; the two are the same sums in another
 //! order (3.2e-5 max |Δlogit| on the q35-odd fixture, `tools/hf_reference.py`).
 
+use compute::ops::mathf::{sigmoid, silu};
 use compute::ops::norm::rmsnorm_inplace;
 use compute::ops::rows::{add_rows, for_rows, grow};
 use compute::{LinearHandle, PackLinear, Runtime};
@@ -353,13 +354,4 @@ pub fn softplus(x: f32) -> f32 {
     } else {
         x.exp().ln_1p()
     }
-}
-
-pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-/// `x · sigmoid(x)`, as torch's SiLU.
-pub fn silu(x: f32) -> f32 {
-    x * sigmoid(x)
 }

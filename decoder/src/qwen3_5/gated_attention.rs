@@ -3,7 +3,7 @@
 //! values of each head only; attention over the sequence's cache; the output times
 //! sigmoid(gate) before `o_proj`.
 
-use compute::ops::mathf::exp;
+use compute::ops::mathf::sigmoid;
 use compute::ops::norm::rmsnorm_inplace;
 use compute::ops::rope::rotate_half;
 use compute::ops::rows::{add_rows, for_rows, grow};
@@ -141,10 +141,4 @@ impl GatedAttention {
         add_rows(pool, x, &s.proj, hidden);
         Ok(())
     }
-}
-
-/// `1 / (1 + e^−x)` with the crate's `exp`.
-#[inline(always)]
-pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp(-x))
 }

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 
+use compute::ops::mathf::sigmoid;
 use compute::ops::norm::rmsnorm;
 use compute::ops::rows::{add_rows, for_rows, grow};
 use compute::{GemmBackend, LinearHandle, PackLinear, Runtime, WeightRef};
@@ -10,7 +11,7 @@ use packs::moe::ExpertProj;
 use packs::names::{self, Norm, Proj};
 use packs::{LinearIndex, NormIndex, Pack};
 
-use super::delta_net::{sigmoid, DeltaNet};
+use super::delta_net::DeltaNet;
 use super::gated_attention::GatedAttention;
 use crate::kv::KvCache;
 use crate::qwen3_vl::layer::{dense_mlp_block, gated_mlp, sparse_mlp, GatedMlp};

@@ -9,6 +9,7 @@ mod build_hf;
 mod fixtures;
 mod moe_pack;
 mod quant_roundtrip;
+mod qwen3_5_config;
 mod random_pack;
 mod reader_refusals;
 mod t5_checkpoint;

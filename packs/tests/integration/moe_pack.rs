@@ -18,7 +18,7 @@ fn fixture(case: &str) -> PathBuf {
 }
 
 /// A copy of `case`'s checkpoint in a temporary directory.
-fn copy_checkpoint(case: &str) -> tempfile::TempDir {
+pub(crate) fn copy_checkpoint(case: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for entry in std::fs::read_dir(fixture(case)).unwrap() {
         let entry = entry.unwrap();
@@ -27,7 +27,7 @@ fn copy_checkpoint(case: &str) -> tempfile::TempDir {
     dir
 }
 
-fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
+pub(crate) fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
     let path = dir.join("config.json");
     let mut v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     edit(&mut v);

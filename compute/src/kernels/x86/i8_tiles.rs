@@ -172,11 +172,9 @@ pub(super) unsafe fn i8_block<D: Dot>(
 pub(crate) const I8_FEW_MIN_ROWS: usize = 2;
 /// Activation rows per pass of the few-row kernel over a tile of weight rows.
 const I8_FEW_PASS: usize = 4;
-/// Longest rows (codes) whose tiles the few-row kernel prefetches. With 2 KB rows (K = 2048)
-/// prefetching the next tiles took 4 rows from 60 to 40-45 µs per 256 weight rows (one thread,
-/// VNNI; 68 against 73 at 8 rows); with 6 KB rows (K = 6144) it cost 6-10% (123 against 135-145 µs
-/// at 4 rows): there the hardware prefetcher follows the longer rows alone. (Measured by the
-/// previous attempt at these kernels, PERF.md.)
+/// Longest rows (codes) whose tiles the few-row kernel prefetches: prefetching saves about a third
+/// at 2 KB rows and costs 6-10% at 6 KB rows, where the hardware prefetcher follows the longer
+/// rows alone (PERF.md, "Few-row kernels").
 const I8_FEW_PREFETCH_MAX_K: usize = 4096;
 
 /// [`i8_block`] for 2..=[`FEW_MAX_ROWS`] rows (several decode streams): tiles of C weight rows,

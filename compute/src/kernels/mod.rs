@@ -20,6 +20,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod activations;
+pub mod bf16_dot;
 mod row_blocks;
 pub mod scalar;
 mod self_check;

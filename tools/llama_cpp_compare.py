@@ -83,7 +83,9 @@ def cmake_exe() -> str:
     return exe
 
 
-def build_llama(cache: str, jobs: int) -> dict[str, str]:
+def build_llama(cache: str, jobs: int,
+                targets: tuple[str, ...] = ("llama-bench", "llama-quantize")) -> dict[str, str]:
+    """Builds `targets` (incrementally) and returns their paths by name, and the sdist version."""
     os.makedirs(cache, exist_ok=True)
     sdist_dir = os.path.join(cache, "sdist")
     sdists = glob.glob(os.path.join(sdist_dir, "llama_cpp_python-*.tar.gz"))
@@ -116,10 +118,10 @@ def build_llama(cache: str, jobs: int) -> dict[str, str]:
              "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DBUILD_SHARED_LIBS=OFF"])
     else:
         say(f"step 3/4: configured build kept: {build}")
-    say(f"step 4/4: building llama-bench and llama-quantize (-j {jobs}; incremental)")
-    run([cmake_exe(), "--build", build, "--target", "llama-bench", "llama-quantize", "-j", str(jobs)])
+    say(f"step 4/4: building {' and '.join(targets)} (-j {jobs}; incremental)")
+    run([cmake_exe(), "--build", build, "--target", *targets, "-j", str(jobs)])
     exes = {}
-    for name in ["llama-bench", "llama-quantize"]:
+    for name in targets:
         path = os.path.join(build, "bin", name)
         if not os.path.exists(path):
             sys.exit(f"the build has no {path}")

@@ -4,6 +4,12 @@
 //! k drafts (k + 1 rows, every row's logits), the rows are walked with argmax and the cache is cut
 //! after the last confirmed row, as `Session::generate` does. The ids must equal the plain run's;
 //! tok/s of both and the ratio.
+//!
+//! `--source mtp` (a Qwen3.5 shape, given its MTP head for the run) pays for the drafts as
+//! `--drafts mtp` does: before each window the head catches up over the rows the model ran and
+//! chains its k steps (`engine::mtp_drafts::MtpDrafter`), then its proposals are replaced by the
+//! oracle's. That is MTP drafting's speed at 100% acceptance (the head's random weights would
+//! accept nothing), against which the issue's target (>= 1.8x) is set.
 
 use crate::measure::{load_avg, secs};
 use crate::random_pack::pack_for;
@@ -11,7 +17,8 @@ use crate::report::{load, round2, round_ms};
 use crate::steps::{forward_with_room, tokens};
 use crate::{refuse, Common};
 use compute::ops::sampling::argmax;
-use decoder::{Decoder, KvDtype, Logits};
+use decoder::{Decoder, HybridInputs, KvDtype, Logits};
+use engine::mtp_drafts::MtpDrafter;
 use packs::random::RandomShape;
 use packs::QuantKind;
 use serde_json::{json, Map, Value};
@@ -77,12 +84,97 @@ fn drafted(f: &mut Decoder, vocab: usize, truth: &[u32], k: usize) -> (Vec<u32>,
     (ids, secs(t.elapsed()), forwards)
 }
 
+/// What pays for the drafts (`bench drafts --source`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Source {
+    /// Nothing: the verified window's cost alone.
+    Oracle,
+    /// The shape's MTP head, k chained steps before each window.
+    Mtp,
+}
+
+/// The token rows' embeddings, `rows x hidden`.
+fn embeds(f: &Decoder, ids: &[u32]) -> Vec<f32> {
+    let h = f.semantics().hidden_size;
+    let mut out = vec![0f32; ids.len() * h];
+    for (row, &id) in out.chunks_exact_mut(h).zip(ids) {
+        f.embed_row(id, row);
+    }
+    out
+}
+
+/// [`drafted`] with the MTP head run before each window (module docs); (ids, seconds, forwards,
+/// seconds in the head).
+fn mtp_drafted(
+    f: &mut Decoder,
+    vocab: usize,
+    truth: &[u32],
+    k: usize,
+    capacity: usize,
+) -> (Vec<u32>, f64, usize, f64) {
+    let n = truth.len();
+    f.keep_last_hidden(true);
+    let mut head = MtpDrafter::new(f, capacity, KvDtype::Bf16);
+    f.reset();
+    let prompt = tokens(PROMPT, vocab);
+    let first = argmax(
+        f.step_batch(&prompt, 0, 0, Logits::LastRow)
+            .unwrap_or_else(|e| refuse(e)),
+    );
+    head.ran(0, f, &embeds(f, &prompt), &HybridInputs::text(0), &[]);
+    let mut ids = vec![first];
+    let (mut forwards, mut head_s) = (0, 0.0);
+    let mut logits = Vec::new();
+    let t = Instant::now();
+    while ids.len() < n {
+        let slot = f.next_slot();
+        let token = *ids.last().expect("one id");
+        let th = Instant::now();
+        let proposed = head
+            .propose(f, token, k.min(n - ids.len() - 1))
+            .unwrap_or_else(|e| refuse(e));
+        head_s += secs(th.elapsed());
+        let mut rows = vec![token];
+        rows.extend(truth[ids.len()..].iter().take(proposed.len()));
+        logits.clear();
+        logits.extend_from_slice(
+            f.step_batch(&rows, slot as i64, slot, Logits::AllRows)
+                .unwrap_or_else(|e| refuse(e)),
+        );
+        forwards += 1;
+        head.ran(
+            slot,
+            f,
+            &embeds(f, &rows),
+            &HybridInputs::text(slot as i64),
+            &[],
+        );
+        for r in 0..rows.len() {
+            let next = argmax(&logits[r * vocab..][..vocab]);
+            ids.push(next);
+            if ids.len() == n || rows.get(r + 1) != Some(&next) {
+                let kept = f.truncate(slot + r + 1);
+                assert_eq!(
+                    kept,
+                    slot + r + 1,
+                    "a draft window rolled back to a row it kept"
+                );
+                head.truncate(slot + r + 1);
+                break;
+            }
+        }
+    }
+    f.keep_last_hidden(false);
+    (ids, secs(t.elapsed()), forwards, head_s)
+}
+
 pub fn run(
     c: &Common,
     shape: &RandomShape,
     kinds: &[QuantKind],
     k: usize,
     tokens_n: usize,
+    source: Source,
 ) -> Value {
     if !(1..=engine::MAX_DRAFTS).contains(&k) {
         refuse(format!(
@@ -95,12 +187,35 @@ pub fn run(
             "--tokens {tokens_n}: at least 2 tokens (one decode step) are needed"
         ));
     }
+    let with_head;
+    let shape = match source {
+        Source::Oracle => shape,
+        Source::Mtp => {
+            let mut s = shape.clone();
+            match s.semantics.delta_net.as_mut() {
+                Some(d) => d.mtp = true,
+                None => refuse(format!(
+                    "--source mtp: shape {} has no MTP head (it is a Qwen3.5 family's: \
+                     --shape qwen3.5-2b or qwen3.5-0.8b)",
+                    shape.name
+                )),
+            }
+            // Its own pack file: the bench shape's pack has no head.
+            s.name = Box::leak(format!("{}-mtp", shape.name).into_boxed_str());
+            with_head = s;
+            &with_head
+        }
+    };
     let mut kinds_json = Map::new();
     if !c.json {
         println!(
-            "shape {}  threads {}  {tokens_n} greedy tokens, oracle drafts k = {k}  load {}",
+            "shape {}  threads {}  {tokens_n} greedy tokens, {} drafts k = {k}  load {}",
             shape.name,
             c.threads,
+            match source {
+                Source::Oracle => "oracle",
+                Source::Mtp => "MTP-paid oracle",
+            },
             load(load_avg())
         );
     }
@@ -109,15 +224,22 @@ pub fn run(
         let mut f = forward_with_room(&pack, c.threads, KvDtype::Bf16, PROMPT, tokens_n + k + 2);
         let vocab = f.semantics().vocab_size;
         let (truth, plain_s) = plain(&mut f, vocab, tokens_n);
-        let (ids, drafted_s, forwards) = drafted(&mut f, vocab, &truth, k);
+        let (ids, drafted_s, forwards, head_s) = match source {
+            Source::Oracle => {
+                let (ids, s, n) = drafted(&mut f, vocab, &truth, k);
+                (ids, s, n, 0.0)
+            }
+            Source::Mtp => mtp_drafted(&mut f, vocab, &truth, k, PROMPT + tokens_n + k + 8),
+        };
         let same = ids == truth;
         let steps = (tokens_n - 1) as f64;
         let (plain_tok_s, drafted_tok_s) = (steps / plain_s, steps / drafted_s);
         if !c.json {
             println!(
-                "{kind}: plain {plain_tok_s:>7.2} tok/s ({:.1} ms/token)  drafts k={k} {drafted_tok_s:>7.2} tok/s in {forwards} forwards ({:.1} ms/forward)  x{:.2}  ids {}",
+                "{kind}: plain {plain_tok_s:>7.2} tok/s ({:.1} ms/token)  drafts k={k} {drafted_tok_s:>7.2} tok/s in {forwards} forwards ({:.1} ms/forward, {:.1} of them the MTP head)  x{:.2}  ids {}",
                 plain_s / steps * 1e3,
                 drafted_s / forwards as f64 * 1e3,
+                head_s / forwards as f64 * 1e3,
                 drafted_tok_s / plain_tok_s,
                 if same { "identical" } else { "DIFFER" }
             );
@@ -130,6 +252,7 @@ pub fn run(
                 "x_plain": round2(drafted_tok_s / plain_tok_s),
                 "forwards": forwards,
                 "ms_per_forward": round_ms(drafted_s / forwards as f64 * 1e3),
+                "mtp_ms_per_forward": round_ms(head_s / forwards as f64 * 1e3),
                 "ids_identical": same,
             }),
         );
@@ -143,6 +266,7 @@ pub fn run(
         "shape": shape.name,
         "threads": c.threads,
         "k": k,
+        "source": format!("{source:?}").to_lowercase(),
         "tokens": tokens_n,
         "prompt_rows": PROMPT,
         "kinds": kinds_json,

@@ -113,6 +113,12 @@ enum Mode {
         /// Greedy tokens per run.
         #[arg(long, default_value_t = 41)]
         tokens: usize,
+        /// What pays for the drafts: `oracle` (nothing: the window's cost alone) or `mtp` (a
+        /// Qwen3.5 shape's multi-token-prediction head runs its k chained steps before each
+        /// window, as `--drafts mtp` does, and its proposals are then replaced by the oracle's:
+        /// the cost of MTP drafting at 100% acceptance). Example: --shape qwen3.5-2b --source mtp
+        #[arg(long, default_value = "oracle")]
+        source: drafts::Source,
     },
     /// Each GEMM of the shape alone: GEMV (1 row) and GEMMs (`--rows`), GB/s and GMAC/s, per
     /// instruction set.
@@ -223,7 +229,9 @@ fn main() {
         Some(Mode::Decode { ctx, kv, steps }) => decode::run(c, &shape, &kinds, ctx, kv, *steps),
         Some(Mode::Gemm { rows, isa }) => gemm::run(c, &shape, &kinds, rows, isa),
         Some(Mode::Streams { streams, steps }) => streams::run(c, &shape, &kinds, streams, *steps),
-        Some(Mode::Drafts { k, tokens }) => drafts::run(c, &shape, &kinds, *k, *tokens),
+        Some(Mode::Drafts { k, tokens, source }) => {
+            drafts::run(c, &shape, &kinds, *k, *tokens, *source)
+        }
     };
     if c.json {
         println!("{}", serde_json::to_string_pretty(&report).expect("json"));

@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Image prompts: time to the first token, ours against llama-mtmd-cli, same checkpoint, same pictures.
+
+  python3 tools/llama_cpp_image_compare.py [--sizes 448x448,1280x720,1920x1080] [--rounds 2]
+                                           [--towers q4,bf16] [--threads 2] [--lock /work/notes/bench.lock]
+
+1. builds llama-mtmd-cli and llama-quantize as tools/llama_cpp_compare.py builds llama-bench (the
+   llama.cpp vendored in the PyPI llama-cpp-python sdist, CPU only, -march=native, into --cache,
+   default target/llama.cpp; every step kept and resumed);
+2. writes one random Hugging Face checkpoint with Qwen3-VL-2B-Instruct's geometry, text and tower
+   (tools/random_model_check.py's SHAPE_2B: 28 layers of 2048, 16/8 heads of 128; tower depth 24
+   of 1024, 16 heads of 64, DeepStack at 5, 11, 17), bf16 shards, with the tiny chat checkpoint's
+   tokenizer and template (speed does not depend on the vocabulary's words). From it:
+     theirs  convert_hf_to_gguf.py -> text F16 -> llama-quantize --pure Q4_0; --mmproj -> F16 tower
+     ours    packs build --quant q4 (the tower as `packs build` stores it by default: named "q4"
+             below) and, per --towers, --vision-quant K for other towers ("bf16": against their
+             F16 tower, like for like);
+3. writes a photo-like JPEG per size (gradients and noise, quality 90) and alternates, A B A B,
+   --rounds times per size and tower:
+     ours    `xdna-vl run PACK --image P --prompt Q --max-tokens 1 --json`: `timings.ttft_ms` (from
+             the request to the first token: decode, preprocessing, tower, prefill; the pack is
+             already mapped)
+     theirs  `llama-mtmd-cli -m Q4_0 --mmproj F16 --image P -p Q -n 1 -v`: from its verbose log's
+             timestamps, the prompt's tokenization (preprocessing) to the print after the token
+             (model load and tower warm-up excluded, as ours are); its encode time besides
+   and prints theirs/ours per case (medians; targets from the project's issue 36: >= 3x with the
+   default pack, and the bf16 tower >= 2x their F16 one) and one JSON line.
+
+Needs torch, transformers 5, safetensors, pillow, gguf, numpy, sentencepiece (the converter imports
+it before it reads a tokenizer.json), cmake, a C++ compiler, cargo, about
+20 GB of disk and 12 GB of memory while the checkpoint is written. CI runs none of this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import llama_cpp_compare as base  # noqa: E402  (the build, the lock, run/say)
+
+REPO = base.REPO
+say, run = base.say, base.run
+
+CHAT = os.path.join(REPO, "tests", "fixtures", "chat", "Qwen3-VL-tiny")
+ASSETS = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+          "video_preprocessor_config.json"]
+PROMPT = "Describe this picture."
+TARGETS = {"q4": 3.0, "bf16": 2.0}
+
+
+def parse_size(s: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(\d+)[xX](\d+)\s*", s)
+    if not m or not (16 <= int(m.group(1)) <= 8192 and 16 <= int(m.group(2)) <= 8192):
+        sys.exit(f"--sizes: {s!r} is not WIDTHxHEIGHT with sides 16..8192 (like 1280x720)")
+    return int(m.group(1)), int(m.group(2))
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. The checkpoint, their GGUFs, our packs.
+
+def write_checkpoint(ck: str, seed: int) -> None:
+    import torch
+    import hf_reference as hr
+    import random_model_check as rmc
+    from transformers import Qwen3VLForConditionalGeneration
+
+    geo = rmc.SHAPE_2B
+    os.makedirs(ck, exist_ok=True)
+    for f in ASSETS:
+        shutil.copy(os.path.join(CHAT, f), ck)
+    with open(os.path.join(CHAT, "preprocessor_config.json")) as f:
+        pre = json.load(f)
+    pre["size"] = {"shortest_edge": 65536, "longest_edge": 16777216}  # Qwen3-VL-2B-Instruct's
+    with open(os.path.join(ck, "preprocessor_config.json"), "w") as f:
+        json.dump(pre, f, indent=2)
+    with open(os.path.join(CHAT, "config.json")) as f:
+        chat = json.load(f)
+    spec = dict(dtype="bfloat16", config_spelling="5.x", max_shard_size="1GB", tie_word_embeddings=True,
+                text=dict(vocab_size=geo["vocab"], rope_theta=5_000_000.0, rms_norm_eps=1e-6,
+                          initializer_range=0.02, **geo["text"]),
+                vision=dict(initializer_range=0.02, **geo["vision"]),
+                special_ids=dict(vision_start=chat["vision_start_token_id"],
+                                 vision_end=chat["vision_end_token_id"],
+                                 image=chat["image_token_id"], video=chat["video_token_id"]))
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(hr.build_config(spec)).eval()
+    hr.save_checkpoint(model, spec, ck)
+    del model
+    gc.collect()
+
+
+CONVERT = """
+import sys
+sys.path.insert(0, {src!r})
+sys.argv = ["convert_hf_to_gguf.py", {ckpt!r}, "--outtype", "f16", "--outfile", {out!r}] + {extra!r}
+import convert_hf_to_gguf as convert
+try:
+    from conversion import base
+    text_model = base.TextModel
+except ImportError:  # older layouts keep the classes in the script itself
+    text_model = convert.TextModel
+# The tiny chat tokenizer is not Qwen's: name its pre-tokenizer as Qwen's so the converter does
+# not refuse an unknown hash (speed does not depend on it).
+text_model.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+convert.main()
+"""
+
+
+def convert(src: str, ckpt: str, out: str, extra: list[str]) -> None:
+    if os.path.exists(out):
+        say(f"model: kept {out}")
+        return
+    say(f"model: convert_hf_to_gguf.py {' '.join(extra)} -> {os.path.basename(out)}")
+    code = CONVERT.format(src=src, ckpt=ckpt, out=out + ".tmp", extra=extra)
+    run([sys.executable, "-c", code], quiet=True)
+    os.replace(out + ".tmp", out)
+
+
+def make_models(cache: str, exes: dict, seed: int, towers: list[str]) -> dict[str, str]:
+    models = os.path.join(cache, "models")
+    stem = os.path.join(models, f"qwen3-vl-2b-vl-seed{seed}")
+    ck = stem + "-hf"
+    if not os.path.exists(os.path.join(ck, "config.json")):
+        say(f"model: writing {ck} (random, bf16; a few minutes)")
+        write_checkpoint(ck, seed)
+    else:
+        say(f"model: kept {ck}")
+    src = os.path.join(cache, f"llama_cpp_python-{exes['version']}", "vendor", "llama.cpp")
+    out = {"ckpt": ck}
+    f16 = stem + "-text-F16.gguf"
+    convert(src, ck, f16, [])
+    q4 = stem + "-text-Q4_0.gguf"
+    if not os.path.exists(q4):
+        say("model: llama-quantize --pure Q4_0")
+        run([exes["llama-quantize"], "--pure", f16, q4 + ".tmp", "Q4_0"], quiet=True)
+        os.replace(q4 + ".tmp", q4)
+    out["Q4_0"] = q4
+    out["mmproj"] = stem + "-mmproj-F16.gguf"
+    convert(src, ck, out["mmproj"], ["--mmproj"])
+    for tower in towers:
+        pack = f"{stem}-q4-tower-{tower}.pack"
+        if not os.path.exists(pack):
+            cmd = [packs_exe(), "build", ck, "-o", pack + ".tmp", "--quant", "q4", "-q"]
+            if tower != "q4":
+                cmd += ["--vision-quant", tower]
+            run(cmd, quiet=True)
+            os.replace(pack + ".tmp", pack)
+        else:
+            say(f"model: kept {pack}")
+        out[f"pack-{tower}"] = pack
+    return out
+
+
+def target_dir() -> str:
+    return os.environ.get("CARGO_TARGET_DIR", os.path.join(REPO, "target"))
+
+
+def packs_exe() -> str:
+    return os.path.join(target_dir(), "release", "packs")
+
+
+def picture(cache: str, w: int, h: int) -> str:
+    import numpy as np
+    from PIL import Image
+
+    path = os.path.join(cache, "pictures", f"photo-{w}x{h}.jpg")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        rng = np.random.default_rng(w * 10007 + h)
+        yy, xx = np.meshgrid(np.linspace(0, 1, h), np.linspace(0, 1, w), indexing="ij")
+        rgb = np.stack([xx, yy, 1 - 0.5 * (xx + yy)], axis=-1) + 0.08 * rng.standard_normal((h, w, 3))
+        Image.fromarray((np.clip(rgb, 0, 1) * 255).astype(np.uint8)).save(path, quality=90)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. The alternation.
+
+def ours(pack: str, pic: str, threads: int, lock) -> dict[str, float]:
+    xdna = os.path.join(target_dir(), "release", "xdna-vl")
+    cmd = [xdna, "run", pack, "--image", pic, "--prompt", PROMPT, "--max-tokens", "1", "--json",
+           "--greedy", "--threads", str(threads), "--ctx", "16384"]
+    with lock:
+        r = json.loads(run(cmd, quiet=True))
+    t = r["timings"]
+    return {"ttft_s": t["ttft_ms"] / 1e3, "tower_s": t["tower_ms"] / 1e3,
+            "image_tokens": r["image_tokens"]}
+
+
+ENCODED = re.compile(r"mtmd batch encoding done in (\d+) ms|image slice encoded in (\d+) ms")
+DECODED = re.compile(r"image decoded \(batch \d+/\d+\) in (\d+) ms")
+STAMP = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) ")
+
+
+def stamp(line: str) -> float | None:
+    """The seconds of llama.cpp's log timestamp (`M.SS.mmm.uuu`, from the process start)."""
+    m = STAMP.match(line)
+    if not m:
+        return None
+    mi, se, ms, us = (int(g) for g in m.groups())
+    return mi * 60 + se + ms / 1e3 + us / 1e6
+
+
+def theirs(exes: dict, models: dict, pic: str, threads: int, lock) -> dict[str, float]:
+    """llama-mtmd-cli's time to the first token, read off its verbose log's timestamps: from the
+    prompt's tokenization (the picture's preprocessing, `image_tokens->nx`) to the performance
+    print after the one token (`llama_perf_context_print`); the model's load and the tower's
+    warm-up before are not counted, as ours are not. Also the encode and the image rows' decode."""
+    cmd = [exes["llama-mtmd-cli"], "-m", models["Q4_0"], "--mmproj", models["mmproj"],
+           "--image", pic, "-p", PROMPT, "-n", "1", "--temp", "0", "-t", str(threads),
+           "-c", "16384", "--no-warmup", "--perf", "-v", "--log-timestamps"]
+    say("$ " + " ".join(cmd))
+    with lock:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           errors="replace")
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout[-4000:])
+        sys.exit(f"llama-mtmd-cli failed ({p.returncode})")
+    lines = p.stdout.splitlines()
+    t0 = next((stamp(x) for x in lines if "image_tokens->nx" in x), None)
+    t1 = next((stamp(x) for x in lines if "llama_perf_context_print" in x), None)
+    enc = sum(int(a or b) for a, b in ENCODED.findall(p.stdout))
+    dec = sum(int(m) for m in DECODED.findall(p.stdout))
+    if t0 is None or t1 is None or enc == 0:
+        sys.stderr.write(p.stdout[-4000:])
+        sys.exit("could not read llama-mtmd-cli's timings (its log format changed?)")
+    return {"ttft_s": t1 - t0, "tower_s": enc / 1e3, "image_decode_s": dec / 1e3}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Example: python3 tools/llama_cpp_image_compare.py "
+                                        "--sizes 1280x720 --towers q4 --rounds 2")
+    ap.add_argument("--cache", default=os.path.join(REPO, "target", "llama.cpp"))
+    ap.add_argument("--sizes", default="448x448,1280x720,1920x1080")
+    ap.add_argument("--towers", default="q4,bf16",
+                    help="our packs' towers: q4 (packs build's default for a q4 pack), bf16, i8, f32")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2, help="A B rounds per case (at least 2)")
+    ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs of the llama.cpp build")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--lock", help="flock this file around each timed command")
+    ap.add_argument("--stop-after", choices=["build", "models"])
+    args = ap.parse_args()
+    if args.rounds < 2:
+        sys.exit("--rounds: at least 2 (A B A B)")
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    towers = [t.strip() for t in args.towers.split(",")]
+    for t in towers:
+        if t not in ("q4", "bf16", "i8", "f32"):
+            sys.exit(f"--towers: {t!r} is not one of q4, bf16, i8, f32")
+
+    exes = base.build_llama(args.cache, args.jobs, ("llama-mtmd-cli", "llama-quantize"))
+    if args.stop_after == "build":
+        return
+    say("ours: cargo build --release -p packs -p xdna-vl")
+    run(["cargo", "build", "--release", "-p", "packs", "-p", "xdna-vl"], cwd=REPO)
+    models = make_models(args.cache, exes, args.seed, towers)
+    if args.stop_after == "models":
+        return
+    lock = base.Lock(args.lock)
+
+    results = []
+    for (w, h) in sizes:
+        pic = picture(args.cache, w, h)
+        for tower in towers:
+            rounds = []
+            for r in range(args.rounds):
+                say(f"{w}x{h}, our {tower} tower: round {r + 1}/{args.rounds}")
+                a = ours(models[f"pack-{tower}"], pic, args.threads, lock)
+                b = theirs(exes, models, pic, args.threads, lock)
+                say(f"  ours {a}  theirs {b}")
+                rounds.append({"ours": a, "theirs": b, "ratio": b["ttft_s"] / a["ttft_s"]})
+            results.append({"size": f"{w}x{h}", "tower": tower, "rounds": rounds,
+                            "median_ratio": statistics.median(r["ratio"] for r in rounds)})
+
+    print()
+    print(f"time to the first token, llama-mtmd-cli (Q4_0 + F16 mmproj, llama-cpp-python "
+          f"{exes['version']}) / ours (q4 pack), {args.threads} threads; higher is better for us")
+    for res in results:
+        rs = res["rounds"]
+        target = TARGETS.get(res["tower"])
+
+        def secs(side: str, key: str) -> str:
+            return ", ".join("%.2f" % r[side][key] for r in rs)
+
+        print(f"  {res['size']:>10} tower {res['tower']:>4}: ours {secs('ours', 'ttft_s')} s "
+              f"(tower {secs('ours', 'tower_s')}), theirs {secs('theirs', 'ttft_s')} s "
+              f"(encode {secs('theirs', 'tower_s')}): x{res['median_ratio']:.2f}"
+              + (f" (target x{target})" if target else ""))
+    print(json.dumps({"threads": args.threads, "llama_cpp": exes["version"], "results": results}))
+
+
+if __name__ == "__main__":
+    main()

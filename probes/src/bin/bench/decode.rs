@@ -30,6 +30,9 @@ struct Plan {
 
 /// Bytes one token will occupy in a `kv` cache of `shape` (K and V of every layer), before
 /// any is made: what the memory check needs.
+/// Rows prefilled once before timing, to fault the pack in and fill the cache.
+const FAULT_IN_ROWS: usize = 16;
+
 fn kv_bytes_per_token(shape: &RandomShape, kv: KvDtype) -> usize {
     let s = &shape.semantics;
     let elem = match kv {
@@ -144,27 +147,25 @@ fn bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind], plan: &Plan) -> V
     let mut target_json = Map::new();
     for &kind in kinds {
         let pack = pack_for(c, shape, kind);
-        // A MoE step reads only its routed experts: the pack's linears overstate its bytes.
-        let weights = shape
-            .semantics
-            .moe
-            .is_none()
-            .then(|| pack_bytes_per_token(&pack) as f64);
+        let weights = pack_bytes_per_token(&pack) as f64;
         if !c.json {
             println!(
-                "\n{kind}: {} read per token from the pack",
-                weights.map_or("(MoE: routed experts only)".into(), |b| format!(
-                    "{:.0} MB of weights",
-                    b / 1e6
-                ))
+                "\n{kind}: {:.0} MB of weights{} read per token from the pack",
+                weights / 1e6,
+                if shape.semantics.moe.is_some() {
+                    " (the routed experts' expected share)"
+                } else {
+                    ""
+                }
             );
         }
         let mut kv_json = Map::new();
         for &kv in &plan.kvs {
-            let mut f = forward_with_room(&pack, c.threads, kv, longest, plan.steps);
+            let mut f =
+                forward_with_room(&pack, c.threads, kv, longest.max(FAULT_IN_ROWS), plan.steps);
             let kv_token = f.kv().bytes_per_token() as f64;
             // Faults the pack in, and fills the cache once, to the largest context.
-            prefill(&mut f, 16);
+            prefill(&mut f, FAULT_IN_ROWS);
             let fill = (longest > 0).then(|| prefill(&mut f, longest).secs);
             let probe = ReadProbe::new(c.threads);
             let mut runs: Vec<(usize, Decode)> = Vec::new();
@@ -195,19 +196,17 @@ fn bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind], plan: &Plan) -> V
                 let ratio = ms / base_ms;
                 let kv_bytes = kv_token * *ctx as f64;
                 // Bandwidth-bound, a step's time grows with the bytes it reads.
-                let predicted = weights.map(|w| (w + kv_bytes) / w);
-                let roofline = weights.map(|w| 100.0 * d.roofline(w + kv_bytes));
+                let predicted = (weights + kv_bytes) / weights;
+                let roofline = 100.0 * d.roofline(weights + kv_bytes);
                 let (non_gemm_ms, attention_ms) = d.non_gemm_ms();
                 let delta_net_ms = d.delta_net_ms();
                 let target =
                     (*ctx == TARGET_CTX && kv == KvDtype::Bf16).then_some(ratio <= TARGET_RATIO);
                 if !c.json {
                     println!(
-                        "    ctx {ctx:6}: {ms:8.2} ms/token {:7.2} tok/s  ctx{ctx}/ctx0 x{ratio:.3}  bandwidth predicts x{}  ({:.0} MB of KV per step; {}% of the read bandwidth beside it, median {:.1} GB/s; non-GEMM {non_gemm_ms:.2} ms: attention {attention_ms:.2}, DeltaNet {delta_net_ms:.2}){}",
+                        "    ctx {ctx:6}: {ms:8.2} ms/token {:7.2} tok/s  ctx{ctx}/ctx0 x{ratio:.3}  bandwidth predicts x{predicted:.3}  ({:.0} MB of KV per step; {roofline:.1}% of the read bandwidth beside it, median {:.1} GB/s; non-GEMM {non_gemm_ms:.2} ms: attention {attention_ms:.2}, DeltaNet {delta_net_ms:.2}){}",
                         d.tok_s(),
-                        predicted.map_or("?".into(), |p| format!("{p:.3}")),
                         kv_bytes / 1e6,
-                        roofline.map_or("?".into(), |r| format!("{r:.1}")),
                         median(d.read.clone()),
                         target.map_or(String::new(), |ok| format!(
                             "  issue 19 target <= x{TARGET_RATIO} at {TARGET_CTX} (bf16 KV): {}",
@@ -218,7 +217,7 @@ fn bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind], plan: &Plan) -> V
                 if let Some(ok) = target {
                     target_json.insert(
                         kind.to_string(),
-                        json!({ "ratio": round_ms(ratio), "meets": ok, "bandwidth_ratio": predicted.map(round_ms) }),
+                        json!({ "ratio": round_ms(ratio), "meets": ok, "bandwidth_ratio": round_ms(predicted) }),
                     );
                 }
                 ctx_json.insert(
@@ -227,9 +226,9 @@ fn bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind], plan: &Plan) -> V
                         "ms_per_token": round_ms(ms),
                         "tok_s": round2(d.tok_s()),
                         "ratio_to_ctx0": round_ms(ratio),
-                        "bandwidth_ratio": predicted.map(round_ms),
+                        "bandwidth_ratio": round_ms(predicted),
                         "kv_bytes_per_step": kv_bytes as u64,
-                        "roofline_pct": roofline.map(round2),
+                        "roofline_pct": round2(roofline),
                         "read_gb_s": round2(median(d.read.clone())),
                         "attention_ms": round_ms(attention_ms),
                         "non_gemm_ms": round_ms(non_gemm_ms),
@@ -248,7 +247,7 @@ fn bench(c: &Common, shape: &RandomShape, kinds: &[QuantKind], plan: &Plan) -> V
         }
         kinds_json.insert(
             kind.to_string(),
-            json!({ "pack_bytes_per_token": weights.map(|w| w as u64), "kv": kv_json }),
+            json!({ "pack_bytes_per_token": weights as u64, "kv": kv_json }),
         );
     }
     let load_end = load_avg();

@@ -28,10 +28,21 @@ pub fn pack_for(c: &Common, shape: &RandomShape, kind: QuantKind) -> Arc<Pack> {
 
 /// The vision tower's tensors (`packs::names::visual`): a decode step reads none of them.
 const VISION_PREFIX: &str = "model.visual.";
+/// Qwen3.5's multi-token-prediction head (`packs::names::mtp`): read only when it drafts.
+const MTP_PREFIX: &str = "mtp.";
+/// A routed expert's tensors (`packs::moe::expert`): a token reads `top_k` of each layer's.
+const EXPERT_INFIX: &str = ".mlp.experts.";
 
 /// Bytes a decode step reads from the pack: every decoder linear weight (values or codes, and
-/// scales) and norm. The embedding contributes one row, which is negligible.
+/// scales) and norm; of a MoE pack's routed experts, the `top_k / num_experts` share a token
+/// reads (the expected bytes: which experts it takes varies). The embedding contributes one row,
+/// which is negligible.
 pub fn pack_bytes_per_token(pack: &Pack) -> u64 {
+    let routed = pack
+        .semantics()
+        .moe
+        .as_ref()
+        .map_or(1.0, |m| m.top_k as f64 / m.num_experts as f64);
     pack.tensors()
         .iter()
         .filter(|t| {
@@ -39,7 +50,14 @@ pub fn pack_bytes_per_token(pack: &Pack) -> u64 {
                 t.kind,
                 TensorKind::Linear | TensorKind::Scales | TensorKind::Norm
             ) && !t.name.starts_with(VISION_PREFIX)
+                && !t.name.starts_with(MTP_PREFIX)
         })
-        .map(|t| t.len)
+        .map(|t| {
+            if t.name.contains(EXPERT_INFIX) {
+                (t.len as f64 * routed).round() as u64
+            } else {
+                t.len
+            }
+        })
         .sum()
 }

@@ -17,6 +17,7 @@ mod attention;
 mod decode;
 mod drafts;
 mod gemm;
+mod join;
 mod kv_accuracy;
 mod measure;
 mod moe;
@@ -119,6 +120,21 @@ enum Mode {
         /// the cost of MTP drafting at 100% acceptance). Example: --shape qwen3.5-2b --source mtp
         #[arg(long, default_value = "oracle")]
         source: drafts::Source,
+    },
+    /// A new conversation joining running decodes, as `serve --parallel` schedules it (each step
+    /// one row per running conversation and the next slice of the new prompt): its time to the
+    /// first token against the same slices alone (target <= x1.3 beside 3), and the others' step
+    /// time while it joins. Example: bench join --kinds q4 --prompt-rows 512 --others 3
+    Join {
+        /// Rows of the joining prompt (an image prompt at 448x448 is about 220).
+        #[arg(long, default_value_t = 512)]
+        prompt_rows: usize,
+        /// Most rows of the new prompt per step (`serve --prefill-chunk`'s default).
+        #[arg(long, default_value_t = 64)]
+        prefill_chunk: usize,
+        /// Conversations decoding when it joins.
+        #[arg(long, default_value_t = 3)]
+        others: usize,
     },
     /// Each GEMM of the shape alone: GEMV (1 row) and GEMMs (`--rows`), GB/s and GMAC/s, per
     /// instruction set.
@@ -229,6 +245,11 @@ fn main() {
         Some(Mode::Decode { ctx, kv, steps }) => decode::run(c, &shape, &kinds, ctx, kv, *steps),
         Some(Mode::Gemm { rows, isa }) => gemm::run(c, &shape, &kinds, rows, isa),
         Some(Mode::Streams { streams, steps }) => streams::run(c, &shape, &kinds, streams, *steps),
+        Some(Mode::Join {
+            prompt_rows,
+            prefill_chunk,
+            others,
+        }) => join::run(c, &shape, &kinds, *prompt_rows, *prefill_chunk, *others),
         Some(Mode::Drafts { k, tokens, source }) => {
             drafts::run(c, &shape, &kinds, *k, *tokens, *source)
         }

@@ -148,7 +148,8 @@ def make_models(cache: str, exes: dict, seed: int, towers: list[str]) -> dict[st
     convert(src, ck, out["mmproj"], ["--mmproj"])
     for tower in towers:
         pack = f"{stem}-q4-tower-{tower}.pack"
-        if not os.path.exists(pack):
+        # A packs binary newer than the pack may write another format version: build again.
+        if not os.path.exists(pack) or os.path.getmtime(pack) < os.path.getmtime(packs_exe()):
             cmd = [packs_exe(), "build", ck, "-o", pack + ".tmp", "--quant", "q4", "-q"]
             if tower != "q4":
                 cmd += ["--vision-quant", tower]

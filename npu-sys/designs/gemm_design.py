@@ -4,7 +4,8 @@
 # One design computes, for one geometry (kind, M tile, K, N), on the whole AIE array:
 #   i8: C int32 [M][N] = A int8 [M][K] x B int8 [N][K]^T, exact;
 #   q4: C f32 [M][N], per group g = 0, 1, ... of 32 along K in ascending order,
-#       acc += (f32)(int dot of A and the signed 4-bit codes over g) * (f32)scale[n][g].
+#       acc += (f32)(int dot of A and the 4-bit codes over g) * (f32)scale[n][g], codes stored
+#       offset binary (nibble = code + 8);
 # The host buffers are exactly those of npu-sys/include/xdna_vl_runtime.h (A group 3, B group 4
 # -- for q4 the codes [N][K/2] followed by the bf16 scales [N][K/32] -- and C group 5).
 #

@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change to a signature, a struct, a constant or a buffer layout below. */
-#define XDNA_VL_ABI_VERSION 1u
+#define XDNA_VL_ABI_VERSION 2u
 
 /* The installed name of the real runtime (searched in the usual library directories). */
 #define XDNA_VL_XRT_RUNTIME_NAME "libxdna_vl_xrt.so"
@@ -71,8 +71,9 @@ extern "C" {
  *   B (group 4), kind I8: int8 [N][K] row-major (a linear weight [out][in], i.e. B column-major),
  *                N*K bytes.
  *   B (group 4), kind Q4: the pack's q4 layout, two parts back to back:
- *                codes  [N][K/2] bytes: row n holds K signed 4-bit values, element 2i in the low
- *                       nibble and element 2i+1 in the high nibble of byte i, two's complement;
+ *                codes  [N][K/2] bytes: row n holds K 4-bit codes -8..7, element 2i in the low
+ *                       nibble and element 2i+1 in the high nibble of byte i, each nibble the
+ *                       code + 8 (offset binary; version 1 stored two's complement);
  *                scales [N][K/32] bf16 (little-endian u16 bit patterns), one per group of 32
  *                       consecutive elements of a row; the scales start at byte offset N*K/2.
  *                N*K/2 + N*(K/32)*2 bytes in all. K must be a multiple of 32.

@@ -24,10 +24,14 @@ pub enum PackError {
     },
     #[error("{path}: not a pack: {source}")]
     Header { path: PathBuf, source: HeaderError },
-    #[error("{path}: __metadata__.format is {found:?}, expected {FORMAT:?} (a pack from another version of packs: build it again with this one)")]
+    #[error("{path}: __metadata__.format is {found:?}, expected {FORMAT:?} ({why}: build it again with this version of packs: {rebuild})")]
     Format {
         path: PathBuf,
         found: Option<String>,
+        /// What differs in that format, when it is a known older one.
+        why: &'static str,
+        /// The command that makes the pack again in this format.
+        rebuild: String,
     },
     #[error("{path}: __metadata__.semantics: {what}")]
     SemanticsJson { path: PathBuf, what: String },
@@ -227,7 +231,10 @@ impl Pack {
 
         let format = header.metadata.get("format").cloned();
         if format.as_deref() != Some(FORMAT) {
+            let semantics = header.metadata.get("semantics").map(String::as_str);
             return Err(PackError::Format {
+                why: older_format_change(format.as_deref()),
+                rebuild: rebuild_command(&path, semantics),
                 path,
                 found: format,
             });
@@ -597,4 +604,49 @@ fn storage_of(dtype: Dtype) -> QuantKind {
         Dtype::U8 => QuantKind::Q4,
         _ => QuantKind::F32,
     }
+}
+
+/// What an older pack format stored differently (FORMAT.md, `format`).
+fn older_format_change(found: Option<&str>) -> &'static str {
+    match found {
+        Some("xdna-vl-pack/1") => "that format stored q4 codes row-major",
+        Some("xdna-vl-pack/2") => "that format had no vision tower and no assets",
+        Some("xdna-vl-pack/3") => "that format stored q4 codes as two's complement nibbles",
+        _ => "a pack from another version of packs, or not a pack",
+    }
+}
+
+/// The command that makes the pack at `path` again, from what its semantics say it was made from
+/// (`source`, `quant`, the tower's `quant`); placeholders where they say nothing usable.
+fn rebuild_command(path: &Path, semantics: Option<&str>) -> String {
+    let sem: serde_json::Value = semantics
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default();
+    let text = |v: &serde_json::Value| v.as_str().map(str::to_string);
+    let quant = text(&sem["quant"]).unwrap_or_else(|| "<f32|bf16|i8|q4>".into());
+    let out = path.display();
+    let source = text(&sem["source"]).unwrap_or_default();
+    // `random:<shape>:seed=<n>` (shapes.rs) is a random pack.
+    let random = source.strip_prefix("random:").and_then(|rest| {
+        let (shape, seed) = rest.split_once(":seed=")?;
+        Some((shape.to_string(), seed.parse::<u64>().ok()?))
+    });
+    if let Some((shape, seed)) = random {
+        return format!("`packs random --shape {shape} --quant {quant} --seed {seed} -o {out}`");
+    }
+    let checkpoint = if source.is_empty() {
+        "<HF_DIR>".to_string()
+    } else {
+        source
+    };
+    let mut command = format!("packs build {checkpoint} -o {out} --quant {quant}");
+    match &sem["vision"] {
+        serde_json::Value::Null if sem.get("vision").is_some() => command += " --no-vision",
+        vision => {
+            if let Some(vq) = text(&vision["quant"]).filter(|vq| *vq != quant) {
+                command += &format!(" --vision-quant {vq}");
+            }
+        }
+    }
+    format!("`{command}`")
 }

@@ -18,7 +18,8 @@ pub enum QuantKind {
     Bf16,
     /// Linears int8 per output row (f32 scale), embedding bf16, norms f32.
     I8,
-    /// Linears signed int4 in groups of 32 along K (bf16 scale), embedding bf16, norms f32.
+    /// Linears int4 codes -8..=7 in groups of 32 along K (bf16 scale), stored offset-binary
+    /// (`code + 8`), embedding bf16, norms f32.
     Q4,
 }
 
@@ -171,9 +172,7 @@ pub fn quantize_q4_row(row: &[f32], codes: &mut [u8], scales: &mut [bf16]) {
         // Codes use the rounded scale, so dequantization reproduces exactly what was chosen.
         let s = scale.to_f32();
         for (byte, pair) in group_codes.iter_mut().zip(group.chunks_exact(2)) {
-            let lo = q4_value_code(pair[0], s);
-            let hi = q4_value_code(pair[1], s);
-            *byte = (lo as u8 & 0x0F) | ((hi as u8 & 0x0F) << 4);
+            *byte = q4_byte(q4_value_code(pair[0], s), q4_value_code(pair[1], s));
         }
     }
 }
@@ -208,7 +207,7 @@ pub fn round_clamp(x: f32, lo: i8, hi: i8) -> i8 {
 }
 
 /// Quantize W [n x k] row-major to q4: codes [n * k/2] (element 2i low nibble, 2i+1 high nibble,
-/// two's complement) and bf16 scales [n * k/32]. K % 32 != 0 is refused.
+/// offset-binary: [`q4_byte`]) and bf16 scales [n * k/32]. K % 32 != 0 is refused.
 pub fn quantize_q4(w: &[f32], n: usize, k: usize) -> Result<(Vec<u8>, Vec<bf16>), QuantError> {
     if !k.is_multiple_of(Q4_GROUP) {
         return Err(QuantError::Q4GroupMismatch { k });
@@ -297,16 +296,38 @@ fn q4_permute(src: &[u8], n: usize, k: usize, to_panels: bool) -> Vec<u8> {
     out
 }
 
-/// Element j of a packed q4 row, sign-extended.
+/// What a q4 nibble holds: the code plus this, 0..=15 for codes -8..=7 (offset binary). Stored so,
+/// the nibble is already the unsigned operand `vpdpbusd` / `vpmaddubsw` multiply (the kernels then
+/// subtract `Q4_CODE_OFFSET * Σa` per group), with no per-byte conversion while decoding.
+pub const Q4_CODE_OFFSET: i8 = 8;
+
+/// The byte holding two q4 codes (each -8..=7): `lo` in the low nibble, `hi` in the high one, each
+/// as `code + Q4_CODE_OFFSET`.
+#[inline]
+pub fn q4_byte(lo: i8, hi: i8) -> u8 {
+    debug_assert!((-8..=7).contains(&lo) && (-8..=7).contains(&hi));
+    let nibble = |c: i8| (c + Q4_CODE_OFFSET) as u8 & 0x0F;
+    nibble(lo) | (nibble(hi) << 4)
+}
+
+/// The two codes of a q4 byte: (low nibble, high nibble), each `nibble - Q4_CODE_OFFSET`.
+#[inline]
+pub fn q4_byte_codes(byte: u8) -> (i8, i8) {
+    (
+        (byte & 0x0F) as i8 - Q4_CODE_OFFSET,
+        (byte >> 4) as i8 - Q4_CODE_OFFSET,
+    )
+}
+
+/// Element j of a packed q4 row (even j the low nibble of byte j/2, odd j the high one).
 #[inline]
 pub fn q4_code(codes_row: &[u8], j: usize) -> i8 {
-    let byte = codes_row[j / 2];
-    let nibble = if j.is_multiple_of(2) {
-        byte & 0x0F
+    let (lo, hi) = q4_byte_codes(codes_row[j / 2]);
+    if j.is_multiple_of(2) {
+        lo
     } else {
-        byte >> 4
-    };
-    ((nibble << 4) as i8) >> 4
+        hi
+    }
 }
 
 /// Dequantize q4: `w[r, j] = code(r, j) as f32 * f32(scale[r, j / 32])`.

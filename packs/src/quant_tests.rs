@@ -65,11 +65,13 @@ fn q4_hand_case_codes_and_nibbles() {
     assert_eq!(scales, [bf16::from_f32(-1.0)]);
     let unpacked: Vec<i8> = (0..8).map(|j| q4_code(&codes, j)).collect();
     assert_eq!(unpacked, [-8, 7, -4, 3, -1, -7, 0, -1]);
-    // Element 2i low nibble, 2i+1 high nibble, two's complement: (-8, 7) -> 0x78, (-4, 3) -> 0x3C.
-    assert_eq!(codes[0], 0x78);
-    assert_eq!(codes[1], 0x3C);
-    assert_eq!(codes[2], 0x9F); // (-1, -7) -> low 0xF, high 0x9
-                                // Control: the GGUF Q4_0 order (element j low, j+16 high) would put w[16] = 0 in byte 0's high nibble.
+    // Element 2i low nibble, 2i+1 high nibble, each code + 8: (-8, 7) -> 0xF0, (-4, 3) -> 0xB4.
+    assert_eq!(codes[0], 0xF0);
+    assert_eq!(codes[1], 0xB4);
+    assert_eq!(codes[2], 0x17); // (-1, -7) -> low 0x7, high 0x1
+                                // Control: two's complement (the format before xdna-vl-pack/4) would store (-8, 7) as 0x78.
+    assert_ne!(codes[0], 0x78);
+    // Control: the GGUF Q4_0 order (element j low, j+16 high) would put w[16] = 0 in byte 0's high nibble.
     assert_ne!(codes[0] >> 4, 0);
     assert_eq!(dequantize_q4(&codes, &scales, 1, 32)[..3], [8.0, -7.0, 4.0]);
 }
@@ -109,7 +111,7 @@ fn q4_zero_group_has_zero_scale_and_codes() {
     w[32] = 1.0;
     let (codes, scales) = quantize_q4(&w, 1, 64).unwrap();
     assert_eq!(scales[0].to_bits(), 0, "a zero group's scale is +0");
-    assert!(codes[..16].iter().all(|&b| b == 0));
+    assert!(codes[..16].iter().all(|&b| b == 0x88), "code 0 is nibble 8");
     assert_eq!(scales[1], bf16::from_f32(-0.125));
     assert_eq!(q4_code(&codes[16..], 0), -8);
     assert!(dequantize_q4(&codes, &scales, 1, 64)
@@ -130,17 +132,25 @@ fn q4_refuses_k_not_multiple_of_32() {
 }
 
 #[test]
-fn q4_code_sign_extends_every_nibble() {
+fn q4_nibbles_are_codes_plus_8() {
     for nibble in 0u8..16 {
         let byte = nibble | (nibble << 4);
-        let expected = if nibble < 8 {
-            nibble as i8
-        } else {
-            nibble as i8 - 16
-        };
-        assert_eq!(q4_code(&[byte], 0), expected);
-        assert_eq!(q4_code(&[byte], 1), expected);
+        let code = nibble as i8 - 8;
+        assert_eq!(q4_code(&[byte], 0), code);
+        assert_eq!(q4_code(&[byte], 1), code);
+        assert_eq!(q4_byte(code, code), byte);
+        assert_eq!(q4_byte_codes(byte), (code, code));
     }
+    for (lo, hi) in [(-8, 7), (7, -8), (0, -1), (-1, 0)] {
+        let byte = q4_byte(lo, hi);
+        assert_eq!(q4_byte_codes(byte), (lo, hi));
+        assert_eq!([q4_code(&[byte], 0), q4_code(&[byte], 1)], [lo, hi]);
+    }
+    // Control: read as two's complement (sign-extended), an offset-binary byte gives other codes:
+    // nibble 0 (code -8) would be 0, nibble 0xF (code 7) would be -1.
+    let sign_extended = |nibble: u8| ((nibble << 4) as i8) >> 4;
+    assert_ne!(sign_extended(q4_byte(-8, -8) & 0x0F), -8);
+    assert_ne!(sign_extended(q4_byte(7, 7) & 0x0F), 7);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! the input bits are unchanged (q, k and v read the same normed rows; so do gate and up).
 
 use super::Kernels;
-use packs::quant::Q4_GROUP;
+use packs::quant::{Q4_CODE_OFFSET, Q4_GROUP};
 use rayon::prelude::*;
 
 /// How the codes of a prepared row are ordered.
@@ -29,7 +29,8 @@ pub struct Activations {
     /// One scale per row.
     scales: Vec<f32>,
     /// Natural: per row, the sum of the codes the 32-wide SIMD loop covers (`0 .. k - k % 32`).
-    /// Q4Groups: per row and group, 8 x the group's code sum (`rows x k/32`).
+    /// Q4Groups: per row and group, 8 x the group's code sum (`rows x k/32`): the kernels multiply
+    /// the stored nibbles, `code + Q4_CODE_OFFSET`, and subtract this.
     sums: Vec<i32>,
     /// The bits of the f32 rows these were made from.
     source: Vec<u32>,
@@ -54,7 +55,7 @@ pub(crate) fn q4_groups_row_scalar(cr: &mut [i8], sums: &mut [i32]) {
     let groups = cr.len() / Q4_GROUP;
     for (g, sum) in sums.iter_mut().enumerate().take(groups) {
         let group = &cr[g * Q4_GROUP..(g + 1) * Q4_GROUP];
-        *sum = 8 * group.iter().map(|&c| c as i32).sum::<i32>();
+        *sum = Q4_CODE_OFFSET as i32 * group.iter().map(|&c| c as i32).sum::<i32>();
     }
     // A pair's codes stay inside the pair's 64 bytes: permute them through a copy.
     for g0 in (0..groups).step_by(2) {

@@ -71,8 +71,7 @@ pub fn q4_scaled_sum_grouped(a: &[i8], codes_row: &[u8], scales_row: &[half::bf1
         let (even, odd) = (&a[even..even + Q4_GROUP / 2], &a[odd..odd + Q4_GROUP / 2]);
         let mut acc = 0i32;
         for ((&b, &e), &o) in wg.iter().zip(even).zip(odd) {
-            let lo = ((b << 4) as i8) >> 4;
-            let hi = (b as i8) >> 4;
+            let (lo, hi) = quant::q4_byte_codes(b);
             acc += e as i32 * lo as i32 + o as i32 * hi as i32;
         }
         sum += acc as f32 * scale.to_f32();

@@ -9,7 +9,7 @@
 
 use super::{ActivationLayout, Activations, Isa, Kernels};
 use half::bf16;
-use packs::quant::{q4_to_panels, Q4_GROUP};
+use packs::quant::{q4_byte, q4_to_panels, Q4_GROUP};
 use packs::LinearData;
 use std::fmt;
 
@@ -146,8 +146,14 @@ fn cases() -> Vec<Case> {
                 n,
             });
         }
-        // q4 extremes: every nibble -8 or 7 against activation codes all ±127.
-        for (a_sign, byte) in [(1.0f32, 0x88u8), (-1.0, 0x88), (1.0, 0x77), (-1.0, 0x78)] {
+        // q4 extremes: every code -8 or 7 against activation codes all ±127.
+        for (a_sign, (lo, hi)) in [
+            (1.0f32, (-8, -8)),
+            (-1.0, (-8, -8)),
+            (1.0, (7, 7)),
+            (-1.0, (-8, 7)),
+        ] {
+            let byte = q4_byte(lo, hi);
             let k = 288;
             let scales = (0..N * k / Q4_GROUP)
                 .map(|g| bf16::from_f32(0.01 * (1 + g % 7) as f32))

@@ -6,8 +6,8 @@
 // blocks (npu-sys/src/dma_plan.rs, where the layouts are simulated against the C ABI):
 //   A: (DIM_M/r) x (DIM_K/s) blocks of r x s int8, blocks row-major, each block row-major;
 //   B: (DIM_N/t) x (DIM_K/s) blocks of t x s -- B is a linear weight [n][k], so each block holds
-//      t rows of n with s values of k: int8, or for q4 signed 4-bit codes, two per byte, the
-//      even element in the low nibble;
+//      t rows of n with s values of k: int8, or for q4 4-bit codes stored offset binary (code + 8),
+//      two per byte, the even element in the low nibble;
 //   C: (DIM_M/r) x (DIM_N/t) blocks of r x t, int32 or f32, accumulated across K tiles.
 #ifndef XDNA_VL_GEMM_COMMON_H
 #define XDNA_VL_GEMM_COMMON_H

@@ -21,7 +21,7 @@ static inline void matmul_q4(const int8 *__restrict a, const uint8_t *__restrict
   constexpr unsigned mb = DIM_M / MMUL_R, kb = DIM_K / MMUL_S, nb = DIM_N / MMUL_T;
   constexpr unsigned groups = DIM_K / Q4_GROUP, steps = Q4_GROUP / MMUL_S;
   constexpr unsigned size_c = MMUL_I8::size_C;
-  // A block of codes: t x s signed 4-bit values, t * s / 2 bytes.
+  // A block of codes: t x s 4-bit values, t * s / 2 bytes, each code + 8 (offset binary).
   constexpr unsigned code_block = MMUL_I8::size_B / 2;
   const bfloat16 *__restrict scales = (const bfloat16 *)scale_bytes;
   for (unsigned i = 0; i < mb; ++i) {
@@ -34,9 +34,11 @@ static inline void matmul_q4(const int8 *__restrict a, const uint8_t *__restrict
           const unsigned step = g * steps + x;
           aie::vector<int8, MMUL_I8::size_A> va =
               aie::load_v<MMUL_I8::size_A>(a + (i * kb + step) * MMUL_I8::size_A);
-          aie::vector<int4, MMUL_I8::size_B> vq = aie::load_v<MMUL_I8::size_B>(
-              (const int4 *)(codes + (j * kb + step) * code_block));
-          aie::vector<int8, MMUL_I8::size_B> vb = aie::unpack(vq); // sign-extends
+          aie::vector<uint4, MMUL_I8::size_B> vq = aie::load_v<MMUL_I8::size_B>(
+              (const uint4 *)(codes + (j * kb + step) * code_block));
+          // Zero-extended nibbles 0..15, less 8: the codes -8..7 the int8 intrinsic multiplies.
+          aie::vector<int8, MMUL_I8::size_B> vb =
+              aie::sub(aie::vector_cast<int8>(aie::unpack(vq)), (int8)8);
           if (x == 0)
             dot.mul(va, b_operand(vb));
           else

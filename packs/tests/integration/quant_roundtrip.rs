@@ -129,11 +129,9 @@ fn dequantize_gguf_order(codes: &[u8], scales: &[bf16]) -> Vec<f32> {
     let mut out = vec![0f32; N * K];
     for (g, (group_codes, scale)) in codes.chunks(Q4_GROUP / 2).zip(scales).enumerate() {
         for j in 0..Q4_GROUP / 2 {
-            let b = group_codes[j];
-            let lo = ((b << 4) as i8 >> 4) as f32;
-            let hi = (b as i8 >> 4) as f32;
-            out[g * Q4_GROUP + j] = lo * scale.to_f32();
-            out[g * Q4_GROUP + j + 16] = hi * scale.to_f32();
+            let (lo, hi) = quant::q4_byte_codes(group_codes[j]);
+            out[g * Q4_GROUP + j] = lo as f32 * scale.to_f32();
+            out[g * Q4_GROUP + j + 16] = hi as f32 * scale.to_f32();
         }
     }
     out

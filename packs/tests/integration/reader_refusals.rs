@@ -294,7 +294,7 @@ fn wrong_format_or_semantics() {
     f.refuse(
         "format.pack",
         &f.edited(|h| h["__metadata__"]["format"] = json!("xdna-vl-pack/1")),
-        &["xdna-vl-pack/1", "expected \"xdna-vl-pack/3\""],
+        &["xdna-vl-pack/1", "expected \"xdna-vl-pack/4\""],
     );
     // A pack from before the tower and the assets: build it again.
     f.refuse(
@@ -302,6 +302,41 @@ fn wrong_format_or_semantics() {
         &f.edited(|h| h["__metadata__"]["format"] = json!("xdna-vl-pack/2")),
         &["xdna-vl-pack/2", "build it again"],
     );
+    // A pack whose q4 codes were two's complement: refused with the command that makes it again.
+    let q4 = fixture(QuantKind::Q4);
+    let path = q4.dir.join("format3.pack");
+    q4.refuse(
+        "format3.pack",
+        &q4.edited(|h| h["__metadata__"]["format"] = json!("xdna-vl-pack/3")),
+        &[
+            "xdna-vl-pack/3",
+            "two's complement",
+            "build it again",
+            &format!(
+                "`packs random --shape tiny --quant q4 --seed 3 -o {}`",
+                path.display()
+            ),
+        ],
+    );
+    // From a checkpoint: `packs build` with its directory, quant and the tower's quant.
+    q4.refuse(
+        "format3-built.pack",
+        &q4.edited(|h| {
+            let mut sem: Value =
+                serde_json::from_str(h["__metadata__"]["semantics"].as_str().unwrap()).unwrap();
+            sem["source"] = json!("/models/Qwen3-VL-2B-Instruct");
+            h["__metadata__"]["semantics"] = json!(sem.to_string());
+            h["__metadata__"]["format"] = json!("xdna-vl-pack/3");
+        }),
+        &[
+            "two's complement",
+            "`packs build /models/Qwen3-VL-2B-Instruct -o ",
+            "format3-built.pack --quant q4 --no-vision`",
+        ],
+    );
+    // Control: the same pack with this version's format opens.
+    let current = q4.plant("format4.pack", &q4.edited(|_| {}));
+    Pack::open(&current).expect("an unedited q4 pack opens");
     f.refuse(
         "plain-safetensors.pack",
         &f.edited(|h| {

@@ -84,23 +84,67 @@ fn q4_with_no_groups_gives_zeros_on_every_path() {
 
 #[test]
 fn q4_extreme_nibbles_are_exact() {
-    // Every nibble -8 (0x88) or 7 (0x77), activations all ±127: the largest group dots, and the
-    // largest i16 sums the packed AVX2 kernel accumulates.
+    // Every code -8 or 7, activations all ±127: the largest group dots, and the largest i16 sums
+    // the packed AVX2 kernel accumulates.
     let (k, n) = (2048, 9);
     for rows in [1, 4, 16, FEW_MAX_ROWS + 4] {
-        for &(a_sign, byte) in &[
-            (1.0f32, 0x88u8),
-            (-1.0, 0x88),
-            (1.0, 0x77),
-            (-1.0, 0x78),
-            (1.0, 0x87),
+        for &(a_sign, (lo, hi)) in &[
+            (1.0f32, (-8, -8)),
+            (-1.0, (-8, -8)),
+            (1.0, (7, 7)),
+            (-1.0, (-8, 7)),
+            (1.0, (7, -8)),
         ] {
+            let byte = quant::q4_byte(lo, hi);
             let x = vec![a_sign; rows * k];
             let codes = vec![byte; n * k / 2];
             let scales: Vec<bf16> = (0..n * k / Q4_GROUP)
                 .map(|g| bf16::from_f32(0.01 * (1 + g % 7) as f32))
                 .collect();
             check_q4(rows, k, n, &x, &codes, &scales);
+        }
+    }
+}
+
+#[test]
+fn every_path_reading_twos_complement_q4_codes_is_caught() {
+    // Control for the offset-binary storage (`quant::q4_byte`): the same codes stored as packs up
+    // to xdna-vl-pack/3 stored them (two's complement, each byte xor 0x88) give other results on
+    // every path (GEMV, few rows, packed panels), so the oracle comparisons above see which
+    // encoding each kernel reads.
+    let mut rng = Rng(41);
+    let (k, n) = (288, 13);
+    let w: Vec<f32> = (0..n * k).map(|_| rng.unit()).collect();
+    let (codes, scales) = quant::quantize_q4(&w, n, k).unwrap();
+    let twos_complement: Vec<u8> = codes.iter().map(|b| b ^ 0x88).collect();
+    let panels = quant::q4_to_panels(&twos_complement, n, k);
+    let fed = LinearData::Q4 {
+        codes: &panels,
+        scales: &scales,
+    };
+    for rows in [1, 3, 8] {
+        let x = activations(&mut rng, rows, k);
+        check_q4(rows, k, n, &x, &codes, &scales);
+        let (a, a_s) = quantize_oracle(&x, rows, k);
+        let mut expect = vec![0f32; rows * n];
+        quant::gemm_q4_ref(&a, &a_s, rows, k, &codes, &scales, n, &mut expect);
+        for path in paths() {
+            let caught = only_path(path, || {
+                first_mismatch(
+                    "q4",
+                    &fed,
+                    k,
+                    n,
+                    &x,
+                    rows,
+                    Some(ActivationLayout::Q4Groups),
+                    &expect,
+                )
+            });
+            assert!(
+                caught.is_some(),
+                "{path:?} rows {rows}: two's complement codes went unnoticed"
+            );
         }
     }
 }

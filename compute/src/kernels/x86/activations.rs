@@ -2,7 +2,7 @@
 //! quantization as `packs::quant::quantize_activation_row`, the `Q4Groups` reorder with its group
 //! sums, and the copy that keeps a prepared input's bits.
 
-use packs::quant::{self, Q4_GROUP};
+use packs::quant::{self, Q4_CODE_OFFSET, Q4_GROUP};
 use std::arch::x86_64::*;
 
 /// `quantize_activation_row` in AVX2: the same max, the same f32 division, round half away from zero
@@ -147,11 +147,11 @@ pub(in crate::kernels) unsafe fn q4_groups_row_avx2(codes: &mut [i8], sums: &mut
         unsafe {
             let p = codes.as_mut_ptr().add(g0 * Q4_GROUP);
             let a = _mm256_loadu_si256(p as *const __m256i);
-            sums[g0] = 8 * sum32_i8(a);
+            sums[g0] = Q4_CODE_OFFSET as i32 * sum32_i8(a);
             let a = even_odd32(a);
             if g0 + 1 < groups {
                 let b = _mm256_loadu_si256(p.add(Q4_GROUP) as *const __m256i);
-                sums[g0 + 1] = 8 * sum32_i8(b);
+                sums[g0 + 1] = Q4_CODE_OFFSET as i32 * sum32_i8(b);
                 let b = even_odd32(b);
                 // [evens of g0, evens of g0 + 1, odds of g0, odds of g0 + 1]
                 _mm256_storeu_si256(p as *mut __m256i, _mm256_permute2x128_si256::<0x20>(a, b));

@@ -23,9 +23,9 @@
 //!   codes are clamped to ±127), so each i16 pair sum is at most 2 * 128 * 127 = 32512 < 32767:
 //!   `vpmaddubsw` never saturates.
 //! - VNNI i8 multiplies `w + 128` (unsigned) by `a` and subtracts `128 * Σa`; no step saturates.
-//! - q4 multiplies the nibble plus 8 (0..=15, unsigned) by `a` and subtracts `8 * Σa` per group. On AVX2
-//!   the i16 pair sums are at most 2 * 15 * 127 = 3810, and the packed kernel adds eight of them per
-//!   lane (30480 < 32767) before widening.
+//! - q4 multiplies the stored nibble, code + 8 (0..=15, unsigned: the pack's offset binary), by `a`
+//!   and subtracts `8 * Σa` per group. On AVX2 the i16 pair sums are at most 2 * 15 * 127 = 3810,
+//!   and the packed kernel adds eight of them per lane (30480 < 32767) before widening.
 //! - Group sums are exact i32; the per-output f32 chain (`sum + acc as f32 * scale`, multiply then add,
 //!   groups ascending) runs lane-wise on vectors whose lanes are outputs.
 

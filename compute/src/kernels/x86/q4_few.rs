@@ -28,7 +28,8 @@ thread_local! {
     static FEW_PANEL: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// A register's bytes as unsigned `nibble ^ 8` values: (low nibbles, high nibbles).
+/// A register's q4 bytes as their unsigned nibbles (`code + 8`, as stored): (low nibbles, high
+/// nibbles).
 ///
 /// # Safety
 /// The CPU must support AVX2.
@@ -36,11 +37,10 @@ thread_local! {
 unsafe fn split_nibbles(v: __m256i) -> (__m256i, __m256i) {
     // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
     unsafe {
-        let w = _mm256_xor_si256(v, _mm256_set1_epi8(0x88u8 as i8));
         let mask = _mm256_set1_epi8(0x0F);
         (
-            _mm256_and_si256(w, mask),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(w), mask),
+            _mm256_and_si256(v, mask),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
         )
     }
 }

@@ -19,7 +19,7 @@ thread_local! {
     static Q4_PANEL: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// One q4 group (16 bytes) as 32 unsigned values `nibble ^ 8` (= code + 8): the 16 low nibbles
+/// One q4 group (16 bytes) as its 32 unsigned nibbles (`code + 8`, as stored): the 16 low nibbles
 /// (even elements), then the 16 high nibbles (odd elements) — the `Q4Groups` activation order.
 ///
 /// # Safety
@@ -30,11 +30,10 @@ unsafe fn expand_q4(p: *const u8) -> __m256i {
     // this function's contract.
     unsafe {
         let b = _mm_loadu_si128(p as *const __m128i);
-        let w = _mm256_xor_si256(
+        let w = _mm256_srlv_epi64(
             _mm256_broadcastsi128_si256(b),
-            _mm256_set1_epi8(0x88u8 as i8),
+            _mm256_set_epi64x(4, 4, 0, 0),
         );
-        let w = _mm256_srlv_epi64(w, _mm256_set_epi64x(4, 4, 0, 0));
         _mm256_and_si256(w, _mm256_set1_epi8(0x0F))
     }
 }

@@ -7,8 +7,9 @@ use half::bf16;
 use packs::quant::{self, Q4_GROUP};
 use std::arch::x86_64::*;
 
-/// Two q4 groups' 32 bytes as unsigned `nibble ^ 8` values: (low nibbles = even elements of both
-/// groups, high nibbles = odd elements) — the `Q4Groups` pair order.
+/// Two q4 groups' 32 bytes as their unsigned nibbles, `code + 8` (the pack stores codes offset
+/// binary): (low nibbles = even elements of both groups, high nibbles = odd elements) — the
+/// `Q4Groups` pair order.
 ///
 /// # Safety
 /// The CPU must support AVX2; `p` must point to 32 readable bytes.
@@ -17,10 +18,7 @@ pub(super) unsafe fn split_q4_pair(p: *const u8) -> (__m256i, __m256i) {
     // SAFETY: AVX2, which the caller guarantees; the load reads the 32 bytes at `p`, readable by
     // this function's contract.
     unsafe {
-        let w = _mm256_xor_si256(
-            _mm256_loadu_si256(p as *const __m256i),
-            _mm256_set1_epi8(0x88u8 as i8),
-        );
+        let w = _mm256_loadu_si256(p as *const __m256i);
         let mask = _mm256_set1_epi8(0x0F);
         (
             _mm256_and_si256(w, mask),
@@ -145,7 +143,8 @@ unsafe fn q4_row_panel<D: Dot>(
 fn q4_group_dot_scalar(even: &[i8], odd: &[i8], w: &[u8]) -> i32 {
     let mut acc = 0i32;
     for ((&b, &e), &o) in w.iter().zip(even).zip(odd) {
-        acc += e as i32 * (((b << 4) as i8) >> 4) as i32 + o as i32 * ((b as i8) >> 4) as i32;
+        let (lo, hi) = quant::q4_byte_codes(b);
+        acc += e as i32 * lo as i32 + o as i32 * hi as i32;
     }
     acc
 }

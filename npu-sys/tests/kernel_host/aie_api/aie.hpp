@@ -2,7 +2,7 @@
 // so that tests/kernels_on_host.rs can compile designs/kernels/*.cc with the host C++ compiler
 // and check their block indexing and summation order against packs::quant. It models the
 // documented semantics (mmul: C[r x t] += A[r x s] * B[s x t], all row-major; transpose of a
-// Row x Col row-major matrix; int4 unpack sign-extends, the even element in the low nibble) with
+// Row x Col row-major matrix; uint4 unpack zero-extends, the even element in the low nibble) with
 // IEEE float arithmetic. It says nothing about the AIE's own float rounding or performance.
 #ifndef XDNA_VL_HOST_AIE_API
 #define XDNA_VL_HOST_AIE_API
@@ -11,9 +11,10 @@
 #include <cstring>
 
 using int8 = int8_t;
+using uint8 = uint8_t;
 using int32 = int32_t;
 struct acc32 {};
-struct int4 {
+struct uint4 {
   uint8_t byte;
 };
 struct bfloat16 {
@@ -41,10 +42,10 @@ template <unsigned N, typename T> vector<T, N> load_v(const T *p) {
   return out;
 }
 
-// int4: N values packed two per byte.
-template <unsigned N> vector<int4, N> load_v(const int4 *p) {
+// uint4: N values packed two per byte.
+template <unsigned N> vector<uint4, N> load_v(const uint4 *p) {
   const uint8_t *bytes = reinterpret_cast<const uint8_t *>(p);
-  vector<int4, N> out;
+  vector<uint4, N> out;
   for (unsigned i = 0; i < N; ++i)
     out[i].byte = (i % 2 == 0) ? (bytes[i / 2] & 0xF) : (bytes[i / 2] >> 4);
   return out;
@@ -71,10 +72,26 @@ vector<T, N> transpose(const vector<T, N> &v, unsigned rows, unsigned cols) {
   return out;
 }
 
-template <unsigned N> vector<int8, N> unpack(const vector<int4, N> &v) {
-  vector<int8, N> out;
+template <unsigned N> vector<uint8, N> unpack(const vector<uint4, N> &v) {
+  vector<uint8, N> out;
   for (unsigned i = 0; i < N; ++i)
-    out[i] = int8(v[i].byte >= 8 ? int(v[i].byte) - 16 : int(v[i].byte));
+    out[i] = v[i].byte;
+  return out;
+}
+
+// The same bits as another element type (only same-sized elements here).
+template <typename D, typename T, unsigned N> vector<D, N> vector_cast(const vector<T, N> &v) {
+  static_assert(sizeof(D) == sizeof(T), "vector_cast: same-sized elements only");
+  vector<D, N> out;
+  std::memcpy(out.v, v.v, sizeof(out.v));
+  return out;
+}
+
+// The scalar subtracted from every element, wrapping as the AIE's integer lanes do.
+template <typename T, unsigned N> vector<T, N> sub(const vector<T, N> &v, T s) {
+  vector<T, N> out;
+  for (unsigned i = 0; i < N; ++i)
+    out[i] = T(v[i] - s);
   return out;
 }
 

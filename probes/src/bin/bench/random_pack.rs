@@ -3,15 +3,25 @@
 
 use crate::{refuse, Common};
 use packs::random::{write_random, RandomShape};
-use packs::{Pack, QuantKind, TensorKind};
+use packs::{Pack, PackError, QuantKind, TensorKind};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Opens the cached random pack of `kind`, making it first if absent.
+/// Opens the cached random pack of `kind`, making it first if absent or of an older pack format.
 pub fn pack_for(c: &Common, shape: &RandomShape, kind: QuantKind) -> Arc<Pack> {
     let path = c
         .pack_dir
         .join(format!("{}-{}-seed{}.pack", shape.name, kind, c.seed));
+    if let Err(PackError::Format { found, .. }) = Pack::open(&path) {
+        eprintln!(
+            "{} has pack format {found:?}, not {:?}: making it again",
+            path.display(),
+            packs::FORMAT
+        );
+        if let Err(e) = std::fs::remove_file(&path) {
+            refuse(format!("cannot remove {}: {e}", path.display()));
+        }
+    }
     if !path.exists() {
         eprintln!("making {} (once; kept for later runs)", path.display());
         let t = Instant::now();

@@ -7,7 +7,8 @@
 //! the row's segment; the part of the last tile past `len` is absent. Per tile, from m = −∞, l = 0
 //! (in [`SUM_LANES`] lanes), o = 0:
 //! - `s_j = dot(q, k_j) · scale`, the dot `acc = fma(q_c, k_jc, acc)` for c ascending from 0;
-//! - `m' = max(m, max_j s_j)`, `α = exp(m − m')` ([`crate::ops::mathf::exp`], as every exp here);
+//! - `m' = max(m, max_j s_j)`, `α = exp(m − m')` ([`crate::ops::mathf::exp`], as every exp here;
+//!   1 without an exp when `m' = m`, the value `exp(0)` has);
 //! - `p_j = exp(s_j − m')`;
 //! - `l[i] = l[i]·α + p_i + p_{i+16} + p_{i+32} + p_{i+48}` (lane i of the running sum, the tile's
 //!   keys i, i + 16, ... in order);

@@ -52,7 +52,7 @@ pub fn attend_row(shape: HeadShape, q: &[f32], kv: PackedKv<'_>, out: &mut [f32]
             tile_max = greater(*pj, tile_max);
         }
         let m_new = greater(tile_max, m);
-        let alpha = exp(m - m_new);
+        let alpha = if m_new == m { 1.0 } else { exp(m - m_new) };
         for pj in &mut p[..w] {
             *pj = exp(*pj - m_new);
         }

@@ -3,8 +3,9 @@
 //!
 //! K and V are first packed per head (K transposed in key tiles, V in rows padded to
 //! [`COLUMN_PAD`](super::COLUMN_PAD)); then each task takes a block of [`BLOCK_ROWS`] query rows of
-//! one segment, every head, and walks the segment's key tiles (`attend_block`). A block reads each
-//! head's K and V once from memory; its rows share every tile from L1.
+//! one segment and one head, and walks the segment's key tiles (`attend_block`). A block reads
+//! its head's K and V once from memory; its rows share every tile from L1. A task takes one head,
+//! not all: 784 rows make 13 blocks, which left one of 2 threads idle for a block's time.
 
 use super::{
     attend_block, padded_dim, AttnPath, BlockState, HeadShape, PackedKv, Planted, QueryBlock,
@@ -21,6 +22,7 @@ pub const BLOCK_ROWS: usize = 64;
 pub struct SegmentScratch {
     kt: Vec<f32>,
     v: Vec<f32>,
+    oh: Vec<f32>,
 }
 
 thread_local! {
@@ -103,8 +105,12 @@ pub(crate) fn attend_planned(
         .collect();
     let tiles: usize = segments.iter().map(|s| s.1.div_ceil(KEY_TILE)).sum();
     let (kt_head, v_head) = (tiles * tile_floats, rows * dp);
-    let SegmentScratch { kt, v } = scratch;
-    for (buf, n) in [(&mut *kt, heads * kt_head), (&mut *v, heads * v_head)] {
+    let SegmentScratch { kt, v, oh } = scratch;
+    for (buf, n) in [
+        (&mut *kt, heads * kt_head),
+        (&mut *v, heads * v_head),
+        (&mut *oh, rows * hidden),
+    ] {
         if buf.len() < n {
             buf.resize(n, 0.0);
         }
@@ -139,7 +145,9 @@ pub(crate) fn attend_planned(
             }
         });
     let (kt, v) = (&*kt, &*v);
-    // Blocks of query rows, none across a segment's end; `out` cut to match.
+    // Tasks: a head and a block of query rows, none across a segment's end, head after head (a
+    // thread's next task reads the K/V its last one left in cache); each writes its rows of the
+    // head-major outputs `oh[h][r]`.
     let step = plan.block_rows.max(1);
     let blocks: Vec<(usize, usize, usize)> = segments
         .iter()
@@ -150,33 +158,47 @@ pub(crate) fn attend_planned(
                 .map(move |r0| (s, r0, (r0 + step).min(start + len)))
         })
         .collect();
-    let mut rest = out;
-    let mut outs = Vec::with_capacity(blocks.len());
-    for &(_, r0, r1) in &blocks {
-        let (o, tail) = std::mem::take(&mut rest).split_at_mut((r1 - r0) * hidden);
-        outs.push(o);
-        rest = tail;
+    let oh = &mut oh[..heads * rows * d];
+    let mut rest = &mut *oh;
+    let mut tasks = Vec::with_capacity(heads * blocks.len());
+    for h in 0..heads {
+        for &(s, r0, r1) in &blocks {
+            let (o, tail) = std::mem::take(&mut rest).split_at_mut((r1 - r0) * d);
+            tasks.push((h, s, r0, r1, o));
+            rest = tail;
+        }
     }
-    blocks.par_iter().zip(outs).for_each(|(&(s, r0, r1), out)| {
+    tasks.into_par_iter().for_each(|(h, s, r0, r1, out)| {
         let (start, len) = segments[s];
+        let kv = PackedKv {
+            kt: &kt[h * kt_head + tiles_before[s] * tile_floats..]
+                [..len.div_ceil(KEY_TILE) * tile_floats],
+            v: &v[h * v_head + start * dp..][..len * dp],
+            len,
+        };
+        let block = QueryBlock {
+            q: &qkv[r0 * 3 * hidden + h * d..(r1 - 1) * 3 * hidden + h * d + d],
+            q_stride: 3 * hidden,
+            rows: r1 - r0,
+            out,
+            out_stride: d,
+        };
         STATE.with(|state| {
-            let mut state = state.borrow_mut();
-            for h in 0..heads {
-                let kv = PackedKv {
-                    kt: &kt[h * kt_head + tiles_before[s] * tile_floats..]
-                        [..len.div_ceil(KEY_TILE) * tile_floats],
-                    v: &v[h * v_head + start * dp..][..len * dp],
-                    len,
-                };
-                let block = QueryBlock {
-                    q: &qkv[r0 * 3 * hidden + h * d..(r1 - 1) * 3 * hidden + h * d + d],
-                    q_stride: 3 * hidden,
-                    rows: r1 - r0,
-                    out: &mut out[h * d..],
-                    out_stride: hidden,
-                };
-                attend_block(plan.path, shape, kv, block, &mut state, plan.planted);
-            }
+            attend_block(
+                plan.path,
+                shape,
+                kv,
+                block,
+                &mut state.borrow_mut(),
+                plan.planted,
+            )
         });
+    });
+    // Back to rows: out[r, h·d..] = oh[h, r].
+    let oh = &*oh;
+    out.par_chunks_mut(hidden).enumerate().for_each(|(r, o)| {
+        for (h, oc) in o.chunks_exact_mut(d).enumerate() {
+            oc.copy_from_slice(&oh[(h * rows + r) * d..][..d]);
+        }
     });
 }

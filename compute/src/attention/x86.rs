@@ -59,6 +59,12 @@ trait Vf: Copy {
     /// # Safety
     /// The implementation's CPU features.
     unsafe fn exp(self) -> Self;
+    /// The largest lane (`vmaxps` halving; the order of a maximum changes at most the sign of a
+    /// zero, which no later value sees: `x − (±0)` and `exp(±0)` are the same).
+    ///
+    /// # Safety
+    /// The implementation's CPU features.
+    unsafe fn hmax(self) -> f32;
 }
 
 #[derive(Clone, Copy)]
@@ -116,6 +122,19 @@ impl Vf for Ymm {
         // SAFETY: AVX2, which the caller guarantees.
         Ymm(unsafe { exp8(self.0) })
     }
+    #[inline(always)]
+    unsafe fn hmax(self) -> f32 {
+        // SAFETY: AVX, which the caller guarantees; register-only.
+        unsafe {
+            let x = _mm_max_ps(
+                _mm256_castps256_ps128(self.0),
+                _mm256_extractf128_ps::<1>(self.0),
+            );
+            let x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+            let x = _mm_max_ss(x, _mm_shuffle_ps::<1>(x, x));
+            _mm_cvtss_f32(x)
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -172,6 +191,11 @@ impl Vf for Zmm {
     unsafe fn exp(self) -> Self {
         // SAFETY: AVX-512 F, which the caller guarantees.
         Zmm(unsafe { exp16(self.0) })
+    }
+    #[inline(always)]
+    unsafe fn hmax(self) -> f32 {
+        // SAFETY: AVX-512 F, which the caller guarantees; register-only.
+        unsafe { _mm512_reduce_max_ps(self.0) }
     }
 }
 
@@ -376,16 +400,15 @@ unsafe fn tile<V: Vf, const R: usize, const CK: usize, const CV: usize>(
             for i in 1..nk {
                 mx = V::load(pr.add(i * lanes)).max(mx);
             }
-            let mut ml = [0f32; 16];
-            mx.store(ml.as_mut_ptr());
-            let mut tile_max = ml[0];
-            for &x in &ml[1..lanes] {
-                tile_max = greater(x, tile_max);
-            }
             let m_old = *rows.m[r];
-            let m_new = greater(tile_max, m_old);
+            let m_new = greater(mx.hmax(), m_old);
             *rows.m[r] = m_new;
-            alpha[r] = mathf::exp(m_old - m_new);
+            // exp(0) is 1 exactly: no exp when the maximum stays.
+            alpha[r] = if m_new == m_old {
+                1.0
+            } else {
+                mathf::exp(m_old - m_new)
+            };
             let mv = V::splat(m_new);
             for i in 0..nk {
                 let at = pr.add(i * lanes);

@@ -6,6 +6,7 @@
 //! crate depends on `npu-sys`; the decoder and the tower depend on this one.
 
 pub mod ab;
+pub mod attention;
 pub mod backend;
 #[cfg(feature = "cli")]
 pub mod cli;

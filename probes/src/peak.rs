@@ -24,16 +24,23 @@ pub enum PeakMix {
     I8VnniYmm,
     /// `vpdpbusd` on zmm: 64 products (the VNNI kernels for many rows, `wide.rs`).
     I8VnniZmm,
+    /// `vfmadd231ps` on zmm: 16 f32 multiply-adds per instruction (the f32 attention kernel's
+    /// AVX-512 path, `compute::attention`).
+    F32FmaZmm,
+    /// `vdpbf16ps` on zmm: 32 bf16 products with f32 accumulation per instruction (AVX-512 BF16).
+    Bf16DotZmm,
 }
 
 impl PeakMix {
-    pub const ALL: [PeakMix; 6] = [
+    pub const ALL: [PeakMix; 8] = [
         PeakMix::F32FmaYmm,
         PeakMix::F32MulAddYmm,
         PeakMix::I8Avx2Ymm,
         PeakMix::I8MaddwdYmm,
         PeakMix::I8VnniYmm,
         PeakMix::I8VnniZmm,
+        PeakMix::F32FmaZmm,
+        PeakMix::Bf16DotZmm,
     ];
 
     /// The key in reports.
@@ -45,6 +52,8 @@ impl PeakMix {
             PeakMix::I8MaddwdYmm => "i8_avx2_i16_madd_add_ymm",
             PeakMix::I8VnniYmm => "i8_vnni_dpbusd_ymm",
             PeakMix::I8VnniZmm => "i8_vnni_dpbusd_zmm",
+            PeakMix::F32FmaZmm => "f32_fma_zmm",
+            PeakMix::Bf16DotZmm => "bf16_dpbf16ps_zmm",
         }
     }
 
@@ -63,6 +72,12 @@ impl PeakMix {
                     is_x86_feature_detected!("avx2")
                 }
                 PeakMix::I8VnniYmm | PeakMix::I8VnniZmm => vnni,
+                PeakMix::F32FmaZmm => {
+                    is_x86_feature_detected!("avx2")
+                        && is_x86_feature_detected!("fma")
+                        && is_x86_feature_detected!("avx512f")
+                }
+                PeakMix::Bf16DotZmm => compute::kernels::bf16_dot::has_avx512_bf16(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -80,6 +95,8 @@ impl PeakMix {
             PeakMix::I8MaddwdYmm => 12 * 16,
             PeakMix::I8VnniYmm => 10 * 32,
             PeakMix::I8VnniZmm => 10 * 64,
+            PeakMix::F32FmaZmm => 10 * 16,
+            PeakMix::Bf16DotZmm => 10 * 32,
         }
     }
 
@@ -89,7 +106,8 @@ impl PeakMix {
         {
             assert!(self.available(), "{} is not available", self.name());
             // SAFETY: `available()` (asserted just above) checked each function's target
-            // features, except AVX2 for the two VNNI mixes, which every CPU with AVX-512 F has;
+            // features, except AVX2 for the VNNI and BF16 mixes, which every CPU with AVX-512 F
+            // has;
             // the loops touch registers only (`nomem`, `nostack`, every register written declared).
             unsafe {
                 match self {
@@ -99,6 +117,8 @@ impl PeakMix {
                     PeakMix::I8MaddwdYmm => x86::i8_madd_ymm(iterations),
                     PeakMix::I8VnniYmm => x86::i8_vnni_ymm(iterations),
                     PeakMix::I8VnniZmm => x86::i8_vnni_zmm(iterations),
+                    PeakMix::F32FmaZmm => x86::f32_fma_zmm(iterations),
+                    PeakMix::Bf16DotZmm => x86::bf16_dot_zmm(iterations),
                 }
             }
         }
@@ -322,6 +342,64 @@ mod x86 {
             "vpdpbusd zmm10, zmm0, zmm1", "vpdpbusd zmm11, zmm0, zmm1",
             "vpdpbusd zmm12, zmm0, zmm1", "vpdpbusd zmm13, zmm0, zmm1",
             "vpdpbusd zmm14, zmm0, zmm1", "vpdpbusd zmm15, zmm0, zmm1",
+            "dec {n}",
+            "jnz 2b",
+            n = inout(reg) n.max(1) => _,
+            out("zmm0") _, out("zmm1") _, out("zmm6") _, out("zmm7") _, out("zmm8") _,
+            out("zmm9") _, out("zmm10") _, out("zmm11") _, out("zmm12") _, out("zmm13") _,
+            out("zmm14") _, out("zmm15") _,
+            options(nostack, nomem),
+        );
+    }
+    /// 10 independent `vfmadd231ps` chains on zmm (zmm6..zmm15 += zmm0 * zmm1).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and AVX-512 F.
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub unsafe fn f32_fma_zmm(n: u64) {
+        asm!(
+            "vxorps zmm0, zmm0, zmm0",
+            "vxorps zmm1, zmm1, zmm1",
+            "vxorps zmm6, zmm6, zmm6", "vxorps zmm7, zmm7, zmm7", "vxorps zmm8, zmm8, zmm8",
+            "vxorps zmm9, zmm9, zmm9", "vxorps zmm10, zmm10, zmm10", "vxorps zmm11, zmm11, zmm11",
+            "vxorps zmm12, zmm12, zmm12", "vxorps zmm13, zmm13, zmm13", "vxorps zmm14, zmm14, zmm14",
+            "vxorps zmm15, zmm15, zmm15",
+            "2:",
+            "vfmadd231ps zmm6, zmm0, zmm1", "vfmadd231ps zmm7, zmm0, zmm1",
+            "vfmadd231ps zmm8, zmm0, zmm1", "vfmadd231ps zmm9, zmm0, zmm1",
+            "vfmadd231ps zmm10, zmm0, zmm1", "vfmadd231ps zmm11, zmm0, zmm1",
+            "vfmadd231ps zmm12, zmm0, zmm1", "vfmadd231ps zmm13, zmm0, zmm1",
+            "vfmadd231ps zmm14, zmm0, zmm1", "vfmadd231ps zmm15, zmm0, zmm1",
+            "dec {n}",
+            "jnz 2b",
+            n = inout(reg) n.max(1) => _,
+            out("zmm0") _, out("zmm1") _, out("zmm6") _, out("zmm7") _, out("zmm8") _,
+            out("zmm9") _, out("zmm10") _, out("zmm11") _, out("zmm12") _, out("zmm13") _,
+            out("zmm14") _, out("zmm15") _,
+            options(nostack, nomem),
+        );
+    }
+
+    /// 10 independent `vdpbf16ps` chains on zmm (zmm6..zmm15 += the bf16 pair dots of zmm0
+    /// and zmm1; zeros, so no denormal or overflow path).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, AVX-512 F and AVX-512 BF16.
+    #[target_feature(enable = "avx2,avx512f,avx512bf16")]
+    pub unsafe fn bf16_dot_zmm(n: u64) {
+        asm!(
+            "vpxord zmm0, zmm0, zmm0",
+            "vpxord zmm1, zmm1, zmm1",
+            "vpxord zmm6, zmm6, zmm6", "vpxord zmm7, zmm7, zmm7", "vpxord zmm8, zmm8, zmm8",
+            "vpxord zmm9, zmm9, zmm9", "vpxord zmm10, zmm10, zmm10", "vpxord zmm11, zmm11, zmm11",
+            "vpxord zmm12, zmm12, zmm12", "vpxord zmm13, zmm13, zmm13", "vpxord zmm14, zmm14, zmm14",
+            "vpxord zmm15, zmm15, zmm15",
+            "2:",
+            "vdpbf16ps zmm6, zmm0, zmm1", "vdpbf16ps zmm7, zmm0, zmm1",
+            "vdpbf16ps zmm8, zmm0, zmm1", "vdpbf16ps zmm9, zmm0, zmm1",
+            "vdpbf16ps zmm10, zmm0, zmm1", "vdpbf16ps zmm11, zmm0, zmm1",
+            "vdpbf16ps zmm12, zmm0, zmm1", "vdpbf16ps zmm13, zmm0, zmm1",
+            "vdpbf16ps zmm14, zmm0, zmm1", "vdpbf16ps zmm15, zmm0, zmm1",
             "dec {n}",
             "jnz 2b",
             n = inout(reg) n.max(1) => _,

@@ -6,7 +6,6 @@
 //! Every linear goes through the `compute` runtime the tower was made on (shared with the
 //! decoder); LayerNorm, attention, GELU and rotary run on the CPU, forked on the runtime's pool.
 
-mod attention;
 pub mod gelu;
 pub mod layer_norm;
 mod pos_embed;
@@ -17,6 +16,7 @@ mod weights;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use compute::attention::segments::{attend_segments, SegmentScratch};
 use compute::ops::rows::{add_bias, add_rows, grow};
 use compute::timing::TimeSpent;
 use compute::{LinearHandle, PackLinear, Runtime};
@@ -79,7 +79,7 @@ struct Scratch {
     mlp: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
-    attn_scratch: attention::AttnScratch,
+    attn_scratch: SegmentScratch,
     merge_a: Vec<f32>,
     merge_b: Vec<f32>,
     pos: Vec<f32>,
@@ -254,9 +254,7 @@ impl Tower {
         let half = d / 2;
         let coords = positions::patch_coords(&grids, merge, ab.raster_positions);
         let segments = positions::segments(&grids, ab.joint_attention);
-        let max_seg = segments.iter().map(|s| s.1).max().unwrap_or(0);
         let tasks = pool.current_num_threads().max(1);
-        s.attn_scratch.reserve(n, h, max_seg, tasks);
 
         // Patch embedding: one GEMM per image over its pixel rows, the bias after.
         let x = grow(&mut s.x, n * h);
@@ -360,7 +358,7 @@ impl Tower {
                     }
                 });
             let t_attn = Instant::now();
-            attention::attend(
+            attend_segments(
                 &s.qkv[..n * 3 * h],
                 heads,
                 d,

@@ -166,6 +166,11 @@ enum Mode {
         /// Query rows: 1 is a decode step; more is a prefill of that many rows.
         #[arg(long, default_value_t = 1)]
         rows: usize,
+        /// Instead of the decoder's: the vision tower's attention alone over one image of this
+        /// many patches (every block of the shape's tower), as GMAC/s and % of the in-run peak
+        /// of the instruction its kernel uses.
+        #[arg(long)]
+        segment: Option<usize>,
     },
     /// The vision tower per image size and kind: preprocessing, tower, its GEMMs' GMAC/s against
     /// the host's peak (measured in the same run), attention, and the time to the first token
@@ -235,7 +240,19 @@ fn main() {
                 .as_deref()
                 .unwrap_or(&roofline::PREFILL_ROWS),
         ),
-        Some(Mode::Attention { context, rows }) => attention::run(c, &shape, *context, *rows),
+        Some(Mode::Attention {
+            context,
+            rows,
+            segment: Some(n),
+        }) => {
+            let _ = (context, rows);
+            attention::tower(c, &shape, *n)
+        }
+        Some(Mode::Attention {
+            context,
+            rows,
+            segment: None,
+        }) => attention::run(c, &shape, *context, *rows),
         Some(Mode::KvAccuracy { fixtures }) => kv_accuracy::run(c, fixtures),
         Some(Mode::Vision {
             images,

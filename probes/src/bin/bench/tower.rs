@@ -7,6 +7,7 @@ use crate::random_pack::pack_for;
 use crate::report::{load, round2, round_ms};
 use crate::steps::{image_prompt, prefill, prefill_prompt, Prompt, PromptImage};
 use crate::{refuse, Common};
+use compute::attention::AttnPath;
 use compute::kernels::Isa;
 use compute::Runtime;
 use decoder::{Decoder, DecoderOptions};
@@ -335,6 +336,8 @@ fn bench(
         prefill(&mut f, 16);
         let peak_mix = matching_peak(kind, isa);
         let peak = peak_of(peak_mix);
+        let attn_mix = crate::attention::tower_attention_peak(AttnPath::best());
+        let attn_peak = attn_mix.and_then(peak_of);
         let mut per_image = Map::new();
         if !c.json {
             println!(
@@ -368,17 +371,21 @@ fn bench(
             let (tower_s, gemm_s, attn_s, prefill_s, rows) = best.expect("reps >= 1");
             let gmac_s = gemm_macs as f64 / gemm_s / 1e9;
             let pct = peak.map(|p| round2(100.0 * gmac_s / p));
+            let attn_gmac_s = attn_macs as f64 / attn_s / 1e9;
+            let attn_pct = attn_peak.map(|p| round2(100.0 * attn_gmac_s / p));
             let ttft = tower_s + prefill_s;
             if !c.json {
                 println!(
-                    "  {:>10}: tower {:9.1} ms (GEMMs {:9.1} ms, {:7.1} GMAC/s = {}% of peak; attention {:9.1} ms, {:6.1} GMAC/s; rest {:7.1} ms)  prefill {} rows {:9.1} ms  TTFT {:9.1} ms{}",
+                    "  {:>10}: tower {:9.1} ms (GEMMs {:9.1} ms, {:7.1} GMAC/s = {}% of peak; attention {:9.1} ms, {:6.1} GMAC/s = {}% of {}; rest {:7.1} ms)  prefill {} rows {:9.1} ms  TTFT {:9.1} ms{}",
                     im.label,
                     tower_s * 1e3,
                     gemm_s * 1e3,
                     gmac_s,
                     pct.map_or("?".into(), |p| format!("{p:.1}")),
                     attn_s * 1e3,
-                    attn_macs as f64 / attn_s / 1e9,
+                    attn_gmac_s,
+                    attn_pct.map_or("?".into(), |p| format!("{p:.1}")),
+                    attn_mix.map_or("-", |m| m.name()),
                     (tower_s - gemm_s - attn_s).max(0.0) * 1e3,
                     rows,
                     prefill_s * 1e3,
@@ -396,7 +403,9 @@ fn bench(
                     "gemm_gmac_s": round2(gmac_s),
                     "gemm_peak_pct": pct,
                     "attention_ms": round_ms(attn_s * 1e3),
-                    "attention_gmac_s": round2(attn_macs as f64 / attn_s / 1e9),
+                    "attention_gmac_s": round2(attn_gmac_s),
+                    "attention_peak": attn_mix.map(|m| m.name()),
+                    "attention_peak_pct": attn_pct,
                     "other_ms": round_ms((tower_s - gemm_s - attn_s).max(0.0) * 1e3),
                     "prefill_rows": rows,
                     "prefill_ms": round_ms(prefill_s * 1e3),

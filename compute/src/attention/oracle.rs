@@ -1,0 +1,78 @@
+//! The arithmetic of one query row, written out plainly (the module docs of `attention` state
+//! it): the portable path, and the oracle every SIMD path is tested bit-equal to.
+
+use super::{HeadShape, PackedKv, KEY_TILE, SUM_LANES};
+use crate::ops::mathf::exp;
+
+/// `a` if it is greater than `b`, else `b` (the `vmaxps` rule, element first).
+#[inline(always)]
+pub(crate) fn greater(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// The running-sum lanes added 0 to 15, in order.
+#[inline(always)]
+pub(crate) fn sum_lanes(l: &[f32]) -> f32 {
+    let mut sum = l[0];
+    for &x in &l[1..] {
+        sum += x;
+    }
+    sum
+}
+
+/// Key `j`'s element `c` in the packed tiles.
+#[inline(always)]
+fn key(kv: PackedKv<'_>, d: usize, j: usize, c: usize) -> f32 {
+    kv.kt[(j / KEY_TILE) * d * KEY_TILE + c * KEY_TILE + j % KEY_TILE]
+}
+
+/// Attention of the query `q` (`shape.d` values) over the `kv.len` keys of `kv`, into `out`
+/// (`shape.d` values), tile by tile as the module docs fix it.
+pub fn attend_row(shape: HeadShape, q: &[f32], kv: PackedKv<'_>, out: &mut [f32]) {
+    let d = shape.d;
+    let dp = super::padded_dim(d);
+    let (q, out) = (&q[..d], &mut out[..d]);
+    let mut m = f32::NEG_INFINITY;
+    let mut l = [0f32; SUM_LANES];
+    let mut p = [0f32; KEY_TILE];
+    out.fill(0.0);
+    for t0 in (0..kv.len).step_by(KEY_TILE) {
+        let w = (kv.len - t0).min(KEY_TILE);
+        let mut tile_max = f32::NEG_INFINITY;
+        for (j, pj) in p[..w].iter_mut().enumerate() {
+            let mut acc = 0f32;
+            for (c, &qc) in q.iter().enumerate() {
+                acc = qc.mul_add(key(kv, d, t0 + j, c), acc);
+            }
+            *pj = acc * shape.scale;
+            tile_max = greater(*pj, tile_max);
+        }
+        let m_new = greater(tile_max, m);
+        let alpha = if m_new == m { 1.0 } else { exp(m - m_new) };
+        for pj in &mut p[..w] {
+            *pj = exp(*pj - m_new);
+        }
+        for (i, li) in l.iter_mut().enumerate() {
+            *li *= alpha;
+            for j in (i..w).step_by(SUM_LANES) {
+                *li += p[j];
+            }
+        }
+        for (c, oc) in out.iter_mut().enumerate() {
+            let mut a = *oc * alpha;
+            for (j, &pj) in p[..w].iter().enumerate() {
+                a = pj.mul_add(kv.v[(t0 + j) * dp + c], a);
+            }
+            *oc = a;
+        }
+        m = m_new;
+    }
+    let inv = 1.0 / sum_lanes(&l);
+    for o in out.iter_mut() {
+        *o *= inv;
+    }
+}

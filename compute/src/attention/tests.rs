@@ -1,0 +1,224 @@
+use super::segments::{attend_planned, attend_segments, Plan, SegmentScratch};
+use super::*;
+
+fn pool() -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap()
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Reproducible values in `[-amp, amp]`.
+fn values(n: usize, seed: usize, amp: f32) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i.wrapping_mul(7919) ^ seed.wrapping_mul(104_729)) % 2003) as f32 / 1001.5 - 1.0)
+        .map(|x| x * amp)
+        .collect()
+}
+
+fn segments_of(lens: &[usize]) -> Vec<(usize, usize)> {
+    lens.iter()
+        .scan(0, |at, &len| {
+            *at += len;
+            Some((*at - len, len))
+        })
+        .collect()
+}
+
+/// Softmax attention written out plainly, per row and head, in f64.
+fn naive(qkv: &[f32], heads: usize, d: usize, segments: &[(usize, usize)]) -> Vec<f64> {
+    let hidden = heads * d;
+    let rows = qkv.len() / (3 * hidden);
+    let mut out = vec![0f64; rows * hidden];
+    for &(start, len) in segments {
+        for r in start..start + len {
+            for h in 0..heads {
+                let q = &qkv[r * 3 * hidden + h * d..][..d];
+                let s: Vec<f64> = (start..start + len)
+                    .map(|j| {
+                        let k = &qkv[j * 3 * hidden + hidden + h * d..][..d];
+                        q.iter()
+                            .zip(k)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>()
+                            / (d as f64).sqrt()
+                    })
+                    .collect();
+                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                for (jj, x) in s.iter().enumerate() {
+                    let v = &qkv[(start + jj) * 3 * hidden + 2 * hidden + h * d..][..d];
+                    for c in 0..d {
+                        out[r * hidden + h * d + c] += (x - m).exp() / z * v[c] as f64;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn worst(a: &[f32], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y).abs())
+        .fold(0.0, f64::max)
+}
+
+/// Two segments of 2 rows, one head of d = 2: each row's output is a mix of its own segment's v
+/// only; the joint segment (the control) mixes in the other's.
+#[test]
+fn rows_attend_only_within_their_segment() {
+    // q = k = 0 -> uniform weights; v of segment 0 = 1, 3; segment 1 = 10, 30.
+    let mut data = vec![0.0f32; 4 * 6];
+    for (r, v) in [1.0f32, 3.0, 10.0, 30.0].into_iter().enumerate() {
+        data[r * 6 + 4] = v;
+        data[r * 6 + 5] = -v;
+    }
+    let mut out = vec![0.0; 8];
+    let mut scratch = SegmentScratch::default();
+    let pool = pool();
+    pool.install(|| attend_segments(&data, 1, 2, &[(0, 2), (2, 2)], &mut scratch, &mut out));
+    assert_eq!(out, vec![2.0, -2.0, 2.0, -2.0, 20.0, -20.0, 20.0, -20.0]);
+    pool.install(|| attend_segments(&data, 1, 2, &[(0, 4)], &mut scratch, &mut out));
+    assert_eq!(out[0], 11.0);
+}
+
+/// The oracle is the plain formula within f32 rounding (segments across tiles and short of
+/// one, d = 20 with a padded column tail); control: a segment one row short (its last key
+/// missed) moves its rows past the bound.
+#[test]
+fn the_oracle_is_softmax_attention() {
+    let (heads, d) = (2, 20);
+    let lens = [37, 5, 130];
+    let rows: usize = lens.iter().sum();
+    let segments = segments_of(&lens);
+    let qkv = values(rows * 3 * heads * d, 1, 1.5);
+    let want = naive(&qkv, heads, d, &segments);
+    let mut scratch = SegmentScratch::default();
+    let mut out = vec![0f32; rows * heads * d];
+    let plan = Plan {
+        path: AttnPath::Scalar,
+        block_rows: BLOCK_ROWS_TEST,
+        planted: Planted::default(),
+    };
+    pool().install(|| attend_planned(&qkv, heads, d, &segments, &mut scratch, &mut out, plan));
+    let w = worst(&out, &want);
+    assert!(w < 1e-5, "max |diff| {w}");
+    let short = segments_of(&[36, 6, 130]);
+    pool().install(|| attend_planned(&qkv, heads, d, &short, &mut scratch, &mut out, plan));
+    let moved = worst(&out[..36 * heads * d], &want);
+    assert!(moved > 1e-3, "a missing key moved nothing ({moved})");
+}
+
+const BLOCK_ROWS_TEST: usize = 7;
+
+/// Every path this CPU runs, every block size: each row's bits are the oracle's, for segments
+/// of 1, 5, 16, 63, 64, 65 and 150 rows (short last tiles, a segment shorter than a register
+/// tile, blocks not a multiple of the register tile) and head dims 64, 72 (a padded column
+/// vector) and 20. A path the CPU lacks is reported and skipped (the oracle stands alone).
+/// Control: the SIMD path skipping one key tile is caught.
+#[test]
+fn every_path_gives_the_oracle_bits() {
+    let pool = pool();
+    let lens = [1, 5, 16, 63, 64, 65, 150];
+    let rows: usize = lens.iter().sum();
+    let segments = segments_of(&lens);
+    let mut scratch = SegmentScratch::default();
+    let mut simd_ran = false;
+    for (heads, d) in [(2, 64), (1, 72), (3, 20)] {
+        let hidden = heads * d;
+        let qkv = values(rows * 3 * hidden, d, 2.0);
+        let run = |plan: Plan, scratch: &mut SegmentScratch| {
+            let mut out = vec![f32::NAN; rows * hidden];
+            pool.install(|| attend_planned(&qkv, heads, d, &segments, scratch, &mut out, plan));
+            out
+        };
+        let oracle = run(
+            Plan {
+                path: AttnPath::Scalar,
+                block_rows: 64,
+                planted: Planted::default(),
+            },
+            &mut scratch,
+        );
+        let w = worst(&oracle, &naive(&qkv, heads, d, &segments));
+        assert!(w < 1e-5, "d {d}: oracle vs the formula {w}");
+        for path in [AttnPath::Avx2, AttnPath::Avx512] {
+            if !path.is_available() {
+                eprintln!("this CPU lacks {path}: its test is skipped");
+                continue;
+            }
+            simd_ran = true;
+            for block_rows in [1, 3, 4, 9, 64, 200] {
+                let plan = Plan {
+                    path,
+                    block_rows,
+                    planted: Planted::default(),
+                };
+                let got = run(plan, &mut scratch);
+                for r in 0..rows {
+                    assert_eq!(
+                        bits(&got[r * hidden..][..hidden]),
+                        bits(&oracle[r * hidden..][..hidden]),
+                        "{path}, d {d}, block {block_rows}: row {r} differs from the oracle"
+                    );
+                }
+            }
+            // Control: a skipped key tile (the second of the 65- and 150-row segments).
+            let skipped = run(
+                Plan {
+                    path,
+                    block_rows: 64,
+                    planted: Planted { skip_tile: Some(1) },
+                },
+                &mut scratch,
+            );
+            assert_ne!(
+                bits(&skipped),
+                bits(&oracle),
+                "{path}: a skipped tile went unseen"
+            );
+        }
+    }
+    if !simd_ran {
+        eprintln!("no SIMD attention path on this CPU: the oracle stands alone");
+    }
+}
+
+/// The dispatched path (what the tower calls) gives the oracle's bits; scores far apart (one
+/// key dominating a later tile: the running max moves and α rescales a large sum).
+#[test]
+fn the_dispatched_path_rescales_as_the_oracle() {
+    let (heads, d) = (1, 64);
+    let rows = 200;
+    let mut qkv = values(rows * 3 * d, 5, 1.0);
+    // Row 150's key points along every query: its score dominates from tile 2 on.
+    for c in 0..d {
+        qkv[150 * 3 * d + d + c] = 8.0 * qkv[c].signum();
+    }
+    let segments = [(0, rows)];
+    let mut scratch = SegmentScratch::default();
+    let mut got = vec![0f32; rows * d];
+    let pool = pool();
+    pool.install(|| attend_segments(&qkv, heads, d, &segments, &mut scratch, &mut got));
+    let mut want = vec![0f32; rows * d];
+    let plan = Plan {
+        path: AttnPath::Scalar,
+        block_rows: 64,
+        planted: Planted::default(),
+    };
+    pool.install(|| attend_planned(&qkv, heads, d, &segments, &mut scratch, &mut want, plan));
+    assert_eq!(
+        bits(&got),
+        bits(&want),
+        "{} vs the oracle",
+        AttnPath::best()
+    );
+    let w = worst(&got, &naive(&qkv, heads, d, &segments));
+    assert!(w < 1e-5, "max |diff| {w}");
+}

@@ -1,0 +1,486 @@
+//! The f32 attention kernels on AVX2 + FMA (ymm) and AVX-512 F (zmm): one body, generic over
+//! the vector ([`Vf`]), doing per value the operations of `oracle.rs` in its order.
+//!
+//! A block of query rows walks the key tiles; per tile, register tiles of up to
+//! [`MAX_TILE_ROWS`] rows take the scores (keys along the lanes: `CK` vectors of keys x R rows
+//! of accumulators, one broadcast query element and `CK` K loads per step of c), the online
+//! softmax update (per row, from the scores stored to a small buffer) and `p · V` (value columns
+//! along the lanes: `CV` vectors of columns x R rows of accumulators, one broadcast weight and
+//! `CV` V loads per key). The tile's K and V stay in L1 while every row of the block uses them.
+
+// Index loops mirror the register tiles (row r, vector i).
+#![allow(clippy::needless_range_loop)]
+
+use super::oracle::greater;
+use super::{
+    AttnPath, BlockState, HeadShape, PackedKv, Planted, QueryBlock, KEY_TILE, MAX_TILE_ROWS,
+    SUM_LANES,
+};
+use crate::ops::mathf::{self, simd::exp16, simd::exp8};
+use std::arch::x86_64::*;
+
+/// An f32 vector of `LANES` lanes. Every method needs the CPU features of its implementation
+/// (the callers are compiled with them and inline these).
+trait Vf: Copy {
+    const LANES: usize;
+    /// # Safety
+    /// The implementation's CPU features.
+    unsafe fn splat(x: f32) -> Self;
+    /// # Safety
+    /// The implementation's CPU features.
+    unsafe fn zero() -> Self;
+    /// # Safety
+    /// The implementation's CPU features; `p` readable for `LANES` floats.
+    unsafe fn load(p: *const f32) -> Self;
+    /// # Safety
+    /// The implementation's CPU features; `p` writable for `LANES` floats.
+    unsafe fn store(self, p: *mut f32);
+    /// `a·b + c`, rounded once.
+    ///
+    /// # Safety
+    /// The implementation's CPU features.
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+    /// # Safety
+    /// The implementation's CPU features.
+    unsafe fn mul(self, b: Self) -> Self;
+    /// # Safety
+    /// The implementation's CPU features.
+    unsafe fn add(self, b: Self) -> Self;
+    /// # Safety
+    /// The implementation's CPU features.
+    unsafe fn sub(self, b: Self) -> Self;
+    /// `self` where greater than `b`, else `b` (`vmaxps`, element first).
+    ///
+    /// # Safety
+    /// The implementation's CPU features.
+    unsafe fn max(self, b: Self) -> Self;
+    /// [`mathf::exp`] per lane.
+    ///
+    /// # Safety
+    /// The implementation's CPU features.
+    unsafe fn exp(self) -> Self;
+    /// The largest lane (`vmaxps` halving; the order of a maximum changes at most the sign of a
+    /// zero, which no later value sees: `x − (±0)` and `exp(±0)` are the same).
+    ///
+    /// # Safety
+    /// The implementation's CPU features.
+    unsafe fn hmax(self) -> f32;
+}
+
+#[derive(Clone, Copy)]
+struct Ymm(__m256);
+
+impl Vf for Ymm {
+    const LANES: usize = 8;
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        // SAFETY: AVX, which the caller guarantees.
+        Ymm(unsafe { _mm256_set1_ps(x) })
+    }
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        // SAFETY: AVX, which the caller guarantees.
+        Ymm(unsafe { _mm256_setzero_ps() })
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: AVX and 8 readable floats at `p`, which the caller guarantees.
+        Ymm(unsafe { _mm256_loadu_ps(p) })
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: AVX and 8 writable floats at `p`, which the caller guarantees.
+        unsafe { _mm256_storeu_ps(p, self.0) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+        // SAFETY: FMA, which the caller guarantees.
+        Ymm(unsafe { _mm256_fmadd_ps(a.0, b.0, c.0) })
+    }
+    #[inline(always)]
+    unsafe fn mul(self, b: Self) -> Self {
+        // SAFETY: AVX, which the caller guarantees.
+        Ymm(unsafe { _mm256_mul_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    unsafe fn add(self, b: Self) -> Self {
+        // SAFETY: AVX, which the caller guarantees.
+        Ymm(unsafe { _mm256_add_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    unsafe fn sub(self, b: Self) -> Self {
+        // SAFETY: AVX, which the caller guarantees.
+        Ymm(unsafe { _mm256_sub_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    unsafe fn max(self, b: Self) -> Self {
+        // SAFETY: AVX, which the caller guarantees.
+        Ymm(unsafe { _mm256_max_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    unsafe fn exp(self) -> Self {
+        // SAFETY: AVX2, which the caller guarantees.
+        Ymm(unsafe { exp8(self.0) })
+    }
+    #[inline(always)]
+    unsafe fn hmax(self) -> f32 {
+        // SAFETY: AVX, which the caller guarantees; register-only.
+        unsafe {
+            let x = _mm_max_ps(
+                _mm256_castps256_ps128(self.0),
+                _mm256_extractf128_ps::<1>(self.0),
+            );
+            let x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+            let x = _mm_max_ss(x, _mm_shuffle_ps::<1>(x, x));
+            _mm_cvtss_f32(x)
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Zmm(__m512);
+
+impl Vf for Zmm {
+    const LANES: usize = 16;
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        // SAFETY: AVX-512 F, which the caller guarantees.
+        Zmm(unsafe { _mm512_set1_ps(x) })
+    }
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        // SAFETY: AVX-512 F, which the caller guarantees.
+        Zmm(unsafe { _mm512_setzero_ps() })
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: AVX-512 F and 16 readable floats at `p`, which the caller guarantees.
+        Zmm(unsafe { _mm512_loadu_ps(p) })
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: AVX-512 F and 16 writable floats at `p`, which the caller guarantees.
+        unsafe { _mm512_storeu_ps(p, self.0) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+        // SAFETY: AVX-512 F, which the caller guarantees.
+        Zmm(unsafe { _mm512_fmadd_ps(a.0, b.0, c.0) })
+    }
+    #[inline(always)]
+    unsafe fn mul(self, b: Self) -> Self {
+        // SAFETY: AVX-512 F, which the caller guarantees.
+        Zmm(unsafe { _mm512_mul_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    unsafe fn add(self, b: Self) -> Self {
+        // SAFETY: AVX-512 F, which the caller guarantees.
+        Zmm(unsafe { _mm512_add_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    unsafe fn sub(self, b: Self) -> Self {
+        // SAFETY: AVX-512 F, which the caller guarantees.
+        Zmm(unsafe { _mm512_sub_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    unsafe fn max(self, b: Self) -> Self {
+        // SAFETY: AVX-512 F, which the caller guarantees.
+        Zmm(unsafe { _mm512_max_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    unsafe fn exp(self) -> Self {
+        // SAFETY: AVX-512 F, which the caller guarantees.
+        Zmm(unsafe { exp16(self.0) })
+    }
+    #[inline(always)]
+    unsafe fn hmax(self) -> f32 {
+        // SAFETY: AVX-512 F, which the caller guarantees; register-only.
+        unsafe { _mm512_reduce_max_ps(self.0) }
+    }
+}
+
+/// [`super::attend_block`]'s SIMD part on `path`: the running state of every row of `block`
+/// after all of `kv`'s key tiles (`finish` turns it into outputs).
+///
+/// # Safety
+/// The CPU must run `path` (AVX2 + FMA, or AVX-512 F on top of them). `kv.kt` must hold
+/// `kv.len.div_ceil(KEY_TILE)` tiles of `d x KEY_TILE` floats and `kv.v` `kv.len` rows of
+/// `dp = padded_dim(d)`; the block's row r reads `q[r·q_stride ..][..d]`; `state` must hold
+/// `block.rows` rows (`reset`) and a register tile's probabilities.
+pub(super) unsafe fn attend_block(
+    path: AttnPath,
+    shape: HeadShape,
+    kv: PackedKv<'_>,
+    block: &QueryBlock<'_>,
+    state: &mut BlockState,
+    planted: Planted,
+) {
+    // SAFETY: the CPU runs `path`, as this function's contract requires; the rest is passed on.
+    unsafe {
+        match path {
+            AttnPath::Avx512 => block_avx512(shape, kv, block, state, planted),
+            _ => block_avx2(shape, kv, block, state, planted),
+        }
+    }
+}
+
+/// # Safety
+/// As [`attend_block`], on a CPU with AVX-512 F, AVX2 and FMA.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn block_avx512(
+    shape: HeadShape,
+    kv: PackedKv<'_>,
+    block: &QueryBlock<'_>,
+    state: &mut BlockState,
+    planted: Planted,
+) {
+    // SAFETY: the features are enabled here; the rest is this function's contract.
+    unsafe { walk_tiles::<Zmm, 4, 4>(shape, kv, block, state, planted) }
+}
+
+/// # Safety
+/// As [`attend_block`], on a CPU with AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn block_avx2(
+    shape: HeadShape,
+    kv: PackedKv<'_>,
+    block: &QueryBlock<'_>,
+    state: &mut BlockState,
+    planted: Planted,
+) {
+    // SAFETY: the features are enabled here; the rest is this function's contract.
+    unsafe { walk_tiles::<Ymm, 2, 2>(shape, kv, block, state, planted) }
+}
+
+/// Where one register tile's rows read and write.
+#[derive(Clone, Copy)]
+struct Rows<const R: usize> {
+    /// Each row's query (`d` floats).
+    q: [*const f32; R],
+    /// Each row's m (1 float), l ([`SUM_LANES`]) and o (`dp`).
+    m: [*mut f32; R],
+    l: [*mut f32; R],
+    o: [*mut f32; R],
+}
+
+/// Every key tile against every register tile of rows (tile outer, so the tile's K and V stay
+/// in L1 for all rows), `CK` key vectors and `CV` column vectors a step.
+///
+/// # Safety
+/// `V`'s CPU features; the rest as [`attend_block`].
+#[inline(always)]
+unsafe fn walk_tiles<V: Vf, const CK: usize, const CV: usize>(
+    shape: HeadShape,
+    kv: PackedKv<'_>,
+    block: &QueryBlock<'_>,
+    state: &mut BlockState,
+    planted: Planted,
+) {
+    let (d, dp) = (shape.d, shape.dp());
+    let rows = block.rows;
+    let q = block.q.as_ptr();
+    let (m, l, o) = (
+        state.m.as_mut_ptr(),
+        state.l.as_mut_ptr(),
+        state.o.as_mut_ptr(),
+    );
+    let p = state.p.as_mut_ptr();
+    // Every pointer below is inside its slice by this function's contract: row r < rows of q,
+    // m, l, o; tile t < tiles of kt; keys t·KEY_TILE + j < len of v.
+    // SAFETY (for `rows_at`): called with r0 + R <= rows only.
+    let rows_at = |r0: usize, n: usize| -> Rows<MAX_TILE_ROWS> {
+        let at = |i: usize| r0 + i.min(n - 1);
+        // SAFETY: at(i) < r0 + n <= rows: inside the block's q and the state (contract).
+        unsafe {
+            Rows {
+                q: std::array::from_fn(|i| q.add(at(i) * block.q_stride)),
+                m: std::array::from_fn(|i| m.add(at(i))),
+                l: std::array::from_fn(|i| l.add(at(i) * SUM_LANES)),
+                o: std::array::from_fn(|i| o.add(at(i) * dp)),
+            }
+        }
+    };
+    for (t, t0) in (0..kv.len).step_by(KEY_TILE).enumerate() {
+        if planted.skip_tile == Some(t) {
+            continue;
+        }
+        let w = (kv.len - t0).min(KEY_TILE);
+        // SAFETY: tile t of kt and rows t0 .. t0 + w of v, inside them (contract).
+        let (kt, v) = unsafe {
+            (
+                kv.kt.as_ptr().add(t * d * KEY_TILE),
+                kv.v.as_ptr().add(t0 * dp),
+            )
+        };
+        let mut r0 = 0;
+        while r0 < rows {
+            let n = (rows - r0).min(MAX_TILE_ROWS);
+            let all = rows_at(r0, n);
+            macro_rules! tile {
+                ($r:literal) => {{
+                    let rs = Rows::<$r> {
+                        q: std::array::from_fn(|i| all.q[i]),
+                        m: std::array::from_fn(|i| all.m[i]),
+                        l: std::array::from_fn(|i| all.l[i]),
+                        o: std::array::from_fn(|i| all.o[i]),
+                    };
+                    // SAFETY: the rows are the block's r0 .. r0 + n; kt, v and w the tile's;
+                    // `p` holds MAX_TILE_ROWS x KEY_TILE floats (`reset`).
+                    unsafe { tile::<V, $r, CK, CV>(rs, kt, v, w, d, dp, shape.scale, p) }
+                }};
+            }
+            match n {
+                4 => tile!(4),
+                3 => tile!(3),
+                2 => tile!(2),
+                _ => tile!(1),
+            }
+            r0 += n;
+        }
+    }
+}
+
+/// One register tile of R rows against one key tile of `w` keys (`kt`: `[d][KEY_TILE]`, `v`: the
+/// tile's first value row, rows of `dp`): scores, the online softmax update, `p · V`.
+///
+/// # Safety
+/// `V`'s CPU features; each row's q readable for `d` floats, m for 1, l for [`SUM_LANES`], o for
+/// `dp` (and writable); `kt` readable for `d x KEY_TILE`, `v` for `w` rows of `dp`; `p` writable
+/// for `R x KEY_TILE`; `1 <= w <= KEY_TILE`; `dp` a multiple of `V::LANES` (it is one of
+/// `COLUMN_PAD`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<V: Vf, const R: usize, const CK: usize, const CV: usize>(
+    rows: Rows<R>,
+    kt: *const f32,
+    v: *const f32,
+    w: usize,
+    d: usize,
+    dp: usize,
+    scale: f32,
+    p: *mut f32,
+) {
+    let lanes = V::LANES;
+    let nk = KEY_TILE / lanes;
+    // SAFETY: `V`'s features (contract). Scores: K loads at `kt + c·KEY_TILE + (g + i)·lanes`
+    // for c < d, g + i < nk (inside the tile); q reads element c < d of each row; stores into
+    // row r's `p + r·KEY_TILE ..+ KEY_TILE`. Softmax: row r's p, m, l. p·V: V rows j < w at
+    // columns below dp, o columns below dp.
+    unsafe {
+        let sc = V::splat(scale);
+        let mut g = 0;
+        while g < nk {
+            let mut acc = [[V::zero(); CK]; R];
+            for c in 0..d {
+                let kp = kt.add(c * KEY_TILE + g * lanes);
+                let k: [V; CK] = std::array::from_fn(|i| V::load(kp.add(i * lanes)));
+                for r in 0..R {
+                    let qc = V::splat(*rows.q[r].add(c));
+                    for i in 0..CK {
+                        acc[r][i] = V::fma(qc, k[i], acc[r][i]);
+                    }
+                }
+            }
+            for r in 0..R {
+                for i in 0..CK {
+                    acc[r][i]
+                        .mul(sc)
+                        .store(p.add(r * KEY_TILE + (g + i) * lanes));
+                }
+            }
+            g += CK;
+        }
+        let mut alpha = [0f32; R];
+        for r in 0..R {
+            let pr = p.add(r * KEY_TILE);
+            for j in w..KEY_TILE {
+                *pr.add(j) = f32::NEG_INFINITY;
+            }
+            let mut mx = V::load(pr);
+            for i in 1..nk {
+                mx = V::load(pr.add(i * lanes)).max(mx);
+            }
+            let m_old = *rows.m[r];
+            let m_new = greater(mx.hmax(), m_old);
+            *rows.m[r] = m_new;
+            // exp(0) is 1 exactly: no exp when the maximum stays.
+            alpha[r] = if m_new == m_old {
+                1.0
+            } else {
+                mathf::exp(m_old - m_new)
+            };
+            let mv = V::splat(m_new);
+            for i in 0..nk {
+                let at = pr.add(i * lanes);
+                V::load(at).sub(mv).exp().store(at);
+            }
+            for j in w..KEY_TILE {
+                *pr.add(j) = 0.0;
+            }
+            let av = V::splat(alpha[r]);
+            for k in 0..SUM_LANES / lanes {
+                let lp = rows.l[r].add(k * lanes);
+                let mut acc = V::load(lp).mul(av);
+                for chunk in 0..KEY_TILE / SUM_LANES {
+                    acc = acc.add(V::load(pr.add(chunk * SUM_LANES + k * lanes)));
+                }
+                acc.store(lp);
+            }
+        }
+        let nv = dp / lanes;
+        let mut cv = 0;
+        while cv + CV <= nv {
+            pv::<V, R, CV>(rows, &alpha, v, w, dp, cv * lanes, p);
+            cv += CV;
+        }
+        while cv < nv {
+            pv::<V, R, 1>(rows, &alpha, v, w, dp, cv * lanes, p);
+            cv += 1;
+        }
+    }
+}
+
+/// `o = o·α`, then `o = fma(p_j, v_j, o)` for the tile's keys j ascending, over the columns
+/// `c0 .. c0 + CV·LANES` of R rows.
+///
+/// # Safety
+/// `V`'s CPU features; `c0 + CV·V::LANES <= dp`; each row's o readable and writable for `dp`
+/// floats; `v` readable for `w` rows of `dp`; `p` readable for `R x KEY_TILE`.
+#[inline(always)]
+unsafe fn pv<V: Vf, const R: usize, const CV: usize>(
+    rows: Rows<R>,
+    alpha: &[f32; R],
+    v: *const f32,
+    w: usize,
+    dp: usize,
+    c0: usize,
+    p: *const f32,
+) {
+    let lanes = V::LANES;
+    // SAFETY: `V`'s features; the loads and stores cover columns c0 .. c0 + CV·lanes <= dp of
+    // each row's o and of V rows j < w; p reads row r < R, key j < w < KEY_TILE (contract).
+    unsafe {
+        let mut acc = [[V::zero(); CV]; R];
+        for r in 0..R {
+            let a = V::splat(alpha[r]);
+            for i in 0..CV {
+                acc[r][i] = V::load(rows.o[r].add(c0 + i * lanes)).mul(a);
+            }
+        }
+        for j in 0..w {
+            let vp = v.add(j * dp + c0);
+            let x: [V; CV] = std::array::from_fn(|i| V::load(vp.add(i * lanes)));
+            for r in 0..R {
+                let pj = V::splat(*p.add(r * KEY_TILE + j));
+                for i in 0..CV {
+                    acc[r][i] = V::fma(pj, x[i], acc[r][i]);
+                }
+            }
+        }
+        for r in 0..R {
+            for i in 0..CV {
+                acc[r][i].store(rows.o[r].add(c0 + i * lanes));
+            }
+        }
+    }
+}

@@ -3,6 +3,7 @@
 //! `y[rows x n] = x[rows x k] · Wᵀ` where W is a pack's linear weight ([n x k], row-major). The host
 //! backend runs the kernels on the CPU; the device backend dispatches the same bytes to the NPU.
 
+use crate::kernels::Products;
 use packs::Linear;
 use std::time::Duration;
 
@@ -30,10 +31,23 @@ pub struct GemmStats {
     pub host: Duration,
 }
 
-/// A weight the forward will multiply by: its index in the forward's weight table and its view.
+/// A weight the forward will multiply by: its index in the forward's weight table, its view, and
+/// the arithmetic of its products when it is stored bf16 (chosen when it was registered).
 pub struct WeightRef<'a> {
     pub id: usize,
     pub linear: Linear<'a>,
+    pub products: Products,
+}
+
+impl<'a> WeightRef<'a> {
+    /// A weight with f32 products (the arithmetic of every weight not registered otherwise).
+    pub fn new(id: usize, linear: Linear<'a>) -> WeightRef<'a> {
+        WeightRef {
+            id,
+            linear,
+            products: Products::F32,
+        }
+    }
 }
 
 pub trait GemmBackend: Send {

@@ -2,7 +2,7 @@
 //! split over the forward's persistent rayon pool — no thread is spawned per GEMM.
 
 use crate::backend::{BackendError, GemmBackend, GemmStats, WeightRef};
-use crate::kernels::{ActivationLayout, Activations, Kernels, PANEL};
+use crate::kernels::{ActivationLayout, Activations, Bf16Rows, Kernels, Products, PANEL};
 use packs::LinearData;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -17,6 +17,8 @@ pub struct HostGemm {
     pool: Arc<rayon::ThreadPool>,
     kernels: Kernels,
     acts: Activations,
+    /// The input rounded to bf16, for bf16 weights with bf16 products.
+    bf16_rows: Bf16Rows,
     stats: GemmStats,
 }
 
@@ -32,6 +34,7 @@ impl HostGemm {
             pool,
             kernels,
             acts: Activations::default(),
+            bf16_rows: Bf16Rows::default(),
             stats: GemmStats::default(),
         }
     }
@@ -48,6 +51,11 @@ fn layout_of(data: &LinearData<'_>) -> Option<ActivationLayout> {
         LinearData::Q4 { .. } => Some(ActivationLayout::Q4Groups),
         LinearData::F32(_) | LinearData::Bf16(_) => None,
     }
+}
+
+/// Whether a weight multiplies by bf16 products: stored bf16 and registered for them.
+fn bf16_products(w: &WeightRef<'_>) -> bool {
+    matches!(w.linear.data, LinearData::Bf16(_)) && w.products == Products::Bf16
 }
 
 /// Weight rows per task: whole panels, about `TASKS_PER_THREAD` tasks per thread, at most `MAX_CHUNK`.
@@ -83,14 +91,18 @@ impl HostGemm {
             );
         }
         let layout = ws.first().and_then(|w| layout_of(&w.linear.data));
+        let products = ws.first().is_some_and(bf16_products);
         let kernels = self.kernels;
         let threads = self.pool.current_num_threads();
-        let acts = &mut self.acts;
+        let (acts, bf16_rows) = (&mut self.acts, &mut self.bf16_rows);
         self.pool.install(|| {
             if let Some(layout) = layout {
                 acts.prepare(kernels, layout, x, rows, k);
             }
-            let acts = &*acts;
+            if products {
+                bf16_rows.prepare(kernels, x, rows, k);
+            }
+            let (acts, bf16_rows) = (&*acts, &*bf16_rows);
             // Task t computes weight rows n0.. of one weight and writes that column span of every
             // output row: `spans[t * rows + r]`.
             let mut tasks = Vec::new();
@@ -113,8 +125,11 @@ impl HostGemm {
             tasks
                 .par_iter()
                 .zip(spans.par_chunks_mut(rows.max(1)))
-                .for_each(|(&(wi, n0), out)| {
-                    kernels.gemm_block(&ws[wi].linear.data, k, n0, x, acts, out)
+                .for_each(|(&(wi, n0), out)| match ws[wi].linear.data {
+                    LinearData::Bf16(w) if products => {
+                        kernels.bf16_products_block(w, k, n0, bf16_rows, out)
+                    }
+                    ref data => kernels.gemm_block(data, k, n0, x, acts, out),
                 });
         });
         self.stats.gemms += ws.len() as u64;
@@ -148,6 +163,7 @@ impl GemmBackend for HostGemm {
     ) -> Result<(), BackendError> {
         let same_kind = ws.iter().all(|w| {
             std::mem::discriminant(&w.linear.data) == std::mem::discriminant(&ws[0].linear.data)
+                && bf16_products(w) == bf16_products(&ws[0])
         });
         if ws.len() != ys.len() || !same_kind {
             // Mixed kinds (or a caller mismatch) run one by one.
@@ -172,10 +188,7 @@ mod tests {
     use packs::Linear;
 
     fn weight<'a>(name: &'a str, n: usize, k: usize, data: LinearData<'a>) -> WeightRef<'a> {
-        WeightRef {
-            id: 0,
-            linear: Linear { name, n, k, data },
-        }
+        WeightRef::new(0, Linear { name, n, k, data })
     }
 
     /// Split over many tasks (n up to 300 rows, two threads), grouped or alone, the host backend
@@ -300,6 +313,66 @@ mod tests {
             }
         }
         assert_eq!(host.take_stats().gemms, 3 * 2 * 6);
+    }
+
+    /// A bf16 weight multiplies by the products it was registered with, alone or grouped (a
+    /// group mixing the two runs each by its own); the control: the two arithmetics differ here.
+    #[test]
+    fn bf16_weights_follow_their_registered_products() {
+        use crate::kernels::bf16_dot::to_bf16;
+        use crate::kernels::bf16_gemm::dot_bf16_products;
+        use crate::kernels::scalar::dot_f32;
+        let pool = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(2)
+                .build()
+                .unwrap(),
+        );
+        let mut host = HostGemm::new(pool);
+        let (rows, n, k) = (6, 300, 70);
+        let mut seed = 11u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1 << 23) as f32 - 1.0
+        };
+        let x: Vec<f32> = (0..rows * k).map(|_| next()).collect();
+        let w: Vec<bf16> = (0..n * k).map(|_| bf16::from_f32(next())).collect();
+        let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+        let xb: Vec<bf16> = x.iter().map(|&v| to_bf16(v)).collect();
+        let (mut want_f32, mut want_bf16) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+        for r in 0..rows {
+            for j in 0..n {
+                want_f32[r * n + j] = dot_f32(&x[r * k..(r + 1) * k], &wf[j * k..(j + 1) * k]);
+                want_bf16[r * n + j] =
+                    dot_bf16_products(&xb[r * k..(r + 1) * k], &w[j * k..(j + 1) * k]);
+            }
+        }
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_ne!(bits(&want_f32), bits(&want_bf16), "control");
+        let with = |products| WeightRef {
+            products,
+            ..weight("w", n, k, LinearData::Bf16(&w))
+        };
+        for p in [Products::F32, Products::Bf16] {
+            let want = if p == Products::F32 {
+                &want_f32
+            } else {
+                &want_bf16
+            };
+            let mut y = vec![f32::NAN; rows * n];
+            host.gemm(&with(p), &x, rows, &mut y).unwrap();
+            assert_eq!(bits(&y), bits(want), "{p}");
+        }
+        let (mut a, mut b) = (vec![f32::NAN; rows * n], vec![f32::NAN; rows * n]);
+        host.gemm_group(
+            &[with(Products::Bf16), with(Products::F32)],
+            &x,
+            rows,
+            &mut [&mut a, &mut b],
+        )
+        .unwrap();
+        assert_eq!(bits(&a), bits(&want_bf16));
+        assert_eq!(bits(&b), bits(&want_f32));
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub use ab::AbGemm;
 pub use backend::{AbReport, BackendError, GemmBackend, GemmStats, WeightRef};
 pub use device::{DeviceConfig, DeviceGemm, PlantedLayout};
 pub use host::HostGemm;
+pub use kernels::{Products, PRODUCTS_ENV};
 pub use pool::{new_pool, PoolError};
 pub use runtime::{
     default_threads, GemmChoice, LinearHandle, PackLinear, Runtime, RuntimeError, RuntimeOptions,

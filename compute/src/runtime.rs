@@ -17,6 +17,7 @@ use crate::ab::AbGemm;
 use crate::backend::{AbReport, BackendError, GemmBackend, GemmStats, WeightRef};
 use crate::device::{DeviceConfig, DeviceGemm};
 use crate::host::HostGemm;
+use crate::kernels::Products;
 use crate::pool::{new_pool, PoolError};
 
 /// Where the matrix products run: the one statement of it every front end maps onto (`--gemm`,
@@ -112,21 +113,28 @@ impl PackLinear {
 /// A linear made resident on the runtime's backend: only [`Runtime::register`] makes one.
 #[derive(Clone, Copy, Debug)]
 pub struct LinearHandle {
-    id: usize,
+    /// u32 keeps the handle at 24 bytes with `products` (models hold many; ids stay far below).
+    id: u32,
     at: PackLinear,
+    products: Products,
 }
 
 impl LinearHandle {
     /// The backend's view of the weight (its id and bytes in `pack`).
     pub fn weight<'p>(&self, pack: &'p Pack) -> WeightRef<'p> {
         WeightRef {
-            id: self.id,
+            id: self.id as usize,
             linear: self.at.resolve(pack),
+            products: self.products,
         }
+    }
+    /// The arithmetic of the weight's products if it is stored bf16.
+    pub fn products(&self) -> Products {
+        self.products
     }
     /// The backend id (ids are dense from 0 in registration order).
     pub fn id(&self) -> usize {
-        self.id
+        self.id as usize
     }
     pub fn at(&self) -> PackLinear {
         self.at
@@ -215,18 +223,33 @@ impl Runtime {
     }
 
     /// Makes `linears` of `pack` resident (a device backend uploads them here) and returns their
-    /// handles, in order. All or nothing: a weight the backend refuses leaves nothing registered.
+    /// handles, in order, with f32 products. All or nothing: a weight the backend refuses leaves
+    /// nothing registered.
     pub fn register(
         &self,
         pack: &Pack,
         linears: &[PackLinear],
+    ) -> Result<Vec<LinearHandle>, BackendError> {
+        self.register_with(pack, linears, Products::F32)
+    }
+
+    /// [`Runtime::register`] with the arithmetic the bf16-stored ones among `linears` multiply by.
+    pub fn register_with(
+        &self,
+        pack: &Pack,
+        linears: &[PackLinear],
+        products: Products,
     ) -> Result<Vec<LinearHandle>, BackendError> {
         let mut backend = self.backend();
         let first = backend.next_id;
         let handles: Vec<LinearHandle> = linears
             .iter()
             .enumerate()
-            .map(|(i, &at)| LinearHandle { id: first + i, at })
+            .map(|(i, &at)| LinearHandle {
+                id: u32::try_from(first + i).expect("fewer than 2^32 linears"),
+                at,
+                products,
+            })
             .collect();
         let refs: Vec<WeightRef<'_>> = handles.iter().map(|h| h.weight(pack)).collect();
         backend.gemm.prepare(&refs)?;

@@ -21,6 +21,9 @@ pub struct BuildOptions {
     pub vision: bool,
     /// How the tower's linears are stored (`--vision-quant`); `None`: as the decoder's.
     pub vision_quant: Option<QuantKind>,
+    /// The tower's bf16 linears multiply by bf16 products (`--vision-products bf16`;
+    /// `VisionSemantics::bf16_products`).
+    pub vision_bf16_products: bool,
 }
 
 impl BuildOptions {
@@ -31,6 +34,7 @@ impl BuildOptions {
             progress: false,
             vision: true,
             vision_quant: None,
+            vision_bf16_products: false,
         }
     }
 }
@@ -56,7 +60,10 @@ pub fn build_from_hf(
     opts: &BuildOptions,
 ) -> Result<BuildReport, BuildError> {
     let checkpoint = crate::hf::Checkpoint::open(dir, opts.mrope_section, opts.vision)?;
-    let sem = checkpoint.semantics(opts.quant, opts.vision_quant);
+    let mut sem = checkpoint.semantics(opts.quant, opts.vision_quant);
+    if let Some(v) = &mut sem.vision {
+        v.bf16_products = opts.vision_bf16_products;
+    }
     // The quant options meet the config here (a q4 tower's K): name the config.
     sem.validate()
         .map_err(|source| crate::hf::HfError::Semantics {

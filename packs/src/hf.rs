@@ -755,6 +755,7 @@ pub fn parse_vision_config(path: &Path, config: &Value) -> Result<VisionSemantic
         // transformers builds every tower LayerNorm with eps=1e-6 whatever the config says.
         layer_norm_eps: 1e-6,
         quant: QuantKind::F32,
+        bf16_products: false,
     })
 }
 

@@ -180,6 +180,12 @@ pub struct VisionSemantics {
     pub layer_norm_eps: f64,
     /// How the tower's linears are stored (norms, biases and the position table stay f32).
     pub quant: QuantKind,
+    /// The tower's bf16 linears multiply by bf16 products — activations rounded to bf16, the
+    /// products summed in f32 as `vdpbf16ps` does — instead of f32 products (the weights widened).
+    /// Only with `quant` bf16 (`packs build --vision-quant bf16 --vision-products bf16`). Absent
+    /// in a pack: f32 products.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bf16_products: bool,
 }
 
 /// The only MLP activation the tower implements (transformers' Qwen3-VL default).
@@ -264,6 +270,13 @@ impl VisionSemantics {
             if !(value.is_finite() && value > 0.0) {
                 return err(format!("{field} = {value} must be finite and > 0"));
             }
+        }
+        if self.bf16_products && self.quant != QuantKind::Bf16 {
+            return err(format!(
+                "bf16 products are an arithmetic of bf16 linears; this tower's are {} (build with \
+                 --vision-quant bf16 --vision-products bf16)",
+                self.quant
+            ));
         }
         if self.quant == QuantKind::Q4 {
             for (field, value) in [

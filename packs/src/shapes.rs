@@ -215,6 +215,7 @@ impl RandomShape {
                     rope_theta: 10_000.0,
                     layer_norm_eps: 1e-6,
                     quant: QuantKind::F32,
+                    bf16_products: false,
                 }),
                 preprocess: Some(preprocess(16, 65_536, 16_777_216)),
                 moe: None,
@@ -245,6 +246,7 @@ impl RandomShape {
             rope_theta: 10_000.0,
             layer_norm_eps: 1e-6,
             quant: QuantKind::F32,
+            bf16_products: false,
         });
         shape.semantics.preprocess = Some(preprocess(16, 32 * 32, 128 * 128));
         shape

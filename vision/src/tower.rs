@@ -5,6 +5,10 @@
 //!
 //! Every linear goes through the `compute` runtime the tower was made on (shared with the
 //! decoder); LayerNorm, attention, GELU and rotary run on the CPU, forked on the runtime's pool.
+//! A bf16 tower multiplies by f32 products (its weights widened), or by bf16 products (the
+//! activations rounded to bf16, `vdpbf16ps`) when its pack says so (`--vision-products bf16`) and
+//! the host kernels have AVX-512 BF16 ([`compute::Products::resolve`]); [`Tower::arithmetic`]
+//! says which.
 
 pub mod gelu;
 pub mod layer_norm;
@@ -19,7 +23,7 @@ use std::time::{Duration, Instant};
 use compute::attention::segments::{attend_segments, SegmentScratch};
 use compute::ops::rows::{add_bias, add_rows, grow};
 use compute::timing::TimeSpent;
-use compute::{LinearHandle, PackLinear, Runtime};
+use compute::{LinearHandle, PackLinear, Products, Runtime};
 use packs::semantics::VisionSemantics;
 use packs::Pack;
 use rayon::prelude::*;
@@ -94,6 +98,8 @@ pub struct Tower {
     runtime: Runtime,
     /// The linears, by the tower's local weight index (`weights.rs`).
     linears: Vec<LinearHandle>,
+    /// The arithmetic of bf16-stored linears, and why.
+    products: (Products, &'static str),
     ablation: TowerAblation,
     scratch: Scratch,
     /// Time in attention (the blocks' softmax(q·kᵀ)·v, K/V relayout included) since the last take.
@@ -115,7 +121,13 @@ impl Tower {
         let at: Vec<PackLinear> = (0..weights.count())
             .map(|l| PackLinear::Table(weights.linear_index(l)))
             .collect();
-        let linears = runtime.register(pack, &at)?;
+        let asked = if sem.quant == packs::QuantKind::Bf16 && sem.bf16_products {
+            Products::Bf16
+        } else {
+            Products::F32
+        };
+        let products = Products::resolve(asked);
+        let linears = runtime.register_with(pack, &at, products.0)?;
         Ok(Tower {
             pack: pack.clone(),
             inv_freq: rotary::inv_freq(sem.rope_theta, sem.head_dim()),
@@ -123,6 +135,7 @@ impl Tower {
             weights,
             runtime: runtime.clone(),
             linears,
+            products,
             ablation: TowerAblation::default(),
             scratch: Scratch::default(),
             attention_time: TimeSpent::default(),
@@ -136,6 +149,22 @@ impl Tower {
     /// How many linears the tower registered on its runtime.
     pub fn linear_count(&self) -> usize {
         self.linears.len()
+    }
+
+    /// How the tower's linears multiply, for logs: `"q4"`, or for a bf16 tower `"bf16, bf16
+    /// products (AVX-512 BF16)"` / `"bf16, f32 products (...)"`.
+    pub fn arithmetic(&self) -> String {
+        match self.sem.quant {
+            packs::QuantKind::Bf16 => {
+                format!("bf16, {} ({})", self.products.0, self.products.1)
+            }
+            kind => kind.to_string(),
+        }
+    }
+
+    /// The arithmetic the tower's bf16-stored linears were registered with.
+    pub fn products(&self) -> Products {
+        self.products.0
     }
 
     /// The runtime the tower's GEMMs run on.

@@ -14,6 +14,8 @@
 //!   f32 sum per (activation row, weight row) in a vector lane, so the order per output is unchanged.
 //! - f32/bf16: the dot order of [`scalar::dot_f32`] (16 lanes, multiply then add, lanes summed
 //!   ascending, then the tail), reproduced lane by lane, so every path gives the same bits.
+//! - bf16 weights registered for bf16 products ([`Products::Bf16`]): activations rounded to bf16,
+//!   `vdpbf16ps` arithmetic in the order [`bf16_gemm`] states (AVX-512 BF16, else its oracle).
 
 // Every unsafe operation inside an `unsafe fn` sits in an `unsafe` block with a `// SAFETY:` reason.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -21,6 +23,7 @@
 
 mod activations;
 pub mod bf16_dot;
+pub mod bf16_gemm;
 mod row_blocks;
 pub mod scalar;
 mod self_check;
@@ -42,6 +45,7 @@ use std::str::FromStr;
 use std::sync::OnceLock;
 
 pub use activations::{q4_halves, ActivationLayout, Activations};
+pub use bf16_gemm::{Bf16Rows, Products, PRODUCTS_ENV};
 pub use self_check::Mismatch;
 
 /// `dst[i] = bf16::from_f32(src[i])` (round to nearest, ties to even), 8 at a time on AVX2: the bf16

@@ -11,6 +11,8 @@ use std::ops::Range;
 pub(crate) const INT_BLOCK_BYTES: usize = 256 << 10;
 /// The same for f32 rows (f32 and bf16 weights), whose rows are 4 bytes per element.
 pub(crate) const F32_BLOCK_BYTES: usize = 512 << 10;
+/// The same for bf16 rows (bf16 products): a quarter of L2, as the integer codes.
+pub(crate) const BF16_BLOCK_BYTES: usize = 256 << 10;
 
 /// The rows `0..rows` in consecutive blocks of at most `budget` bytes of `row_bytes`-byte rows, in
 /// whole multiples of `multiple` rows (a tile's height; at least one multiple), ascending.

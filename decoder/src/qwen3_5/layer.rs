@@ -203,10 +203,7 @@ impl Layer {
                 let Some(gemm) = st.router_gemm.as_mut() else {
                     unreachable!("a sparse layer has the router's host GEMM (Decoder::new)")
                 };
-                let gate = WeightRef {
-                    id: 0,
-                    linear: step.pack.linear_at(*shared_gate),
-                };
+                let gate = WeightRef::new(0, step.pack.linear_at(*shared_gate));
                 gemm.gemm(
                     &gate,
                     &s.xn[..rows * hidden],

@@ -349,10 +349,7 @@ pub(crate) fn sparse_mlp(
         .map_or(0, |m| m.moe_intermediate_size);
     let s = &mut st.scratch;
     let logits = grow(&mut s.router, rows * rule.num_experts);
-    let router = WeightRef {
-        id: 0,
-        linear: step.pack.linear_at(router),
-    };
+    let router = WeightRef::new(0, step.pack.linear_at(router));
     router_gemm.gemm(&router, &s.xn[..rows * hidden], rows, logits)?;
     moe::route(
         &s.router[..rows * rule.num_experts],

@@ -12,7 +12,8 @@
 //! `i8_tiles.rs` the i8 register tiles, GEMV and few-row kernel; `i8_pairs.rs` the AVX2 i8 kernel
 //! for many rows; `q4_rows.rs` the q4 GEMV (one row); `q4_few.rs` the q4 kernel for 2..=16 rows
 //! (several decode streams: each weight panel unpacked once for all rows); `q4_packed.rs` the
-//! packed-panel q4 kernel for many rows; `wide.rs` the 16-lane panels; `float.rs` the f32/bf16 tiles and the bf16 conversion;
+//! packed-panel q4 kernel for many rows; `wide.rs` the 16-lane panels; `float.rs` the f32/bf16 tiles and the bf16 conversion; `bf16_gemm.rs` bf16 products on
+//! AVX-512 BF16 (`kernels/bf16_gemm.rs`);
 //! `activations.rs` the activation rows' preparation (quantization, q4 group layout and sums, the
 //! bit copy).
 //!
@@ -38,6 +39,7 @@ use packs::quant::Q4_GROUP;
 use std::arch::x86_64::*;
 
 mod activations;
+mod bf16_gemm;
 mod float;
 pub(crate) mod i8_pairs;
 mod i8_tiles;
@@ -48,6 +50,7 @@ mod vnni;
 mod wide;
 
 pub(super) use activations::{copy_u32_avx2, q4_groups_row_avx2, quantize_row_avx2};
+pub(crate) use bf16_gemm::{bf16_products_avx512, round_row_bf16};
 pub use float::bf16x8_to_ps;
 pub(crate) use float::f32_to_bf16_avx2;
 #[cfg(test)]

@@ -103,10 +103,7 @@ fn bench(
                 let refs: Vec<WeightRef<'_>> = names
                     .iter()
                     .enumerate()
-                    .map(|(id, n)| WeightRef {
-                        id,
-                        linear: pack.linear(n).unwrap_or_else(|e| refuse(e)),
-                    })
+                    .map(|(id, n)| WeightRef::new(id, pack.linear(n).unwrap_or_else(|e| refuse(e))))
                     .collect();
                 let (n, k) = refs.first().map_or((0, 0), |w| (w.linear.n, w.linear.k));
                 (format!("{label} {n}x{k}"), refs)
@@ -115,10 +112,7 @@ fn bench(
         let head = pack.head();
         shapes.push((
             format!("head {}x{}", head.n, head.k),
-            vec![WeightRef {
-                id: 0,
-                linear: head,
-            }],
+            vec![WeightRef::new(0, head)],
         ));
         for &isa in isas {
             let kernels = Kernels::new(isa).expect("usable: checked above");
@@ -218,10 +212,7 @@ fn gemv_sequence(
 ) -> (f64, f64, f64, [f64; 5]) {
     use packs::names::{proj, Proj};
     let layers = pack.semantics().num_layers;
-    let wref = |name: String| WeightRef {
-        id: 0,
-        linear: pack.linear(&name).unwrap_or_else(|e| refuse(e)),
-    };
+    let wref = |name: String| WeightRef::new(0, pack.linear(&name).unwrap_or_else(|e| refuse(e)));
     let groups: Vec<Vec<WeightRef<'_>>> = (0..layers)
         .flat_map(|l| {
             [
@@ -233,10 +224,7 @@ fn gemv_sequence(
             .into_iter()
             .map(move |ps| ps.into_iter().map(|p| wref(proj(l, p))).collect())
         })
-        .chain(std::iter::once(vec![WeightRef {
-            id: 0,
-            linear: pack.head(),
-        }]))
+        .chain(std::iter::once(vec![WeightRef::new(0, pack.head())]))
         .collect();
     let bytes: u64 = groups.iter().flatten().map(weight_bytes).sum();
     let mut outs: Vec<Vec<Vec<f32>>> = groups

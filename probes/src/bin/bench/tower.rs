@@ -9,7 +9,7 @@ use crate::steps::{image_prompt, prefill, prefill_prompt, Prompt, PromptImage};
 use crate::{refuse, Common};
 use compute::attention::AttnPath;
 use compute::kernels::Isa;
-use compute::Runtime;
+use compute::{Products, Runtime};
 use decoder::{Decoder, DecoderOptions};
 use packs::random::RandomShape;
 use packs::semantics::{ImagePreprocess, VisionSemantics};
@@ -334,15 +334,23 @@ fn bench(
             .encode(&[&smallest.patches])
             .unwrap_or_else(|e| refuse(e));
         prefill(&mut f, 16);
+        let bf16_products = kind == QuantKind::Bf16 && tower.products() == Products::Bf16;
         let peak_mix = matching_peak(kind, isa);
-        let peak = peak_of(peak_mix);
+        // bf16 products run `vdpbf16ps`: its own peak mix.
+        let peak_mix = if bf16_products {
+            PeakMix::Bf16DotZmm
+        } else {
+            peak_mix
+        };
+        let (peak_name, peak) = (peak_mix.name(), peak_of(peak_mix));
         let attn_mix = crate::attention::tower_attention_peak(AttnPath::best());
         let attn_peak = attn_mix.and_then(peak_of);
         let mut per_image = Map::new();
         if !c.json {
             println!(
-                "\n{kind} tower (GEMMs against {} = {})",
-                peak_mix.name(),
+                "\n{kind} tower: {} (GEMMs against {} = {})",
+                tower.arithmetic(),
+                peak_name,
                 peak.map_or("?".into(), |p| format!("{p:.1} GMAC/s"))
             );
         }
@@ -416,7 +424,12 @@ fn bench(
         }
         kinds_json.insert(
             kind.to_string(),
-            json!({ "peak": peak_mix.name(), "peak_gmac_s": peak, "images": per_image }),
+            json!({
+                "arithmetic": tower.arithmetic(),
+                "peak": peak_name,
+                "peak_gmac_s": peak,
+                "images": per_image
+            }),
         );
     }
     let load_end = load_avg();

@@ -13,8 +13,8 @@
    tokenizer and template (speed does not depend on the vocabulary's words). From it:
      theirs  convert_hf_to_gguf.py -> text F16 -> llama-quantize --pure Q4_0; --mmproj -> F16 tower
      ours    packs build --quant q4 (the tower as `packs build` stores it by default: named "q4"
-             below) and, per --towers, --vision-quant K for other towers ("bf16": against their
-             F16 tower, like for like);
+             below) and, per --towers, --vision-quant K for other towers ("bf16": with
+             --vision-products bf16, against their F16 tower, like for like);
 3. writes a photo-like JPEG per size (gradients and noise, quality 90) and alternates, A B A B,
    --rounds times per size and tower:
      ours    `xdna-vl run PACK --image P --prompt Q --max-tokens 1 --json`: `timings.ttft_ms` (from
@@ -153,6 +153,9 @@ def make_models(cache: str, exes: dict, seed: int, towers: list[str]) -> dict[st
             cmd = [packs_exe(), "build", ck, "-o", pack + ".tmp", "--quant", "q4", "-q"]
             if tower != "q4":
                 cmd += ["--vision-quant", tower]
+            if tower == "bf16":
+                # The 16-bit tower on BF16 dot products (f32 products where the CPU lacks them).
+                cmd += ["--vision-products", "bf16"]
             run(cmd, quiet=True)
             os.replace(pack + ".tmp", pack)
         else:

@@ -336,7 +336,8 @@ fn bench(
         prefill(&mut f, 16);
         let peak_mix = matching_peak(kind, isa);
         let peak = peak_of(peak_mix);
-        let attn_mix = crate::attention::tower_attention_peak(AttnPath::best());
+        let attn_mix =
+            crate::attention::tower_attention_peak(AttnPath::best(), tower.attention_operands());
         let attn_peak = attn_mix.and_then(peak_of);
         let mut per_image = Map::new();
         if !c.json {

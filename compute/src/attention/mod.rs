@@ -27,6 +27,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod bf16;
 pub mod oracle;
 pub mod segments;
 #[cfg(test)]
@@ -168,6 +169,9 @@ pub(crate) struct BlockState {
     l: Vec<f32>,
     o: Vec<f32>,
     p: Vec<f32>,
+    /// The bf16 variant's queries (a block) and probabilities (a register tile).
+    qb: Vec<half::bf16>,
+    pb: Vec<half::bf16>,
 }
 
 impl BlockState {
@@ -187,6 +191,26 @@ impl BlockState {
 
 /// Query rows of the SIMD paths' register tiles.
 pub(crate) const MAX_TILE_ROWS: usize = 4;
+
+/// What the products read: f32 operands (the f32 variant), or bf16 ones with f32 sums
+/// (`bf16.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Operands {
+    F32,
+    Bf16,
+}
+
+impl Operands {
+    /// Whether this CPU runs the operands' SIMD path (else their oracle runs).
+    pub fn has_simd(self) -> bool {
+        match self {
+            Operands::F32 => AttnPath::best() != AttnPath::Scalar,
+            Operands::Bf16 => {
+                crate::kernels::bf16_dot::has_avx512_bf16() && AttnPath::Avx512.is_available()
+            }
+        }
+    }
+}
 
 /// Testing hooks of a call: a planted mistake for the controls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -243,6 +267,53 @@ pub(crate) fn attend_block(
                 oracle::attend_row(shape, q, kv, out);
             }
         }
+    }
+}
+
+/// The bf16 variant of [`attend_block`]: the AVX-512 BF16 path when `path` is
+/// [`AttnPath::Avx512`] and the CPU has the instructions, else the oracle.
+pub(crate) fn attend_block_bf16(
+    path: AttnPath,
+    shape: HeadShape,
+    kv: bf16::PackedKvBf16<'_>,
+    block: QueryBlock<'_>,
+    state: &mut BlockState,
+) {
+    let d = shape.d;
+    let (kt_tile, v_tile) = bf16::tile_sizes(d);
+    let tiles = kv.len.div_ceil(KEY_TILE);
+    assert!(
+        d.is_multiple_of(2) && kv.kt.len() >= tiles * kt_tile && kv.v.len() >= tiles * v_tile,
+        "bf16 attention: packed keys {} / values {} for {} keys of d {d}",
+        kv.kt.len(),
+        kv.v.len(),
+        kv.len
+    );
+    if block.rows == 0 {
+        return;
+    }
+    assert!(
+        block.q.len() >= (block.rows - 1) * block.q_stride + d
+            && block.out.len() >= (block.rows - 1) * block.out_stride + d,
+        "bf16 attention: a block of {} rows of d {d}: q holds {}, out {}",
+        block.rows,
+        block.q.len(),
+        block.out.len(),
+    );
+    #[cfg(target_arch = "x86_64")]
+    if path == AttnPath::Avx512 && Operands::Bf16.has_simd() {
+        state.reset(block.rows, shape.dp());
+        // SAFETY: the CPU has AVX-512 F, BW, BF16, AVX2 and FMA (checked just above); the packed
+        // tiles, the block's queries and d were checked above; the state was reset for the rows.
+        unsafe { bf16::x86::attend_block(shape, kv, &block, state) };
+        finish(shape, block, state);
+        return;
+    }
+    let _ = (path, &state);
+    for r in 0..block.rows {
+        let q = &block.q[r * block.q_stride..][..d];
+        let out = &mut block.out[r * block.out_stride..][..d];
+        bf16::attend_row(shape, q, kv, out);
     }
 }
 

@@ -7,10 +7,13 @@
 //! its head's K and V once from memory; its rows share every tile from L1. A task takes one head,
 //! not all: 784 rows make 13 blocks, which left one of 2 threads idle for a block's time.
 
+use super::bf16::{key_at, tile_sizes, value_at, PackedKvBf16};
 use super::{
-    attend_block, padded_dim, AttnPath, BlockState, HeadShape, PackedKv, Planted, QueryBlock,
-    KEY_TILE,
+    attend_block, attend_block_bf16, padded_dim, AttnPath, BlockState, HeadShape, Operands,
+    PackedKv, Planted, QueryBlock, KEY_TILE,
 };
+use crate::kernels::bf16_dot::to_bf16;
+use half::bf16;
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -23,6 +26,8 @@ pub struct SegmentScratch {
     kt: Vec<f32>,
     v: Vec<f32>,
     oh: Vec<f32>,
+    kb: Vec<bf16>,
+    vb: Vec<bf16>,
 }
 
 thread_local! {
@@ -50,24 +55,28 @@ impl Plan {
 
 /// `out[r, h·d..]` for every row r of `qkv` (`[rows, 3·heads·d]`: q, k, v of every head) and head
 /// h: attention over the rows of the segment (`(first row, rows)`, ascending, covering every
-/// row) holding r, with the arithmetic of the module docs of `attention`. Runs on the current
-/// rayon pool.
+/// row) holding r, with the arithmetic of the module docs of `attention` (f32 operands) or of
+/// `attention::bf16` (bf16 operands, d even). Runs on the current rayon pool.
 pub fn attend_segments(
     qkv: &[f32],
     heads: usize,
     d: usize,
     segments: &[(usize, usize)],
+    operands: Operands,
     scratch: &mut SegmentScratch,
     out: &mut [f32],
 ) {
-    attend_planned(qkv, heads, d, segments, scratch, out, Plan::for_this_cpu())
+    let plan = Plan::for_this_cpu();
+    attend_planned(qkv, heads, d, segments, operands, scratch, out, plan)
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_planned(
     qkv: &[f32],
     heads: usize,
     d: usize,
     segments: &[(usize, usize)],
+    operands: Operands,
     scratch: &mut SegmentScratch,
     out: &mut [f32],
     plan: Plan,
@@ -104,47 +113,91 @@ pub(crate) fn attend_planned(
         })
         .collect();
     let tiles: usize = segments.iter().map(|s| s.1.div_ceil(KEY_TILE)).sum();
-    let (kt_head, v_head) = (tiles * tile_floats, rows * dp);
-    let SegmentScratch { kt, v, oh } = scratch;
-    for (buf, n) in [
-        (&mut *kt, heads * kt_head),
-        (&mut *v, heads * v_head),
-        (&mut *oh, rows * hidden),
-    ] {
-        if buf.len() < n {
-            buf.resize(n, 0.0);
+    let element =
+        |r: usize, part: usize, h: usize| &qkv[r * 3 * hidden + part * hidden + h * d..][..d];
+    let (kt_head, v_head) = match operands {
+        Operands::F32 => (tiles * tile_floats, rows * dp),
+        Operands::Bf16 => (tiles * tile_sizes(d).0, tiles * tile_sizes(d).1),
+    };
+    let SegmentScratch { kt, v, oh, kb, vb } = scratch;
+    if oh.len() < rows * hidden {
+        oh.resize(rows * hidden, 0.0);
+    }
+    let (f32_sizes, bf16_sizes) = match operands {
+        Operands::F32 => ((kt_head, v_head), (0, 0)),
+        Operands::Bf16 => ((0, 0), (kt_head, v_head)),
+    };
+    for (buf, n) in [(&mut *kt, f32_sizes.0), (&mut *v, f32_sizes.1)] {
+        if buf.len() < heads * n {
+            buf.resize(heads * n, 0.0);
         }
     }
-    let (kt, v) = (&mut kt[..heads * kt_head], &mut v[..heads * v_head]);
-    kt.par_chunks_mut(kt_head.max(1))
-        .zip(v.par_chunks_mut(v_head.max(1)))
-        .enumerate()
-        .for_each(|(h, (kt, v))| {
-            let element =
-                |r: usize, part: usize| &qkv[r * 3 * hidden + part * hidden + h * d..][..d];
-            for (&(start, len), &before) in segments.iter().zip(&tiles_before) {
-                let seg = &mut kt[before * tile_floats..][..len.div_ceil(KEY_TILE) * tile_floats];
-                for (t, tile) in seg.chunks_exact_mut(tile_floats).enumerate() {
-                    let w = (len - t * KEY_TILE).min(KEY_TILE);
-                    for j in 0..KEY_TILE {
-                        if j < w {
-                            for (c, &x) in element(start + t * KEY_TILE + j, 1).iter().enumerate() {
-                                tile[c * KEY_TILE + j] = x;
-                            }
-                        } else {
-                            for c in 0..d {
-                                tile[c * KEY_TILE + j] = 0.0;
+    for (buf, n) in [(&mut *kb, bf16_sizes.0), (&mut *vb, bf16_sizes.1)] {
+        if buf.len() < heads * n {
+            buf.resize(heads * n, bf16::ZERO);
+        }
+    }
+    let (kt, v) = (
+        &mut kt[..heads * f32_sizes.0],
+        &mut v[..heads * f32_sizes.1],
+    );
+    let (kb, vb) = (
+        &mut kb[..heads * bf16_sizes.0],
+        &mut vb[..heads * bf16_sizes.1],
+    );
+    match operands {
+        Operands::F32 => kt
+            .par_chunks_mut(kt_head.max(1))
+            .zip(v.par_chunks_mut(v_head.max(1)))
+            .enumerate()
+            .for_each(|(h, (kt, v))| {
+                for (&(start, len), &before) in segments.iter().zip(&tiles_before) {
+                    let seg =
+                        &mut kt[before * tile_floats..][..len.div_ceil(KEY_TILE) * tile_floats];
+                    for (t, tile) in seg.chunks_exact_mut(tile_floats).enumerate() {
+                        let w = (len - t * KEY_TILE).min(KEY_TILE);
+                        for j in 0..KEY_TILE {
+                            if j < w {
+                                let k = element(start + t * KEY_TILE + j, 1, h);
+                                for (c, &x) in k.iter().enumerate() {
+                                    tile[c * KEY_TILE + j] = x;
+                                }
+                            } else {
+                                for c in 0..d {
+                                    tile[c * KEY_TILE + j] = 0.0;
+                                }
                             }
                         }
                     }
                 }
-            }
-            for (r, row) in v.chunks_exact_mut(dp).enumerate() {
-                row[..d].copy_from_slice(element(r, 2));
-                row[d..].fill(0.0);
-            }
-        });
-    let (kt, v) = (&*kt, &*v);
+                for (r, row) in v.chunks_exact_mut(dp).enumerate() {
+                    row[..d].copy_from_slice(element(r, 2, h));
+                    row[d..].fill(0.0);
+                }
+            }),
+        Operands::Bf16 => kb
+            .par_chunks_mut(kt_head.max(1))
+            .zip(vb.par_chunks_mut(v_head.max(1)))
+            .enumerate()
+            .for_each(|(h, (kb, vb))| {
+                let (kt_tile, v_tile) = tile_sizes(d);
+                for (&(start, len), &before) in segments.iter().zip(&tiles_before) {
+                    let tiles = len.div_ceil(KEY_TILE);
+                    let ks = &mut kb[before * kt_tile..][..tiles * kt_tile];
+                    let vs = &mut vb[before * v_tile..][..tiles * v_tile];
+                    ks.fill(bf16::ZERO);
+                    vs.fill(bf16::ZERO);
+                    for j in 0..len {
+                        let (k, x) = (element(start + j, 1, h), element(start + j, 2, h));
+                        for c in 0..d {
+                            ks[key_at(d, j, c)] = to_bf16(k[c]);
+                            vs[value_at(dp, j, c)] = to_bf16(x[c]);
+                        }
+                    }
+                }
+            }),
+    }
+    let (kt, v, kb, vb) = (&*kt, &*v, &*kb, &*vb);
     // Tasks: a head and a block of query rows, none across a segment's end, head after head (a
     // thread's next task reads the K/V its last one left in cache); each writes its rows of the
     // head-major outputs `oh[h][r]`.
@@ -170,12 +223,6 @@ pub(crate) fn attend_planned(
     }
     tasks.into_par_iter().for_each(|(h, s, r0, r1, out)| {
         let (start, len) = segments[s];
-        let kv = PackedKv {
-            kt: &kt[h * kt_head + tiles_before[s] * tile_floats..]
-                [..len.div_ceil(KEY_TILE) * tile_floats],
-            v: &v[h * v_head + start * dp..][..len * dp],
-            len,
-        };
         let block = QueryBlock {
             q: &qkv[r0 * 3 * hidden + h * d..(r1 - 1) * 3 * hidden + h * d + d],
             q_stride: 3 * hidden,
@@ -183,15 +230,29 @@ pub(crate) fn attend_planned(
             out,
             out_stride: d,
         };
+        let tiles = len.div_ceil(KEY_TILE);
         STATE.with(|state| {
-            attend_block(
-                plan.path,
-                shape,
-                kv,
-                block,
-                &mut state.borrow_mut(),
-                plan.planted,
-            )
+            let state = &mut state.borrow_mut();
+            match operands {
+                Operands::F32 => {
+                    let kv = PackedKv {
+                        kt: &kt[h * kt_head + tiles_before[s] * tile_floats..]
+                            [..tiles * tile_floats],
+                        v: &v[h * v_head + start * dp..][..len * dp],
+                        len,
+                    };
+                    attend_block(plan.path, shape, kv, block, state, plan.planted)
+                }
+                Operands::Bf16 => {
+                    let (kt_tile, v_tile) = tile_sizes(d);
+                    let kv = PackedKvBf16 {
+                        kt: &kb[h * kt_head + tiles_before[s] * kt_tile..][..tiles * kt_tile],
+                        v: &vb[h * v_head + tiles_before[s] * v_tile..][..tiles * v_tile],
+                        len,
+                    };
+                    attend_block_bf16(plan.path, shape, kv, block, state)
+                }
+            }
         });
     });
     // Back to rows: out[r, h·d..] = oh[h, r].

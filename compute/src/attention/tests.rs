@@ -82,9 +82,29 @@ fn rows_attend_only_within_their_segment() {
     let mut out = vec![0.0; 8];
     let mut scratch = SegmentScratch::default();
     let pool = pool();
-    pool.install(|| attend_segments(&data, 1, 2, &[(0, 2), (2, 2)], &mut scratch, &mut out));
+    pool.install(|| {
+        attend_segments(
+            &data,
+            1,
+            2,
+            &[(0, 2), (2, 2)],
+            Operands::F32,
+            &mut scratch,
+            &mut out,
+        )
+    });
     assert_eq!(out, vec![2.0, -2.0, 2.0, -2.0, 20.0, -20.0, 20.0, -20.0]);
-    pool.install(|| attend_segments(&data, 1, 2, &[(0, 4)], &mut scratch, &mut out));
+    pool.install(|| {
+        attend_segments(
+            &data,
+            1,
+            2,
+            &[(0, 4)],
+            Operands::F32,
+            &mut scratch,
+            &mut out,
+        )
+    });
     assert_eq!(out[0], 11.0);
 }
 
@@ -106,11 +126,33 @@ fn the_oracle_is_softmax_attention() {
         block_rows: BLOCK_ROWS_TEST,
         planted: Planted::default(),
     };
-    pool().install(|| attend_planned(&qkv, heads, d, &segments, &mut scratch, &mut out, plan));
+    pool().install(|| {
+        attend_planned(
+            &qkv,
+            heads,
+            d,
+            &segments,
+            Operands::F32,
+            &mut scratch,
+            &mut out,
+            plan,
+        )
+    });
     let w = worst(&out, &want);
     assert!(w < 1e-5, "max |diff| {w}");
     let short = segments_of(&[36, 6, 130]);
-    pool().install(|| attend_planned(&qkv, heads, d, &short, &mut scratch, &mut out, plan));
+    pool().install(|| {
+        attend_planned(
+            &qkv,
+            heads,
+            d,
+            &short,
+            Operands::F32,
+            &mut scratch,
+            &mut out,
+            plan,
+        )
+    });
     let moved = worst(&out[..36 * heads * d], &want);
     assert!(moved > 1e-3, "a missing key moved nothing ({moved})");
 }
@@ -135,7 +177,18 @@ fn every_path_gives_the_oracle_bits() {
         let qkv = values(rows * 3 * hidden, d, 2.0);
         let run = |plan: Plan, scratch: &mut SegmentScratch| {
             let mut out = vec![f32::NAN; rows * hidden];
-            pool.install(|| attend_planned(&qkv, heads, d, &segments, scratch, &mut out, plan));
+            pool.install(|| {
+                attend_planned(
+                    &qkv,
+                    heads,
+                    d,
+                    &segments,
+                    Operands::F32,
+                    scratch,
+                    &mut out,
+                    plan,
+                )
+            });
             out
         };
         let oracle = run(
@@ -205,14 +258,35 @@ fn the_dispatched_path_rescales_as_the_oracle() {
     let mut scratch = SegmentScratch::default();
     let mut got = vec![0f32; rows * d];
     let pool = pool();
-    pool.install(|| attend_segments(&qkv, heads, d, &segments, &mut scratch, &mut got));
+    pool.install(|| {
+        attend_segments(
+            &qkv,
+            heads,
+            d,
+            &segments,
+            Operands::F32,
+            &mut scratch,
+            &mut got,
+        )
+    });
     let mut want = vec![0f32; rows * d];
     let plan = Plan {
         path: AttnPath::Scalar,
         block_rows: 64,
         planted: Planted::default(),
     };
-    pool.install(|| attend_planned(&qkv, heads, d, &segments, &mut scratch, &mut want, plan));
+    pool.install(|| {
+        attend_planned(
+            &qkv,
+            heads,
+            d,
+            &segments,
+            Operands::F32,
+            &mut scratch,
+            &mut want,
+            plan,
+        )
+    });
     assert_eq!(
         bits(&got),
         bits(&want),
@@ -221,4 +295,79 @@ fn the_dispatched_path_rescales_as_the_oracle() {
     );
     let w = worst(&got, &naive(&qkv, heads, d, &segments));
     assert!(w < 1e-5, "max |diff| {w}");
+}
+
+/// The bf16 variant: its oracle is the plain formula within bf16 rounding, and the AVX-512 BF16
+/// path gives the oracle's bits for every block size, segments of 1..150 rows (odd tiles: a key
+/// paired with a zero one) and d 64, 72, 20; skipped with a message on a CPU without it.
+/// Controls: the f32 variant's bits differ (so the comparison sees the operands), and a key
+/// rounded the other way (a planted wrong value) is caught.
+#[test]
+fn the_bf16_path_gives_its_oracle_bits() {
+    let pool = pool();
+    let lens = [1, 5, 16, 63, 64, 65, 150];
+    let rows: usize = lens.iter().sum();
+    let segments = segments_of(&lens);
+    let mut scratch = SegmentScratch::default();
+    let simd = Operands::Bf16.has_simd();
+    if !simd {
+        eprintln!("this CPU lacks AVX-512 BF16: the bf16 oracle stands alone");
+    }
+    for (heads, d) in [(2, 64), (1, 72), (3, 20)] {
+        let hidden = heads * d;
+        let mut qkv = values(rows * 3 * hidden, d + 1, 2.0);
+        let run = |plan: Plan, ops: Operands, qkv: &[f32], scratch: &mut SegmentScratch| {
+            let mut out = vec![f32::NAN; rows * hidden];
+            pool.install(|| attend_planned(qkv, heads, d, &segments, ops, scratch, &mut out, plan));
+            out
+        };
+        let scalar = Plan {
+            path: AttnPath::Scalar,
+            block_rows: 64,
+            planted: Planted::default(),
+        };
+        let oracle = run(scalar, Operands::Bf16, &qkv, &mut scratch);
+        let w = worst(&oracle, &naive(&qkv, heads, d, &segments));
+        assert!(
+            w < 0.05 && w > 1e-4,
+            "d {d}: bf16 oracle vs the formula {w}"
+        );
+        let f32_bits = run(scalar, Operands::F32, &qkv, &mut scratch);
+        assert_ne!(
+            bits(&f32_bits),
+            bits(&oracle),
+            "d {d}: the f32 variant's bits"
+        );
+        if simd {
+            for block_rows in [1, 3, 4, 9, 64, 200] {
+                let plan = Plan {
+                    path: AttnPath::Avx512,
+                    block_rows,
+                    planted: Planted::default(),
+                };
+                let got = run(plan, Operands::Bf16, &qkv, &mut scratch);
+                for r in 0..rows {
+                    assert_eq!(
+                        bits(&got[r * hidden..][..hidden]),
+                        bits(&oracle[r * hidden..][..hidden]),
+                        "bf16, d {d}, block {block_rows}: row {r} differs from the oracle"
+                    );
+                }
+            }
+        }
+        // Control: one key element moved by one bf16 step changes the bits of its segment.
+        let at = 100 * 3 * hidden + hidden + 3;
+        qkv[at] = half::bf16::from_bits(half::bf16::from_f32(qkv[at]).to_bits() + 1).to_f32();
+        let path = if simd {
+            AttnPath::Avx512
+        } else {
+            AttnPath::Scalar
+        };
+        let planted = run(Plan { path, ..scalar }, Operands::Bf16, &qkv, &mut scratch);
+        assert_ne!(
+            bits(&planted),
+            bits(&oracle),
+            "d {d}: a changed key went unseen"
+        );
+    }
 }

@@ -49,6 +49,46 @@ fn bf16_tower_of_a_bf16_checkpoint_equals_transformers() {
     assert!(w <= F32_TOLERANCE, "bf16 pack differs by {w:e}");
 }
 
+/// bf16 attention (opt-in, AVX-512 BF16 only) on the wide bf16 checkpoint: how far its rows
+/// move from transformers' and from the f32 attention's, per output row (relative to the row's
+/// largest value), printed; bounded at 2e-3. Control: the default tower is the f32 attention.
+#[test]
+fn bf16_attention_stays_near_the_f32_tower() {
+    use compute::attention::Operands;
+    let dir = tempfile::tempdir().unwrap();
+    let pack = build_pack(Case::Wide, QuantKind::Bf16, dir.path());
+    let r = Reference::open(Case::Wide, QuantKind::F32);
+    let runtime = common::runtime(|pool| Box::new(compute::HostGemm::new(pool)));
+    let mut tower = vision::tower::Tower::new(&pack, &runtime).unwrap();
+    assert_eq!(tower.attention_operands(), Operands::F32, "f32 by default");
+    let f32_out = tower.encode(&r.image_refs()).unwrap();
+    if !tower.use_bf16_attention(true) {
+        eprintln!("this CPU lacks AVX-512 BF16: the tower keeps f32 attention");
+        return;
+    }
+    let out = tower.encode(&r.image_refs()).unwrap();
+    let per_row = |a: &[f32], b: &[f32]| {
+        a.chunks(r.out_hidden)
+            .zip(b.chunks(r.out_hidden))
+            .map(|(x, y)| common::max_abs_diff(x, y) / common::max_abs(y).max(1e-6))
+            .fold(0.0, f32::max)
+    };
+    let vs_f32 = per_row(&out.image_embeds, &f32_out.image_embeds);
+    let vs_ref = per_row(&out.image_embeds, &r.image_embeds);
+    let f32_vs_ref = per_row(&f32_out.image_embeds, &r.image_embeds);
+    println!(
+        "wide bf16 pack, image rows, max relative error per row: bf16 attention vs f32 attention \
+         {vs_f32:.3e}, vs transformers {vs_ref:.3e} (f32 attention vs transformers {f32_vs_ref:.3e}); \
+         worst over the tensors vs transformers {:.3e}",
+        worst(&out, &r)
+    );
+    assert!(vs_f32 > 0.0, "bf16 attention gave the f32 bits");
+    assert!(
+        vs_f32 <= 2e-3 && vs_ref <= 2e-3,
+        "bf16 attention: {vs_f32:e}, {vs_ref:e}"
+    );
+}
+
 /// The decoder quantized, the tower kept f32 (`--vision-quant f32`): the tower reads its own storage.
 #[test]
 fn f32_tower_beside_an_i8_decoder_equals_transformers() {

@@ -265,24 +265,29 @@ fn prefill_rows(c: &Common, shape: &RandomShape, context: usize, rows: usize) ->
     })
 }
 
-/// The peak the tower's attention on `path` is set against: the multiply-add instruction of its
-/// kernel (`compute::attention`).
-pub fn tower_attention_peak(path: compute::attention::AttnPath) -> Option<probes::peak::PeakMix> {
-    use compute::attention::AttnPath;
+/// The peak the tower's attention with `operands` on `path` is set against: the multiply-add
+/// instruction of its kernel (`compute::attention`).
+pub fn tower_attention_peak(
+    path: compute::attention::AttnPath,
+    operands: compute::attention::Operands,
+) -> Option<probes::peak::PeakMix> {
+    use compute::attention::{AttnPath, Operands};
     use probes::peak::PeakMix;
-    match path {
-        AttnPath::Avx512 => Some(PeakMix::F32FmaZmm),
-        AttnPath::Avx2 => Some(PeakMix::F32FmaYmm),
-        AttnPath::Scalar => None,
+    match (operands, path) {
+        (Operands::Bf16, _) if operands.has_simd() => Some(PeakMix::Bf16DotZmm),
+        (Operands::Bf16, _) | (_, AttnPath::Scalar) => None,
+        (Operands::F32, AttnPath::Avx512) => Some(PeakMix::F32FmaZmm),
+        (Operands::F32, AttnPath::Avx2) => Some(PeakMix::F32FmaYmm),
     }
 }
 
 /// `bench attention --segment N`: the vision tower's attention alone over one image of `n`
-/// patches, every block (`compute::attention::segments`, as the tower calls it), q·kᵀ and p·V
-/// counted as one multiply-add per element, against the in-run peak of its kernel's instruction.
+/// patches, every block (`compute::attention::segments`, as the tower calls it), f32 operands
+/// and (where the CPU has AVX-512 BF16) bf16 ones, q·kᵀ and p·V counted as one multiply-add per
+/// element, against the in-run peak of each kernel's instruction.
 pub fn tower(c: &Common, shape: &RandomShape, n: usize) -> Value {
     use compute::attention::segments::{attend_segments, SegmentScratch};
-    use compute::attention::AttnPath;
+    use compute::attention::{AttnPath, Operands};
     let Some(v) = shape.with_tower().and_then(|s| s.semantics.vision.clone()) else {
         refuse(format!("shape {} has no vision tower", shape.name))
     };
@@ -294,52 +299,67 @@ pub fn tower(c: &Common, shape: &RandomShape, n: usize) -> Value {
     let pool = thread_pool(c.threads);
     let load_start = load_avg();
     let path = AttnPath::best();
-    let mix = tower_attention_peak(path);
-    let peak = mix.and_then(|m| m.measure(c.threads, 7));
     let macs = 2 * (n as u64).pow(2) * (hidden * depth) as u64;
     let qkv: Vec<f32> = (0..n * 3 * hidden)
         .map(|i| ((i * 7919 % 2003) as f32 / 1001.5 - 1.0) * 1.5)
         .collect();
     let mut out = vec![0f32; n * hidden];
     let mut scratch = SegmentScratch::default();
-    let mut times = Vec::new();
-    let mut cpu_times = Vec::new();
-    let started = Instant::now();
-    while times.len() < 2 || (started.elapsed().as_secs_f64() < 1.0 && times.len() < 10) {
-        let t = Instant::now();
-        let cpu = process_cpu_secs();
-        pool.install(|| {
-            for _ in 0..depth {
-                attend_segments(&qkv, heads, d, &[(0, n)], &mut scratch, &mut out);
-            }
-        });
-        times.push(secs(t.elapsed()));
-        if let (Some(a), Some(b)) = (cpu, process_cpu_secs()) {
-            cpu_times.push(b - a);
+    let mut result = Map::new();
+    for operands in [Operands::F32, Operands::Bf16] {
+        if operands == Operands::Bf16 && !operands.has_simd() {
+            continue;
         }
-    }
-    let fastest = times.iter().copied().fold(f64::INFINITY, f64::min);
-    let gmac_s = macs as f64 / fastest / 1e9;
-    let pct = peak.map(|p| round2(100.0 * gmac_s / p));
-    // On a loaded machine: the rate this run's CPU time would give on `threads` idle cores.
-    let cpu = cpu_times.iter().copied().fold(f64::INFINITY, f64::min);
-    let cpu_gmac_s =
-        (cpu > 0.0 && cpu.is_finite()).then(|| macs as f64 * c.threads as f64 / cpu / 1e9);
-    let load_end = load_avg();
-    if !c.json {
-        println!(
-            "shape {} tower attention: {n} patches, {heads} heads of {d}, {depth} blocks, path {path}: {:.1} ms (median {:.1}), {gmac_s:.1} GMAC/s = {}% of {} {} GMAC/s; CPU time {:.1} ms = {} GMAC/s on {} idle cores; load average {} -> {}",
-            shape.name,
-            fastest * 1e3,
-            median(times) * 1e3,
-            pct.map_or("?".into(), |p| p.to_string()),
-            mix.map_or("-", |m| m.name()),
-            peak.map_or("?".into(), |p| format!("{p:.1}")),
-            cpu * 1e3,
-            cpu_gmac_s.map_or("?".into(), |g| format!("{g:.1}")),
-            c.threads,
-            load(load_start),
-            load(load_end),
+        let mix = tower_attention_peak(path, operands);
+        let peak = mix.and_then(|m| m.measure(c.threads, 7));
+        let mut times = Vec::new();
+        let mut cpu_times = Vec::new();
+        let started = Instant::now();
+        while times.len() < 2 || (started.elapsed().as_secs_f64() < 1.0 && times.len() < 10) {
+            let t = Instant::now();
+            let cpu = process_cpu_secs();
+            pool.install(|| {
+                for _ in 0..depth {
+                    attend_segments(&qkv, heads, d, &[(0, n)], operands, &mut scratch, &mut out);
+                }
+            });
+            times.push(secs(t.elapsed()));
+            if let (Some(a), Some(b)) = (cpu, process_cpu_secs()) {
+                cpu_times.push(b - a);
+            }
+        }
+        let fastest = times.iter().copied().fold(f64::INFINITY, f64::min);
+        let gmac_s = macs as f64 / fastest / 1e9;
+        let pct = peak.map(|p| round2(100.0 * gmac_s / p));
+        // On a loaded machine: the rate this run's CPU time would give on `threads` idle cores.
+        let cpu = cpu_times.iter().copied().fold(f64::INFINITY, f64::min);
+        let cpu_gmac_s =
+            (cpu > 0.0 && cpu.is_finite()).then(|| macs as f64 * c.threads as f64 / cpu / 1e9);
+        if !c.json {
+            println!(
+                "shape {} tower attention, {operands:?} operands: {n} patches, {heads} heads of {d}, {depth} blocks, path {path}: {:.1} ms (median {:.1}), {gmac_s:.1} GMAC/s = {}% of {} {} GMAC/s; CPU time {:.1} ms = {} GMAC/s on {} idle cores; load average {}",
+                shape.name,
+                fastest * 1e3,
+                median(times) * 1e3,
+                pct.map_or("?".into(), |p| p.to_string()),
+                mix.map_or("-", |m| m.name()),
+                peak.map_or("?".into(), |p| format!("{p:.1}")),
+                cpu * 1e3,
+                cpu_gmac_s.map_or("?".into(), |g| format!("{g:.1}")),
+                c.threads,
+                load(load_avg()),
+            );
+        }
+        result.insert(
+            format!("{operands:?}").to_lowercase(),
+            json!({
+                "ms": fastest * 1e3,
+                "gmac_s": round2(gmac_s),
+                "peak": mix.map(|m| m.name()),
+                "peak_gmac_s": peak.map(round2),
+                "peak_pct": pct,
+                "cpu_gmac_s": cpu_gmac_s.map(round2),
+            }),
         );
     }
     json!({
@@ -347,12 +367,7 @@ pub fn tower(c: &Common, shape: &RandomShape, n: usize) -> Value {
         "threads": c.threads,
         "patches": n,
         "path": path.name(),
-        "ms": fastest * 1e3,
-        "gmac_s": round2(gmac_s),
-        "peak": mix.map(|m| m.name()),
-        "peak_gmac_s": peak.map(round2),
-        "peak_pct": pct,
-        "cpu_gmac_s": cpu_gmac_s.map(round2),
-        "load_avg_1m": [load_start, load_end],
+        "operands": result,
+        "load_avg_1m": [load_start, load_avg()],
     })
 }

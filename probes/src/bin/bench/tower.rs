@@ -343,7 +343,8 @@ fn bench(
             peak_mix
         };
         let (peak_name, peak) = (peak_mix.name(), peak_of(peak_mix));
-        let attn_mix = crate::attention::tower_attention_peak(AttnPath::best());
+        let attn_mix =
+            crate::attention::tower_attention_peak(AttnPath::best(), tower.attention_operands());
         let attn_peak = attn_mix.and_then(peak_of);
         let mut per_image = Map::new();
         if !c.json {

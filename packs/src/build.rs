@@ -39,6 +39,25 @@ impl BuildOptions {
     }
 }
 
+/// The tower `packs build` makes when `--vision-quant` / `--vision-products` are not given
+/// (`vision_quant`, `bf16_products`): the stored kind and whether it multiplies by bf16 products.
+/// Beside an i8 or q4 decoder, a bf16 tower with bf16 products: 3.0e-3..4.5e-3 from transformers'
+/// f32 tower on the committed cases where an i8 tower is 1.9e-2..2.3e-2 and a q4 one
+/// 1.6e-1..1.8e-1 (`vision/tests/integration/tower_precision.rs`, README "The tower's
+/// precision"). Beside an f32 or bf16 decoder, the decoder's kind with f32 products: such a pack
+/// is held to transformers as a whole. (`BuildOptions::new` leaves `vision_quant` at `None`,
+/// "as the decoder", for library callers.)
+pub fn tower_defaults(
+    quant: QuantKind,
+    vision_quant: Option<QuantKind>,
+    bf16_products: Option<bool>,
+) -> (QuantKind, bool) {
+    let quantized = matches!(quant, QuantKind::I8 | QuantKind::Q4);
+    let kind = vision_quant.unwrap_or(if quantized { QuantKind::Bf16 } else { quant });
+    let products = bf16_products.unwrap_or(quantized && kind == QuantKind::Bf16);
+    (kind, products)
+}
+
 /// An asset file larger than this is refused (Qwen's tokenizer.json is ~11 MB).
 pub const MAX_ASSET_BYTES: u64 = 64 << 20;
 
@@ -253,6 +272,21 @@ fn progress_bar(show: bool, len: u64) -> ProgressBar {
 #[cfg(test)]
 mod progress_tests {
     use super::Progress;
+
+    #[test]
+    fn the_default_tower_is_bf16_products_beside_a_quantized_decoder_only() {
+        use super::tower_defaults;
+        use crate::quant::QuantKind::*;
+        assert_eq!(tower_defaults(Q4, None, None), (Bf16, true));
+        assert_eq!(tower_defaults(I8, None, None), (Bf16, true));
+        // Full-precision packs keep their kind and transformers' arithmetic.
+        assert_eq!(tower_defaults(Bf16, None, None), (Bf16, false));
+        assert_eq!(tower_defaults(F32, None, None), (F32, false));
+        // Given options win.
+        assert_eq!(tower_defaults(Q4, Some(Q4), None), (Q4, false));
+        assert_eq!(tower_defaults(Q4, None, Some(false)), (Bf16, false));
+        assert_eq!(tower_defaults(Bf16, None, Some(true)), (Bf16, true));
+    }
 
     #[test]
     fn the_message_names_the_shard_a_weight_comes_from() {

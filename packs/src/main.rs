@@ -42,14 +42,17 @@ enum Command {
         /// it contradicts the config.
         #[arg(long, value_name = "T,H,W", value_parser = parse_section)]
         mrope_section: Option<[usize; 3]>,
-        /// How the vision tower's linears are stored (default: as --quant). Its norms, biases and
-        /// position table stay f32. Example: --quant q4 --vision-quant i8.
+        /// How the vision tower's linears are stored (default: bf16 beside an i8 or q4 decoder, where
+        /// an i8 tower's image rows are ~2e-2 and a q4 one's ~0.17 from transformers' and a bf16
+        /// one's ~3e-3; else as --quant). Its norms, biases and position table stay f32. Example:
+        /// --quant q4 --vision-quant i8.
         #[arg(long, value_name = "KIND", value_parser = parse_quant)]
         vision_quant: Option<QuantKind>,
-        /// How a bf16 tower multiplies: `f32` (default) widens its weights to f32, as transformers
-        /// runs a bf16 checkpoint in f32; `bf16` rounds the activations to bf16 and sums bf16
-        /// products in f32 (AVX-512 BF16's `vdpbf16ps`: about 2x faster, ~3e-3 from f32; on a
-        /// CPU without it the tower takes f32 products and says so). Needs --vision-quant bf16.
+        /// How a bf16 tower multiplies: `f32` widens its weights to f32, as transformers runs a bf16
+        /// checkpoint in f32; `bf16` rounds the activations to bf16 and sums bf16 products in f32
+        /// (AVX-512 BF16's `vdpbf16ps`: several times faster, ~3e-3 from f32; on a CPU without it
+        /// the tower takes f32 products and says so). Default: bf16 beside an i8 or q4 decoder,
+        /// else f32. Needs a bf16 tower.
         #[arg(long, value_name = "ARITHMETIC", value_parser = parse_products)]
         vision_products: Option<bool>,
         /// Leave the vision tower out: a text-only pack (image prompts will be refused).
@@ -138,12 +141,14 @@ fn run(command: Command) -> CliResult {
             quiet,
         } => {
             let start = Instant::now();
+            let (vision_quant, vision_bf16_products) =
+                packs::build::tower_defaults(quant, vision_quant, vision_products);
             let opts = BuildOptions {
                 mrope_section,
                 progress: !quiet,
                 vision: !no_vision,
-                vision_quant,
-                vision_bf16_products: vision_products.unwrap_or(false),
+                vision_quant: Some(vision_quant),
+                vision_bf16_products,
                 ..BuildOptions::new(quant)
             };
             let report = packs::build_from_hf(&hf_dir, &out, &opts)?;

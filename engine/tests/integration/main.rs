@@ -13,4 +13,5 @@ mod scheduler;
 mod session_fixtures;
 mod stream_utf8;
 mod tools;
+mod tower_precision;
 mod tower_session;

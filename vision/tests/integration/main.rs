@@ -10,5 +10,6 @@ mod preprocess_reference;
 mod tower;
 mod tower_cli;
 mod tower_device;
+mod tower_precision;
 mod tower_quant;
 mod tower_refusals;

@@ -308,3 +308,44 @@ fn vdpbf16ps_peak() {
         );
     }
 }
+
+/// The portable bf16 products against the widening kernels (f32 products) on one thread, for the
+/// choice made on CPUs without AVX-512 BF16: `cargo test --release -p compute --lib
+/// portable_bf16_products_timing -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing"]
+fn portable_bf16_products_timing() {
+    use packs::LinearData;
+    let (rows, n, k) = (64, 256, 1024);
+    let mut rng = Rng(0xbf16_0006);
+    let (x, w) = inputs(&mut rng, rows, n, k);
+    let time = |f: &mut dyn FnMut()| {
+        (0..3)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let scalar = Kernels { isa: Isa::Scalar };
+    let portable = time(&mut || {
+        run(scalar, &x, &w, rows, n, k, 0);
+    });
+    let widening = Kernels::best();
+    let mut out = vec![vec![0f32; n]; rows];
+    let widened = time(&mut || {
+        let mut spans: Vec<&mut [f32]> = out.iter_mut().map(|o| &mut o[..]).collect();
+        let acts = crate::kernels::Activations::default();
+        widening.gemm_block(&LinearData::Bf16(&w), k, 0, &x, &acts, &mut spans);
+    });
+    let macs = (rows * n * k) as f64;
+    println!(
+        "{rows} x {n} x {k}: portable bf16 products {:.2} GMAC/s, f32 products on {} {:.2} GMAC/s \
+         ({:.0}x)",
+        macs / portable / 1e9,
+        widening.isa(),
+        macs / widened / 1e9,
+        portable / widened
+    );
+}

@@ -7,9 +7,8 @@
 use crate::measure::{load_avg, median, secs};
 use crate::random_pack::pack_for;
 use crate::report::{load, round2, round_ms};
-use crate::steps::{forward_with_room, tokens};
+use crate::steps::{decode_sequences, forward_with_room, prefill_sequences, tokens};
 use crate::{refuse, Common};
-use compute::ops::sampling::argmax;
 use decoder::{Decoder, KvCache, KvDtype, Logits, SequenceStep, StepInput};
 use packs::random::RandomShape;
 use packs::QuantKind;
@@ -22,47 +21,25 @@ const RUNNING_PROMPT: usize = 32;
 /// The target ratio (joined / alone) of the sequences issue.
 const TARGET: f64 = 1.3;
 
-/// One step of the running sequences' decode rows (`next`, at `pos`) and, if any, the joining
-/// prompt's slice `rows` at `start`: the time, the running sequences' next tokens, and the
-/// joining one's argmax when the slice was its prompt's last.
+/// One step: the running conversations' decode rows (`next`, at `pos`) and, if any, the joining
+/// prompt's slice `rows` from `start` (its last row's logits, as the scheduler asks): the
+/// time, the running conversations' next tokens, and the slice's last row's next token.
 fn tick(
     f: &mut Decoder,
     running: &mut [KvCache],
     next: &[u32],
     pos: i64,
-    joining: Option<(&mut KvCache, &[u32], i64, bool)>,
+    joining: Option<(&mut KvCache, &[u32], i64)>,
 ) -> (f64, Vec<u32>, Option<u32>) {
-    let mut batch: Vec<SequenceStep<'_>> = running
-        .iter_mut()
-        .zip(next)
-        .map(|(cache, t)| SequenceStep {
-            cache,
-            input: StepInput::Tokens {
-                tokens: std::slice::from_ref(t),
-                start_pos: pos,
-            },
-            logits: Logits::LastRow,
-        })
-        .collect();
-    let last = joining.as_ref().is_some_and(|j| j.3);
-    if let Some((cache, rows, start, _)) = joining {
-        // Every slice's last row's logits, as the scheduler asks (only the last slice's are used).
-        batch.push(SequenceStep {
-            cache,
-            input: StepInput::Tokens {
-                tokens: rows,
-                start_pos: start,
-            },
-            logits: Logits::LastRow,
-        });
-    }
-    let n = next.len();
-    let t = Instant::now();
-    let out = f.step_sequences(&mut batch).unwrap_or_else(|e| refuse(e));
-    let s = secs(t.elapsed());
-    let tokens = (0..n).map(|i| argmax(out.of(i))).collect();
-    let first = last.then(|| argmax(out.of(n)));
-    (s, tokens, first)
+    let extra = joining.map(|(cache, rows, start)| SequenceStep {
+        cache,
+        input: StepInput::Tokens {
+            tokens: rows,
+            start_pos: start,
+        },
+        logits: Logits::LastRow,
+    });
+    decode_sequences(f, running, next, pos, extra)
 }
 
 pub fn run(
@@ -112,13 +89,12 @@ pub fn run(
             joining.reset();
             let t = Instant::now();
             for (i, rows) in prompt.chunks(chunk).enumerate() {
-                let last = i + 1 == slices;
                 let (_, _, first) = tick(
                     &mut f,
                     &mut [],
                     &[],
                     0,
-                    Some((&mut joining, rows, (i * chunk) as i64, last)),
+                    Some((&mut joining, rows, (i * chunk) as i64)),
                 );
                 if let Some(id) = first {
                     alone_first = id;
@@ -129,32 +105,7 @@ pub fn run(
 
         // The running conversations: their prompts, then decode steps before the join (timed:
         // their pace alone).
-        for cache in running.iter_mut() {
-            cache.reset();
-        }
-        let mut next: Vec<u32> = {
-            let prompts: Vec<Vec<u32>> = (0..others)
-                .map(|i| {
-                    let mut t = tokens(RUNNING_PROMPT, vocab);
-                    t.rotate_left(i % RUNNING_PROMPT);
-                    t
-                })
-                .collect();
-            let mut batch: Vec<SequenceStep<'_>> = running
-                .iter_mut()
-                .zip(&prompts)
-                .map(|(cache, p)| SequenceStep {
-                    cache,
-                    input: StepInput::Tokens {
-                        tokens: p,
-                        start_pos: 0,
-                    },
-                    logits: Logits::LastRow,
-                })
-                .collect();
-            let out = f.step_sequences(&mut batch).unwrap_or_else(|e| refuse(e));
-            (0..others).map(|i| argmax(out.of(i))).collect()
-        };
+        let mut next = prefill_sequences(&mut f, &mut running, RUNNING_PROMPT);
         let mut pos = RUNNING_PROMPT as i64;
         let mut before = Vec::new();
         for _ in 0..4 {
@@ -170,13 +121,12 @@ pub fn run(
         let mut joined_first = 0;
         let t = Instant::now();
         for (i, rows) in prompt.chunks(chunk).enumerate() {
-            let last = i + 1 == slices;
             let (s, t, first) = tick(
                 &mut f,
                 &mut running,
                 &next,
                 pos,
-                Some((&mut joining, rows, (i * chunk) as i64, last)),
+                Some((&mut joining, rows, (i * chunk) as i64)),
             );
             during.push(s);
             next = t;

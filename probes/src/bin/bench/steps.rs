@@ -4,7 +4,9 @@
 use crate::measure::{median, secs, ReadProbe};
 use crate::refuse;
 use compute::Runtime;
-use decoder::{Decoder, DecoderOptions, HybridInputs, KvDtype, Logits};
+use decoder::{
+    Decoder, DecoderOptions, HybridInputs, KvCache, KvDtype, Logits, SequenceStep, StepInput,
+};
 use engine::rope_index::{position_planes, ImageSpan, RopeAblation};
 use packs::Pack;
 use std::sync::Arc;
@@ -286,4 +288,72 @@ pub fn prefill_prompt(f: &mut Decoder, prompt: &Prompt) -> PrefillRun {
         attention: secs(f.take_attention_time()),
         delta_net: secs(f.take_delta_net_time()),
     }
+}
+
+/// Several conversations' prompts in one forward: conversation i's `rows` prompt tokens are
+/// [`tokens`] rotated by i (each its own), into `caches[i]` (reset first). Their next tokens.
+pub fn prefill_sequences(f: &mut Decoder, caches: &mut [KvCache], rows: usize) -> Vec<u32> {
+    let vocab = f.semantics().vocab_size;
+    let prompts: Vec<Vec<u32>> = (0..caches.len())
+        .map(|i| {
+            let mut t = tokens(rows, vocab);
+            t.rotate_left(i % rows.max(1));
+            t
+        })
+        .collect();
+    for cache in caches.iter_mut() {
+        cache.reset();
+    }
+    let mut batch: Vec<SequenceStep<'_>> = caches
+        .iter_mut()
+        .zip(&prompts)
+        .map(|(cache, p)| SequenceStep {
+            cache,
+            input: StepInput::Tokens {
+                tokens: p,
+                start_pos: 0,
+            },
+            logits: Logits::LastRow,
+        })
+        .collect();
+    let out = f.step_sequences(&mut batch).unwrap_or_else(|e| refuse(e));
+    (0..prompts.len())
+        .map(|i| compute::ops::sampling::argmax(out.of(i)))
+        .collect()
+}
+
+/// One decode step of several conversations in one forward (conversation i feeds `next[i]` at
+/// rotary position `pos` into `caches[i]`), and `extra` (another sequence's rows) beside them if
+/// any: seconds, their next tokens, and `extra`'s last row's next token.
+pub fn decode_sequences(
+    f: &mut Decoder,
+    caches: &mut [KvCache],
+    next: &[u32],
+    pos: i64,
+    extra: Option<SequenceStep<'_>>,
+) -> (f64, Vec<u32>, Option<u32>) {
+    let mut batch: Vec<SequenceStep<'_>> = caches
+        .iter_mut()
+        .zip(next)
+        .map(|(cache, t)| SequenceStep {
+            cache,
+            input: StepInput::Tokens {
+                tokens: std::slice::from_ref(t),
+                start_pos: pos,
+            },
+            logits: Logits::LastRow,
+        })
+        .collect();
+    let has_extra = extra.is_some();
+    batch.extend(extra);
+    let n = next.len();
+    let t = Instant::now();
+    let out = f.step_sequences(&mut batch).unwrap_or_else(|e| refuse(e));
+    let s = secs(t.elapsed());
+    let argmax = |i: usize| compute::ops::sampling::argmax(out.of(i));
+    (
+        s,
+        (0..n).map(argmax).collect(),
+        has_extra.then(|| argmax(n)),
+    )
 }

@@ -2,16 +2,15 @@
 //! one: aggregate and per-stream tok/s, and the share of the read roofline (a step reads every
 //! weight once for all N, plus each stream's KV rows).
 
-use crate::measure::{load_avg, median, secs, ReadProbe};
+use crate::measure::{load_avg, median, ReadProbe};
 use crate::random_pack::{pack_bytes_per_token, pack_for};
 use crate::report::{load, round2, round_ms};
-use crate::steps::{forward_with_room, tokens};
+use crate::steps::{decode_sequences, forward_with_room, prefill_sequences};
 use crate::{refuse, Common};
-use decoder::{KvDtype, Logits, SequenceStep, StepInput};
+use decoder::KvDtype;
 use packs::random::RandomShape;
 use packs::QuantKind;
 use serde_json::{json, Map, Value};
-use std::time::Instant;
 
 /// Prompt rows each stream holds before its decode steps are timed.
 const PROMPT: usize = 32;
@@ -59,7 +58,6 @@ pub fn run(
         let weight_bytes = pack_bytes_per_token(&pack) as f64;
         let most = *counts.last().expect("one count at least");
         let mut f = forward_with_room(&pack, c.threads, KvDtype::Bf16, PROMPT, steps + 1);
-        let vocab = f.semantics().vocab_size;
         let capacity = PROMPT + steps + 8;
         let mut caches: Vec<_> = (0..most)
             .map(|_| f.new_cache(capacity, KvDtype::Bf16))
@@ -75,56 +73,14 @@ pub fn run(
         }
         for &n in &counts {
             // Each stream its own prompt, prefilled together; then `steps` timed decode steps.
-            let prompts: Vec<Vec<u32>> = (0..n)
-                .map(|i| {
-                    let mut t = tokens(PROMPT, vocab);
-                    t.rotate_left(i % PROMPT);
-                    t
-                })
-                .collect();
-            for cache in caches.iter_mut() {
-                cache.reset();
-            }
-            let mut next: Vec<u32> = {
-                let mut batch: Vec<SequenceStep<'_>> = caches[..n]
-                    .iter_mut()
-                    .zip(&prompts)
-                    .map(|(cache, p)| SequenceStep {
-                        cache,
-                        input: StepInput::Tokens {
-                            tokens: p,
-                            start_pos: 0,
-                        },
-                        logits: Logits::LastRow,
-                    })
-                    .collect();
-                let out = f.step_sequences(&mut batch).unwrap_or_else(|e| refuse(e));
-                (0..n)
-                    .map(|i| compute::ops::sampling::argmax(out.of(i)))
-                    .collect()
-            };
+            let mut next = prefill_sequences(&mut f, &mut caches[..n], PROMPT);
             let (mut times, mut reads) = (Vec::new(), Vec::new());
             for step in 0..steps {
                 reads.push(probe.beside());
                 let pos = (PROMPT + step) as i64;
-                let mut batch: Vec<SequenceStep<'_>> = caches[..n]
-                    .iter_mut()
-                    .zip(&next)
-                    .map(|(cache, t)| SequenceStep {
-                        cache,
-                        input: StepInput::Tokens {
-                            tokens: std::slice::from_ref(t),
-                            start_pos: pos,
-                        },
-                        logits: Logits::LastRow,
-                    })
-                    .collect();
-                let t = Instant::now();
-                let out = f.step_sequences(&mut batch).unwrap_or_else(|e| refuse(e));
-                times.push(secs(t.elapsed()));
-                next = (0..n)
-                    .map(|i| compute::ops::sampling::argmax(out.of(i)))
-                    .collect();
+                let (s, t, _) = decode_sequences(&mut f, &mut caches[..n], &next, pos, None);
+                times.push(s);
+                next = t;
             }
             let step_s = median(times.clone());
             let aggregate = n as f64 / step_s;

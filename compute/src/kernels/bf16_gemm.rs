@@ -81,6 +81,18 @@ impl Products {
         } else if Kernels::best().runs_bf16_products() {
             (Products::Bf16, "as the pack says, on AVX-512 BF16")
         } else {
+            // Once per process: a default i8/q4 pack's tower asks for bf16 products, and a user
+            // on a CPU without them should know why its tower is slower and what to do.
+            static TOLD: std::sync::Once = std::sync::Once::new();
+            TOLD.call_once(|| {
+                eprintln!(
+                    "xdna-vl: the pack's tower asks for bf16 products, but the host kernels in \
+                     use have no AVX-512 BF16 (the CPU lacks it, or XDNA_VL_KERNELS chose another \
+                     path): it runs f32 products on the same bf16 weights, which is slower. A q4 \
+                     tower (`packs build ... --vision-quant q4`) is faster there but further from \
+                     transformers (README, \"The tower's precision\")."
+                )
+            });
             (
                 Products::F32,
                 "the pack asks for bf16 products, but the host kernels have no AVX-512 BF16",

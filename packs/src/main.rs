@@ -46,14 +46,19 @@ enum Command {
         /// an i8 tower's image rows are ~2e-2 and a q4 one's ~0.17 from transformers' and a bf16
         /// one's ~3e-3; else as --quant). Its norms, biases and position table stay f32. Example:
         /// --quant q4 --vision-quant i8.
-        #[arg(long, value_name = "KIND", value_parser = parse_quant)]
+        #[arg(long, value_name = "KIND", value_parser = parse_quant, conflicts_with = "no_vision")]
         vision_quant: Option<QuantKind>,
         /// How a bf16 tower multiplies: `f32` widens its weights to f32, as transformers runs a bf16
         /// checkpoint in f32; `bf16` rounds the activations to bf16 and sums bf16 products in f32
         /// (AVX-512 BF16's `vdpbf16ps`: several times faster, ~3e-3 from f32; on a CPU without it
         /// the tower takes f32 products and says so). Default: bf16 beside an i8 or q4 decoder,
         /// else f32. Needs a bf16 tower.
-        #[arg(long, value_name = "ARITHMETIC", value_parser = parse_products)]
+        #[arg(
+            long,
+            value_name = "ARITHMETIC",
+            value_parser = parse_products,
+            conflicts_with = "no_vision"
+        )]
         vision_products: Option<bool>,
         /// Leave the vision tower out: a text-only pack (image prompts will be refused).
         #[arg(long)]

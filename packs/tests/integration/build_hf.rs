@@ -370,3 +370,51 @@ fn non_finite_weights_are_refused_by_name() {
     );
     assert!(!out.exists());
 }
+
+/// `packs build --no-vision` with a tower option is refused by name (the option would be
+/// ignored), and nothing is written; control: the same options without `--no-vision` build.
+#[test]
+fn a_tower_option_beside_no_vision_is_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    common::write_checkpoint(&ck, &HfSpec::default());
+    let run = |args: &[&str], out: &Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_packs"))
+            .arg("build")
+            .arg(&ck)
+            .arg("-o")
+            .arg(out)
+            .args(["--quant", "f32", "-q"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    for option in [["--vision-quant", "bf16"], ["--vision-products", "f32"]] {
+        let out = tmp.path().join("refused.pack");
+        let mut args = vec!["--no-vision"];
+        args.extend(option);
+        let r = run(&args, &out);
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert!(
+            !r.status.success(),
+            "{option:?} beside --no-vision was taken"
+        );
+        assert!(
+            err.contains("--no-vision") && err.contains(option[0]),
+            "{option:?}: {err}"
+        );
+        assert!(
+            !out.exists(),
+            "{option:?}: a refused build wrote {}",
+            out.display()
+        );
+    }
+    // Control: the options themselves are fine when the tower is built.
+    let out = tmp.path().join("built.pack");
+    let r = run(
+        &["--vision-quant", "bf16", "--vision-products", "f32"],
+        &out,
+    );
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(out.exists());
+}

@@ -240,16 +240,7 @@ pub(crate) fn attend_block(
     if block.rows == 0 {
         return;
     }
-    assert!(
-        block.q.len() >= (block.rows - 1) * block.q_stride + d
-            && block.out.len() >= (block.rows - 1) * block.out_stride + d,
-        "attention: a block of {} rows of d {d}: q holds {} (stride {}), out {} (stride {})",
-        block.rows,
-        block.q.len(),
-        block.q_stride,
-        block.out.len(),
-        block.out_stride
-    );
+    block.check(d);
     match path {
         #[cfg(target_arch = "x86_64")]
         AttnPath::Avx2 | AttnPath::Avx512 if path.is_available() => {
@@ -292,14 +283,7 @@ pub(crate) fn attend_block_bf16(
     if block.rows == 0 {
         return;
     }
-    assert!(
-        block.q.len() >= (block.rows - 1) * block.q_stride + d
-            && block.out.len() >= (block.rows - 1) * block.out_stride + d,
-        "bf16 attention: a block of {} rows of d {d}: q holds {}, out {}",
-        block.rows,
-        block.q.len(),
-        block.out.len(),
-    );
+    block.check(d);
     #[cfg(target_arch = "x86_64")]
     if path == AttnPath::Avx512 && Operands::Bf16.has_simd() {
         state.reset(block.rows, shape.dp());
@@ -314,6 +298,23 @@ pub(crate) fn attend_block_bf16(
         let q = &block.q[r * block.q_stride..][..d];
         let out = &mut block.out[r * block.out_stride..][..d];
         bf16::attend_row(shape, q, kv, out);
+    }
+}
+
+impl QueryBlock<'_> {
+    /// Panics unless every one of the block's (at least one) rows has `d` queries and `d`
+    /// outputs at its stride.
+    fn check(&self, d: usize) {
+        assert!(
+            self.q.len() >= (self.rows - 1) * self.q_stride + d
+                && self.out.len() >= (self.rows - 1) * self.out_stride + d,
+            "attention: a block of {} rows of d {d}: q holds {} (stride {}), out {} (stride {})",
+            self.rows,
+            self.q.len(),
+            self.q_stride,
+            self.out.len(),
+            self.out_stride
+        );
     }
 }
 

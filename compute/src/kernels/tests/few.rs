@@ -119,12 +119,14 @@ fn each_row_beside_others_equals_it_alone() {
 #[test]
 fn a_planted_row_stride_is_caught_on_every_simd_path_and_only_in_the_few_row_range() {
     // The few-row kernels reading activation row 2r (mod rows) for row r: every SIMD path's check
-    // fails for every row count that takes them (q4 from 3, i8 from 2, to FEW_MAX_ROWS); fewer
+    // fails for every row count that takes them (q4 and i8 from 2, to FEW_MAX_ROWS); fewer
     // rows (the GEMVs) and FEW_MAX_ROWS + 1 (the prefill kernels) still pass, which shows where the
     // host dispatches to them. The portable path has no few-row kernel and passes throughout.
     use x86::{I8_FEW_MIN_ROWS, Q4_FEW_MIN_ROWS};
     let mut rng = Rng(44);
-    let (kq, ki, n) = (288, 2048 + 17, 13);
+    // 29 weight rows: one 16-row panel read straight from the pack (two whole 8-row panels), then
+    // a short one through the packed copy.
+    let (kq, ki, n) = (288, 2048 + 17, 29);
     for rows in few_rows() {
         let x = activations(&mut rng, rows, ki);
         let (codes4, scales4) = q4_weight(&mut rng, n, kq);

@@ -82,11 +82,11 @@ pub(super) fn has_avx512_vnni() -> bool {
 /// Rows at which q4 switches from the per-row kernel to the packed-panel kernel (past the few-row
 /// kernel's `Q4_FEW_MIN_ROWS..=FEW_MAX_ROWS`).
 const Q4_PACKED_MIN_ROWS: usize = 4;
-/// Rows from which q4 takes the few-row kernel (`q4_few.rs`), which unpacks each weight panel once
-/// for all rows; fewer take the GEMV. Its unpacking costs about 1.5 GEMVs of one row (15.6 us per
-/// 256 weight rows of K = 2048 on one VNNI thread, against 10.3), so at 2 rows the GEMV (19.5-19.8
-/// us) is as fast as the few-row kernel (18.9-22.3), and it prefetches tuned for the stream.
-pub(crate) const Q4_FEW_MIN_ROWS: usize = 3;
+/// Rows from which q4 takes the few-row kernel (`q4_few.rs`), which reads each weight panel once
+/// for all rows; one row takes the GEMV. Since its 16-row panels are transposed in registers
+/// (no packed copy), 2 rows take 13.9 us per 256 weight rows of K = 2048 on one VNNI thread against
+/// the GEMV's 2 x 10.2 (`few_row_timing`, 2026-12-07; AVX2 18.2 against 2 x 10.7).
+pub(crate) const Q4_FEW_MIN_ROWS: usize = 2;
 /// Fewest groups (K / 32) of the few-row q4 kernel: it unpacks 8 groups at a time.
 const Q4_FEW_MIN_GROUPS: usize = 8;
 /// How far ahead (bytes of weight codes, in address order) the q4 and i8 GEMVs prefetch at least;

@@ -1,10 +1,12 @@
 //! q4, a few activation rows (several decode streams in one forward, or a verified draft window):
-//! each panel of 16 weight rows is read from memory once and unpacked once into the packed-panel
-//! layout of `q4_packed.rs` (per group and 4-code chunk, the rows' bytes side by side, so lanes are
-//! weight rows), and every activation row then runs the packed tiles over it while it is in L1/L2
-//! (`zmm` on VNNI; two `ymm` halves, with the tuned 4-row tile, on AVX2). The prefill kernel packs
-//! 256 weight rows into a buffer first, with a slower per-group unpacking; here the unpacking goes a
-//! group pair at a time (8 rows' 32-byte pairs transposed in registers), 16 rows at a time.
+//! each panel of 16 weight rows is read from memory once for all rows. A panel that is two whole
+//! pack panels (every 16-row panel of a weight but a short last one) is read straight from the
+//! pack: each group pair of its 16 rows is transposed in registers so that lanes are weight rows
+//! (`PanelLanes::pair_rows16`), split into nibbles, and every row takes its dots from those
+//! registers (`few_pairs_direct`). Other panels are unpacked into the packed-panel layout of
+//! `q4_packed.rs` (per group and 4-code chunk, the rows' bytes side by side), 8 groups at a time
+//! (8 rows' 32-byte pairs transposed in registers), and every row runs the packed tiles over it
+//! while it is in L1 (`zmm` on VNNI; two `ymm` halves, with the tuned 4-row tile, on AVX2).
 //!
 //! Bits: per output the arithmetic of the GEMV and of the oracle, in the same order — exact group
 //! dots, then `sum + (dot as f32) * scale` (multiply, then add) per group ascending in the output's
@@ -160,6 +162,99 @@ unsafe fn few_tile<V: PanelLanes, const R: usize>(
     }
 }
 
+/// Every activation row against groups `g0..g0 + count` of a packed panel, in tiles of up to
+/// [`Q4_TILE_ROWS`] rows ([`few_tile`]), continuing `sum[r]`.
+///
+/// # Safety
+/// As [`few_tile`], for every row of `a` and `corr`; `sum` holds at least `a.len()` vectors.
+#[inline(always)]
+unsafe fn few_tiles<V: PanelLanes>(
+    at: (*const u8, *const f32),
+    a: &[&[i8]],
+    corr: &[&[i32]],
+    span: (usize, usize, usize),
+    sum: &mut [V::F],
+) {
+    let rows = a.len();
+    let mut r = 0;
+    while r < rows {
+        let n = (rows - r).min(Q4_TILE_ROWS);
+        let (ar, cr, sr) = (&a[r..], &corr[r..], &mut sum[r..]);
+        // SAFETY: `few_tile`'s contract, which the caller guarantees for every row.
+        unsafe {
+            match n {
+                1 => few_tile::<V, 1>(at, [ar[0]], [cr[0]], span, sr),
+                2 => few_tile::<V, 2>(at, [ar[0], ar[1]], [cr[0], cr[1]], span, sr),
+                3 => few_tile::<V, 3>(at, [ar[0], ar[1], ar[2]], [cr[0], cr[1], cr[2]], span, sr),
+                _ => few_tile::<V, 4>(
+                    at,
+                    [ar[0], ar[1], ar[2], ar[3]],
+                    [cr[0], cr[1], cr[2], cr[3]],
+                    span,
+                    sr,
+                ),
+            }
+        }
+        r += n;
+    }
+}
+
+/// A 16-row panel whose halves are two whole pack panels, read straight from the pack: each group
+/// pair of the 16 rows is transposed in registers ([`PanelLanes::pair_rows16`]) and split into its
+/// nibbles, and every activation row takes its dots from those registers — no packed copy stored
+/// and loaded again. The packed copy cost about 1.5 GEMVs (15 us per 256 weight rows of K = 2048
+/// on one VNNI thread against the GEMV's 10.3), which made 4 rows cost 2.5 GEMVs. Same operations
+/// per output as [`few_tile`] (exact group dots, then `sum + (dot - corr) as f32 * scale` per group
+/// ascending), so the same bits. An unpaired last group is left to the caller.
+///
+/// # Safety
+/// The CPU must support `V`'s features (`V::LANES` = 16). `base[h]` must point to the first pair of
+/// a whole pack panel of 8 rows with at least `2 * pairs` groups (row c's pair p at
+/// `base[h] + 256 p + 32 c`); `sp` must hold the panel's scales as f32 for groups `0..2 * pairs`
+/// (`g * 16 + lane`); every row of `a` and `corr` as [`few_tile`] requires for `groups` groups; `sum`
+/// holds at least `a.len()` vectors; a prefetch never faults.
+#[inline(always)]
+unsafe fn few_pairs_direct<V: PanelLanes>(
+    base: [*const u8; 2],
+    sp: *const f32,
+    (pairs, groups): (usize, usize),
+    pf: [usize; 2],
+    a: &[&[i8]],
+    corr: &[&[i32]],
+    sum: &mut [V::F],
+) {
+    let rows = a.len();
+    // SAFETY: `V`'s features, which the caller guarantees; pair p < `pairs` of both halves and the
+    // scales of its groups are inside by this function's contract, as are the codes and sums of
+    // every row's groups below `groups`.
+    unsafe {
+        for p in 0..pairs {
+            // The GEMV's prefetch per half: this pair's 256 bytes, the panel's distance ahead.
+            for &at in &pf {
+                for i in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>((at + 256 * p + 64 * i) as *const i8);
+                }
+            }
+            let t = V::pair_rows16(base[0].add(256 * p), base[1].add(256 * p));
+            for gi in 0..2 {
+                let g = 2 * p + gi;
+                let mut ch = [t[0]; 8];
+                for j in 0..4 {
+                    (ch[j], ch[4 + j]) = V::nibbles(t[4 * gi + j]);
+                }
+                let scale = V::load_f(sp.add(g * V::LANES));
+                let (even, odd) = q4_halves(g, groups);
+                for r in 0..rows {
+                    let ar = a[r].as_ptr();
+                    let dot = V::group_dot_regs(&ch, ar.add(even), ar.add(odd));
+                    let dot = V::sub_i(dot, V::set1_i(*corr[r].as_ptr().add(g)));
+                    sum[r] = V::add_f(sum[r], V::mul_f(V::cvt(dot), scale));
+                }
+            }
+        }
+    }
+}
+
 /// The q4 weight rows of a block against 2..=[`FEW_MAX_ROWS`] activation rows (K at least 8 groups),
 /// packed panels of `V::LANES` weight rows unpacked one at a time: `out[r][j]`, finished with
 /// `finish_q4`, bit for bit the GEMV's.
@@ -223,66 +318,111 @@ pub(super) unsafe fn q4_block_few<V: PanelLanes>(
         });
         // SAFETY: AVX, which `V`'s features include (a register-only intrinsic).
         let mut sum = [unsafe { V::zero_f() }; FEW_MAX_ROWS];
-        // Blocks of 8 groups, then the groups past the last multiple of 8 (and a whole panel's
-        // unpaired last one, from its own offset): each unpacked, then every row passes over it
-        // while it is in L1.
-        for b in 0..=blocks {
-            let g0 = BLOCK_GROUPS * b;
-            let count = BLOCK_GROUPS.min(groups - g0);
-            if count == 0 {
-                break;
+        if halves == 2 && parts[0].2 && parts[1].2 {
+            // Both halves are whole pack panels: the pairs straight from the pack, then an
+            // unpaired last group (odd K / 32) through the packed copy.
+            for (half, &(_, _, _, s, _)) in parts.iter().enumerate() {
+                for b in 0..blocks {
+                    let g0 = BLOCK_GROUPS * b;
+                    // SAFETY: AVX2 (in `V`'s features); each `s[c]` holds `groups >= g0 + 8`
+                    // scales, and the stores write floats `(g0 + i) * 16 + 8 half..+8` of `sp`,
+                    // which holds `groups * 16`.
+                    unsafe {
+                        let scale = scales8x8(map_n(s, |sc| sc.as_ptr().add(g0)));
+                        for (i, v) in scale.into_iter().enumerate() {
+                            _mm256_storeu_ps(
+                                sp.as_mut_ptr().add((g0 + i) * lanes + PANEL * half),
+                                v,
+                            );
+                        }
+                    }
+                }
+                for g in BLOCK_GROUPS * blocks..groups {
+                    for c in 0..PANEL {
+                        sp[g * lanes + PANEL * half + c] = s[c][g].to_f32();
+                    }
+                }
             }
-            for (half, &(js, ref w, whole, s, pf)) in parts.iter().enumerate().take(halves) {
-                if b < blocks {
-                    let to = PanelHalf {
-                        lanes,
-                        half,
-                        wp: &mut wp,
-                        sp: &mut sp,
-                    };
-                    // SAFETY: `V`'s features include AVX2. The rows `js` are below `out[0].len()`,
-                    // so rows of `codes` with `groups > 8 b` groups, whose pairs `4 b..4 b + 4` are
-                    // inside; each `s[c]` holds `groups` scales; `half < lanes / 8`, and `wp`, `sp`
-                    // hold a panel of `groups` groups (resized above).
-                    unsafe { unpack_pairs(w, whole, s, b, pf, to) };
-                } else {
+            let base = map_n([0, 1], |h| {
+                let w = &parts[h].1;
+                // SAFETY: a whole panel's first pair starts at `start[0]` inside the codes.
+                unsafe { w.base.add(w.start[0]) }
+            });
+            let pf = [parts[0].4 .0, parts[1].4 .0];
+            // SAFETY: `V`'s features, which the caller guarantees; both halves are whole pack
+            // panels of rows with `groups` groups, so their pairs `0..groups / 2` are at
+            // `base[h] + 256 p + 32 c`; `sp` holds every group's scales (filled above); the rows'
+            // codes and sums were asserted above.
+            unsafe {
+                few_pairs_direct::<V>(
+                    base,
+                    sp.as_ptr(),
+                    (groups / 2, groups),
+                    pf,
+                    &a[..rows],
+                    &corr[..rows],
+                    &mut sum,
+                )
+            };
+            if groups % 2 == 1 {
+                let g0 = groups - 1;
+                for (half, &(js, ..)) in parts.iter().enumerate() {
                     // SAFETY: AVX2 (in `V`'s features); `half < lanes / 8` and `wp`, `sp` are a
                     // panel of `groups` groups.
                     unsafe {
                         q4_pack_panel(codes, scales, (k, g0), js, (lanes, half), &mut wp, &mut sp)
                     };
                 }
+                let at = (wp[g0 * 32 * lanes..].as_ptr(), sp[g0 * lanes..].as_ptr());
+                // SAFETY: as the tiles below: `at` is group `g0` of the packed panel.
+                unsafe { few_tiles::<V>(at, &a[..rows], &corr[..rows], (g0, 1, groups), &mut sum) };
             }
-            let at = (wp[g0 * 32 * lanes..].as_ptr(), sp[g0 * lanes..].as_ptr());
-            let span = (g0, count, groups);
-            let mut r = 0;
-            while r < rows {
-                let n = (rows - r).min(Q4_TILE_ROWS);
-                let (ar, cr, sr) = (&a[r..], &corr[r..], &mut sum[r..]);
+        } else {
+            // Blocks of 8 groups, then the groups past the last multiple of 8 (and a whole panel's
+            // unpaired last one, from its own offset): each unpacked, then every row passes over it
+            // while it is in L1.
+            for b in 0..=blocks {
+                let g0 = BLOCK_GROUPS * b;
+                let count = BLOCK_GROUPS.min(groups - g0);
+                if count == 0 {
+                    break;
+                }
+                for (half, &(js, ref w, whole, s, pf)) in parts.iter().enumerate().take(halves) {
+                    if b < blocks {
+                        let to = PanelHalf {
+                            lanes,
+                            half,
+                            wp: &mut wp,
+                            sp: &mut sp,
+                        };
+                        // SAFETY: `V`'s features include AVX2. The rows `js` are below `out[0].len()`,
+                        // so rows of `codes` with `groups > 8 b` groups, whose pairs `4 b..4 b + 4` are
+                        // inside; each `s[c]` holds `groups` scales; `half < lanes / 8`, and `wp`, `sp`
+                        // hold a panel of `groups` groups (resized above).
+                        unsafe { unpack_pairs(w, whole, s, b, pf, to) };
+                    } else {
+                        // SAFETY: AVX2 (in `V`'s features); `half < lanes / 8` and `wp`, `sp` are a
+                        // panel of `groups` groups.
+                        unsafe {
+                            q4_pack_panel(
+                                codes,
+                                scales,
+                                (k, g0),
+                                js,
+                                (lanes, half),
+                                &mut wp,
+                                &mut sp,
+                            )
+                        };
+                    }
+                }
+                let at = (wp[g0 * 32 * lanes..].as_ptr(), sp[g0 * lanes..].as_ptr());
                 // SAFETY: `V`'s features, which the caller guarantees; `at` is groups
                 // `g0..g0 + count` of a packed panel of `groups` groups; the activation rows hold
                 // `k >= 32 * groups` codes and `groups` sums (asserted above).
                 unsafe {
-                    match n {
-                        1 => few_tile::<V, 1>(at, [ar[0]], [cr[0]], span, sr),
-                        2 => few_tile::<V, 2>(at, [ar[0], ar[1]], [cr[0], cr[1]], span, sr),
-                        3 => few_tile::<V, 3>(
-                            at,
-                            [ar[0], ar[1], ar[2]],
-                            [cr[0], cr[1], cr[2]],
-                            span,
-                            sr,
-                        ),
-                        _ => few_tile::<V, 4>(
-                            at,
-                            [ar[0], ar[1], ar[2], ar[3]],
-                            [cr[0], cr[1], cr[2], cr[3]],
-                            span,
-                            sr,
-                        ),
-                    }
-                }
-                r += n;
+                    few_tiles::<V>(at, &a[..rows], &corr[..rows], (g0, count, groups), &mut sum)
+                };
             }
         }
         let live = (nb - j0).min(lanes);

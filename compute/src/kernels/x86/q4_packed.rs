@@ -151,6 +151,26 @@ pub(crate) trait PanelLanes {
     /// The CPU must support `Self`'s features; `wg` must point to the group's `32 * LANES` readable
     /// bytes, `even` and `odd` to 16 readable codes each.
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> Self::I;
+    /// The 32-byte group pairs of 16 weight rows of two whole pack panels (rows 0..8 at `h0 + 32 c`,
+    /// rows 8..16 at `h1 + 32 c`), transposed: vector t holds every row's dword t (bytes
+    /// `4 t..4 t + 4` of its pair), lane = row. Dwords 0..4 are the pair's first group, 4..8 its
+    /// second; their low nibbles are chunks 0..4 of the group, the high ones chunks 4..8.
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features; `h0` and `h1` must each point to 256 readable bytes.
+    unsafe fn pair_rows16(h0: *const u8, h1: *const u8) -> [Self::I; 8];
+    /// A vector's bytes as their (low, high) nibbles, each a byte 0..=15.
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features.
+    unsafe fn nibbles(x: Self::I) -> (Self::I, Self::I);
+    /// [`PanelLanes::group_dot`] with the group's 8 chunks in registers (`w[j]`: chunk j, lanes
+    /// weight rows) instead of a packed panel in memory: the same exact integer dot.
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features; `even` and `odd` must point to 16 readable codes
+    /// each.
+    unsafe fn group_dot_regs(w: &[Self::I; 8], even: *const i8, odd: *const i8) -> Self::I;
     /// [`q4_packed_tile`] for [`Q4_TILE_ROWS`] rows, unless the lanes have a tuned form (same
     /// operations per output, so the same bits).
     ///

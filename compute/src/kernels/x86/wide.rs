@@ -132,6 +132,58 @@ impl PanelLanes for Zmm {
         // SAFETY: `vnni_group_dot`'s contract is this one.
         unsafe { vnni_group_dot::<Self>(wg, even, odd) }
     }
+    /// # Safety
+    /// The CPU must support AVX-512 F; `h0` and `h1` must each point to 256 readable bytes.
+    #[inline(always)]
+    unsafe fn pair_rows16(h0: *const u8, h1: *const u8) -> [__m512i; 8] {
+        // SAFETY: AVX-512 F, which the caller guarantees; load i reads bytes `64 (i % 4)..+64` of
+        // `h0` (i < 4) or `h1`, inside their 256 by this function's contract.
+        unsafe {
+            // Vector i holds rows 2i and 2i + 1 (dwords 0..8, then 8..16): element (row, t) at
+            // vector `row / 2`, lane `8 (row % 2) + t`. Each round pairs vectors v and v ^ m and
+            // takes the even dwords of the two (their t bit = 0) into the lower, the odd ones into
+            // the upper: after rounds m = 1, 2, 4 the vector index is t and the lane is the row
+            // (the order checked by `tests::few`'s bit-equality against the GEMV).
+            let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+            let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+            let mut v = [_mm512_setzero_si512(); 8];
+            for (i, vi) in v.iter_mut().enumerate() {
+                let h = if i < 4 { h0 } else { h1 };
+                *vi = _mm512_loadu_si512(h.add(64 * (i % 4)) as *const _);
+            }
+            for m in [1, 2, 4] {
+                let mut next = v;
+                for lo in (0..8).filter(|i| i & m == 0) {
+                    let (a, b) = (v[lo], v[lo | m]);
+                    next[lo] = _mm512_permutex2var_epi32(a, even, b);
+                    next[lo | m] = _mm512_permutex2var_epi32(a, odd, b);
+                }
+                v = next;
+            }
+            v
+        }
+    }
+    /// # Safety
+    /// The CPU must support AVX-512 F and BW.
+    #[inline(always)]
+    unsafe fn nibbles(x: __m512i) -> (__m512i, __m512i) {
+        // SAFETY: register-only AVX-512 F/BW intrinsics; the caller guarantees them.
+        unsafe {
+            let mask = _mm512_set1_epi8(0x0F);
+            (
+                _mm512_and_si512(x, mask),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(x), mask),
+            )
+        }
+    }
+    /// # Safety
+    /// The CPU must support AVX-512 F and VNNI; `even` and `odd` must point to 16 readable codes
+    /// each.
+    #[inline(always)]
+    unsafe fn group_dot_regs(w: &[__m512i; 8], even: *const i8, odd: *const i8) -> __m512i {
+        // SAFETY: `vnni_group_dot_regs`'s contract is this one.
+        unsafe { vnni_group_dot_regs::<Self>(w, even, odd) }
+    }
 }
 
 impl Lanes16 for Zmm {
@@ -190,6 +242,15 @@ pub(crate) trait PairGroupDot: Sized {
     /// The CPU must support AVX2; `wg` must point to 512 readable bytes, `even` and `odd` to 16
     /// readable codes each.
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> [__m256i; 2];
+    /// [`PanelLanes::group_dot_regs`] on the two halves.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `even` and `odd` must point to 16 readable codes each.
+    unsafe fn group_dot_regs(
+        w: &[[__m256i; 2]; 8],
+        even: *const i8,
+        odd: *const i8,
+    ) -> [__m256i; 2];
 }
 
 /// Two `ymm` halves (lanes 0..8, 8..16) as one 16-lane panel vector, with the group dot of `G`:
@@ -219,6 +280,31 @@ impl PairGroupDot for Maddubs16 {
                 for h in 0..2 {
                     let w = _mm256_loadu_si256(wg.add(4 * WIDE * j + 32 * h) as *const __m256i);
                     acc16[h] = _mm256_add_epi16(acc16[h], _mm256_maddubs_epi16(w, aj));
+                }
+            }
+            let ones = _mm256_set1_epi16(1);
+            [
+                _mm256_madd_epi16(acc16[0], ones),
+                _mm256_madd_epi16(acc16[1], ones),
+            ]
+        }
+    }
+    /// # Safety
+    /// The CPU must support AVX2; `even` and `odd` must point to 16 readable codes each.
+    #[inline(always)]
+    unsafe fn group_dot_regs(
+        w: &[[__m256i; 2]; 8],
+        even: *const i8,
+        odd: *const i8,
+    ) -> [__m256i; 2] {
+        // SAFETY: AVX2, which the caller guarantees; chunk j < 8 reads 4 of the 16 codes of `even`
+        // or `odd`, readable by this function's contract.
+        unsafe {
+            let mut acc16 = [_mm256_setzero_si256(); 2];
+            for (j, wj) in w.iter().enumerate() {
+                let aj = _mm256_set1_epi32(chunk(even, odd, j));
+                for h in 0..2 {
+                    acc16[h] = _mm256_add_epi16(acc16[h], _mm256_maddubs_epi16(wj[h], aj));
                 }
             }
             let ones = _mm256_set1_epi16(1);
@@ -389,6 +475,17 @@ impl PairGroupDot for EmuDpbusd {
         // SAFETY: `vnni_group_dot`'s contract, for `EmuZmm` (AVX2), is this one.
         unsafe { vnni_group_dot::<EmuZmm>(wg, even, odd) }
     }
+    /// # Safety
+    /// The CPU must support AVX2; `even` and `odd` must point to 16 readable codes each.
+    #[inline(always)]
+    unsafe fn group_dot_regs(
+        w: &[[__m256i; 2]; 8],
+        even: *const i8,
+        odd: *const i8,
+    ) -> [__m256i; 2] {
+        // SAFETY: `vnni_group_dot_regs`'s contract, for `EmuZmm` (AVX2), is this one.
+        unsafe { vnni_group_dot_regs::<EmuZmm>(w, even, odd) }
+    }
 }
 
 #[cfg(test)]
@@ -471,6 +568,49 @@ impl<G: PairGroupDot> PanelLanes for YmmPair<G> {
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> Self::I {
         // SAFETY: `G::group_dot`'s contract is this one.
         unsafe { G::group_dot(wg, even, odd) }
+    }
+    /// # Safety
+    /// The CPU must support AVX2; `h0` and `h1` must each point to 256 readable bytes.
+    #[inline(always)]
+    unsafe fn pair_rows16(h0: *const u8, h1: *const u8) -> [Self::I; 8] {
+        // SAFETY: AVX2, which the caller guarantees; row c's load reads bytes `32 c..32 c + 32` of
+        // `h0` or `h1`, inside their 256 by this function's contract.
+        unsafe {
+            let mut rows = [[_mm256_setzero_ps(); 8]; 2];
+            for c in 0..8 {
+                rows[0][c] = _mm256_loadu_ps(h0.add(32 * c) as *const f32);
+                rows[1][c] = _mm256_loadu_ps(h1.add(32 * c) as *const f32);
+            }
+            let (t0, t1) = (super::transpose8(rows[0]), super::transpose8(rows[1]));
+            let mut out = [[_mm256_setzero_si256(); 2]; 8];
+            for t in 0..8 {
+                out[t] = [_mm256_castps_si256(t0[t]), _mm256_castps_si256(t1[t])];
+            }
+            out
+        }
+    }
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[inline(always)]
+    unsafe fn nibbles(x: Self::I) -> (Self::I, Self::I) {
+        // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
+        unsafe {
+            let mask = _mm256_set1_epi8(0x0F);
+            (
+                [_mm256_and_si256(x[0], mask), _mm256_and_si256(x[1], mask)],
+                [
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(x[0]), mask),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(x[1]), mask),
+                ],
+            )
+        }
+    }
+    /// # Safety
+    /// The CPU must support AVX2; `even` and `odd` must point to 16 readable codes each.
+    #[inline(always)]
+    unsafe fn group_dot_regs(w: &[Self::I; 8], even: *const i8, odd: *const i8) -> Self::I {
+        // SAFETY: `G::group_dot_regs`'s contract is this one.
+        unsafe { G::group_dot_regs(w, even, odd) }
     }
     /// # Safety
     /// As [`q4_packed_tile`]: AVX2, and the lengths it reads unchecked.
@@ -568,6 +708,23 @@ unsafe fn vnni_group_dot<V: Lanes16>(wg: *const u8, even: *const i8, odd: *const
         for j in 0..8 {
             let w = V::load_i(wg.add(4 * WIDE * j));
             acc[j % 2] = V::dpbusd(acc[j % 2], w, V::set1_i(chunk(even, odd, j)));
+        }
+        V::add_i(acc[0], acc[1])
+    }
+}
+
+/// [`vnni_group_dot`] with the group's 8 chunks in registers: the same two accumulators.
+///
+/// # Safety
+/// The CPU must support `V`'s features; `even` and `odd` must point to 16 readable codes each.
+#[inline(always)]
+unsafe fn vnni_group_dot_regs<V: Lanes16>(w: &[V::I; 8], even: *const i8, odd: *const i8) -> V::I {
+    // SAFETY: `V`'s features, which the caller guarantees; chunk j < 8 reads 4 of the 16 codes of
+    // `even` or `odd`, readable by this function's contract.
+    unsafe {
+        let mut acc = [V::zero_i(); 2];
+        for (j, &wj) in w.iter().enumerate() {
+            acc[j % 2] = V::dpbusd(acc[j % 2], wj, V::set1_i(chunk(even, odd, j)));
         }
         V::add_i(acc[0], acc[1])
     }

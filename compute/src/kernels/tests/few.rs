@@ -119,15 +119,16 @@ fn each_row_beside_others_equals_it_alone() {
 #[test]
 fn a_planted_row_stride_is_caught_on_every_simd_path_and_only_in_the_few_row_range() {
     // The few-row kernels reading activation row 2r (mod rows) for row r: every SIMD path's check
-    // fails for every row count that takes them (q4 and i8 from 2, to FEW_MAX_ROWS); fewer
-    // rows (the GEMVs) and FEW_MAX_ROWS + 1 (the prefill kernels) still pass, which shows where the
-    // host dispatches to them. The portable path has no few-row kernel and passes throughout.
-    use x86::{I8_FEW_MIN_ROWS, Q4_FEW_MIN_ROWS};
+    // fails for every row count that takes them (q4 and i8 from 2, to FEW_MAX_ROWS; q4 on VNNI to
+    // Q4_FEW_CHUNKED_MAX_ROWS, as row chunks); fewer rows (the GEMVs) and more (the prefill
+    // kernels) still pass, which shows where the host dispatches to them. The portable path has no
+    // few-row kernel and passes throughout.
+    use x86::{I8_FEW_MIN_ROWS, Q4_FEW_CHUNKED_MAX_ROWS, Q4_FEW_MIN_ROWS};
     let mut rng = Rng(44);
     // 29 weight rows: one 16-row panel read straight from the pack (two whole 8-row panels), then
     // a short one through the packed copy.
     let (kq, ki, n) = (288, 2048 + 17, 29);
-    for rows in few_rows() {
+    for rows in few_rows().chain([Q4_FEW_CHUNKED_MAX_ROWS, Q4_FEW_CHUNKED_MAX_ROWS + 1]) {
         let x = activations(&mut rng, rows, ki);
         let (codes4, scales4) = q4_weight(&mut rng, n, kq);
         let codes: Vec<i8> = (0..n * ki).map(|_| rng.byte() as i8).collect();
@@ -138,7 +139,14 @@ fn a_planted_row_stride_is_caught_on_every_simd_path_and_only_in_the_few_row_ran
             .collect();
         for path in paths() {
             let simd = !matches!(path, Path::Real(k) if k.isa() == Isa::Scalar);
-            let q4_range = (Q4_FEW_MIN_ROWS..=FEW_MAX_ROWS).contains(&rows);
+            let vnni = matches!(path, Path::EmulatedVnni)
+                || matches!(path, Path::Real(k) if k.isa() == Isa::Avx512Vnni);
+            let q4_max = if vnni {
+                Q4_FEW_CHUNKED_MAX_ROWS
+            } else {
+                FEW_MAX_ROWS
+            };
+            let q4_range = (Q4_FEW_MIN_ROWS..=q4_max).contains(&rows);
             let i8_range = (I8_FEW_MIN_ROWS..=FEW_MAX_ROWS).contains(&rows);
             let (q4, i8) = with_row_step(2, || {
                 only_path(path, || {

@@ -58,6 +58,8 @@ pub(crate) use q4_few::test_hooks as few_test_hooks;
 #[cfg(test)]
 pub(crate) use vnni::EmuVnniDot;
 pub(crate) use vnni::VnniDot;
+#[cfg(test)]
+pub(crate) use vnni::Q4_FEW_CHUNKED_MAX_ROWS;
 
 use float::f32_block;
 #[cfg(test)]
@@ -88,7 +90,7 @@ const Q4_PACKED_MIN_ROWS: usize = 4;
 /// the GEMV's 2 x 10.2 (`few_row_timing`, 2026-12-07; AVX2 18.2 against 2 x 10.7).
 pub(crate) const Q4_FEW_MIN_ROWS: usize = 2;
 /// Fewest groups (K / 32) of the few-row q4 kernel: it unpacks 8 groups at a time.
-const Q4_FEW_MIN_GROUPS: usize = 8;
+pub(super) const Q4_FEW_MIN_GROUPS: usize = 8;
 /// How far ahead (bytes of weight codes, in address order) the q4 and i8 GEMVs prefetch at least;
 /// they prefetch one whole panel of 8 rows ahead (`PANEL * K / 2` bytes for q4, `PANEL * K` for
 /// i8) when that is more: the pack's panel layout makes each panel one address-ordered stream for

@@ -271,6 +271,22 @@ pub(super) unsafe fn q4_block_few<V: PanelLanes>(
     acts: &Activations,
     out: &mut [&mut [f32]],
 ) {
+    // SAFETY: this function's contract is `q4_block_few_from`'s with `row0` = 0.
+    unsafe { q4_block_few_from::<V>(codes, scales, k, (acts, 0), out) }
+}
+
+/// [`q4_block_few`] for the activation rows `row0..row0 + out.len()` of `acts`.
+///
+/// # Safety
+/// As [`q4_block_few`], for those rows of `acts`.
+#[inline(always)]
+pub(super) unsafe fn q4_block_few_from<V: PanelLanes>(
+    codes: Q4Codes<'_>,
+    scales: &[bf16],
+    k: usize,
+    (acts, row0): (&Activations, usize),
+    out: &mut [&mut [f32]],
+) {
     let groups = k / Q4_GROUP;
     let blocks = groups / BLOCK_GROUPS;
     let (rows, nb) = (out.len(), out[0].len());
@@ -284,7 +300,7 @@ pub(super) unsafe fn q4_block_few<V: PanelLanes>(
     #[cfg(not(test))]
     let row_step = 1;
     // Output row r reads activation row `src(r)` (r itself but for the tests' planted mistake).
-    let src = |r: usize| (r * row_step) % rows;
+    let src = |r: usize| row0 + (r * row_step) % rows;
     for r in 0..rows {
         // The tiles read these unchecked.
         assert!(acts.codes(src(r)).len() >= k && acts.sums(src(r)).len() >= groups);

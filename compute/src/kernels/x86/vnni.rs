@@ -2,12 +2,13 @@
 //! many rows, over a [`Dpbusd`] flavour — the real instruction, or in the tests its exact AVX2
 //! emulation, so the tests run the very bodies the VNNI entry point compiles.
 
-use super::q4_few::q4_block_few;
+use super::q4_few::{q4_block_few, q4_block_few_from};
 use super::q4_packed::q4_block_packed;
 use super::q4_rows::split_q4_pair;
 use super::{wide, Dot};
-use crate::kernels::{Activations, Q4Codes, PANEL};
+use crate::kernels::{Activations, Q4Codes, FEW_MAX_ROWS, PANEL};
 use half::bf16;
+use packs::quant::Q4_GROUP;
 use std::arch::x86_64::*;
 
 /// AVX-512 VNNI: `vpdpbusd` (u8 x i8, 4 products per i32 lane, accumulated, no saturation), 256-bit
@@ -15,6 +16,14 @@ use std::arch::x86_64::*;
 /// ([`VnniDot`]) and, in the tests, their exact AVX2 emulation (`EmuVnniDot`), so the tests run the
 /// very bodies the VNNI entry point compiles. Its features ([`Dot`]) are AVX2 and `P`'s.
 pub(crate) struct Vnni<P>(std::marker::PhantomData<P>);
+
+/// Most rows the VNNI q4 kernel for many rows runs as chunks of the few-row kernel; more take the
+/// packed-panel tiles. `few_row_timing` with 512 activation rows (one thread, per 256 weight rows,
+/// two alternated runs at load 6-7, 2026-12-07), chunked against packed: K = 2048, 32 rows 104 us
+/// against 125-159, 64 rows 209-212 against 275-277, 128 rows 419 against 476-493; but K = 6144
+/// (the block's 768 KB of codes no longer stay in L2 between chunks), 32 rows 312-395 against 373,
+/// 64 rows 629-788 against 637-643, 128 rows 1316-1576 against 1191-1226.
+pub(crate) const Q4_FEW_CHUNKED_MAX_ROWS: usize = 32;
 
 /// The real instructions.
 pub(crate) struct RealVnni;
@@ -82,8 +91,21 @@ impl<P: Dpbusd> Dot for Vnni<P> {
         acts: &Activations,
         out: &mut [&mut [f32]],
     ) {
-        // SAFETY: `P`'s features cover `P::Wide`'s; the rows of `acts` as this function requires.
-        unsafe { q4_block_packed::<P::Wide>(codes, scales, k, acts, out) }
+        if k < super::Q4_FEW_MIN_GROUPS * Q4_GROUP || out.len() > Q4_FEW_CHUNKED_MAX_ROWS {
+            // SAFETY: `P`'s features cover `P::Wide`'s; the rows of `acts` as this function
+            // requires.
+            return unsafe { q4_block_packed::<P::Wide>(codes, scales, k, acts, out) };
+        }
+        // Up to 32 rows as row chunks of the few-row kernel, as even as they go: its 16-row panels
+        // come straight from the pack (the block's weights stay in L2 between chunks). Same bits:
+        // both kernels are the GEMV's.
+        let rows = out.len();
+        let per = rows.div_ceil(rows.div_ceil(FEW_MAX_ROWS));
+        for (i, chunk) in out.chunks_mut(per).enumerate() {
+            // SAFETY: `P`'s features cover `P::Wide`'s; K has at least 8 groups (checked above);
+            // the chunk's rows `i * per..` of `acts` hold `k` codes, as this function requires.
+            unsafe { q4_block_few_from::<P::Wide>(codes, scales, k, (acts, i * per), chunk) };
+        }
     }
     /// # Safety
     /// The CPU must support AVX2 and `P`'s features; the block and the activations as

@@ -139,26 +139,37 @@ impl PanelLanes for Zmm {
         // SAFETY: AVX-512 F, which the caller guarantees; load i reads bytes `64 (i % 4)..+64` of
         // `h0` (i < 4) or `h1`, inside their 256 by this function's contract.
         unsafe {
-            // Vector i holds rows 2i and 2i + 1 (dwords 0..8, then 8..16): element (row, t) at
-            // vector `row / 2`, lane `8 (row % 2) + t`. Each round pairs vectors v and v ^ m and
-            // takes the even dwords of the two (their t bit = 0) into the lower, the odd ones into
-            // the upper: after rounds m = 1, 2, 4 the vector index is t and the lane is the row
-            // (the order checked by `tests::few`'s bit-equality against the GEMV).
-            let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-            let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-            let mut v = [_mm512_setzero_si512(); 8];
-            for (i, vi) in v.iter_mut().enumerate() {
+            // Vector i holds rows 2i and 2i + 1: 128-bit blocks (row 2i: dwords 0..4, 4..8;
+            // row 2i + 1: dwords 0..4, 4..8). A 4 x 4 dword transpose inside the blocks of vectors
+            // 0..4 (rows 0..8) leaves in vector k, block by block, dword k of rows 0, 2, 4, 6,
+            // dword 4 + k of them, dword k of rows 1, 3, 5, 7, dword 4 + k of them; vectors 4..8
+            // the same for rows 8..16. One two-source permute per output then puts row r in lane r.
+            // 16 in-block unpacks and 8 permutes, where three rounds of permutes took 24 (the order
+            // is checked by `tests::few`'s bit-equality against the GEMV).
+            let mut z = [_mm512_setzero_si512(); 8];
+            for (i, zi) in z.iter_mut().enumerate() {
                 let h = if i < 4 { h0 } else { h1 };
-                *vi = _mm512_loadu_si512(h.add(64 * (i % 4)) as *const _);
+                *zi = _mm512_loadu_si512(h.add(64 * (i % 4)) as *const _);
             }
-            for m in [1, 2, 4] {
-                let mut next = v;
-                for lo in (0..8).filter(|i| i & m == 0) {
-                    let (a, b) = (v[lo], v[lo | m]);
-                    next[lo] = _mm512_permutex2var_epi32(a, even, b);
-                    next[lo | m] = _mm512_permutex2var_epi32(a, odd, b);
-                }
-                v = next;
+            let mut u = [_mm512_setzero_si512(); 8];
+            for q in 0..2 {
+                let z = &z[4 * q..4 * q + 4];
+                let a = _mm512_unpacklo_epi32(z[0], z[1]);
+                let b = _mm512_unpackhi_epi32(z[0], z[1]);
+                let c = _mm512_unpacklo_epi32(z[2], z[3]);
+                let d = _mm512_unpackhi_epi32(z[2], z[3]);
+                u[4 * q] = _mm512_unpacklo_epi64(a, c);
+                u[4 * q + 1] = _mm512_unpackhi_epi64(a, c);
+                u[4 * q + 2] = _mm512_unpacklo_epi64(b, d);
+                u[4 * q + 3] = _mm512_unpackhi_epi64(b, d);
+            }
+            let low = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 16, 24, 17, 25, 18, 26, 19, 27);
+            let high =
+                _mm512_setr_epi32(4, 12, 5, 13, 6, 14, 7, 15, 20, 28, 21, 29, 22, 30, 23, 31);
+            let mut v = [_mm512_setzero_si512(); 8];
+            for k in 0..4 {
+                v[k] = _mm512_permutex2var_epi32(u[k], low, u[4 + k]);
+                v[4 + k] = _mm512_permutex2var_epi32(u[k], high, u[4 + k]);
             }
             v
         }

@@ -205,7 +205,8 @@ unsafe fn few_tiles<V: PanelLanes>(
 /// and loaded again. The packed copy cost about 1.5 GEMVs (15 us per 256 weight rows of K = 2048
 /// on one VNNI thread against the GEMV's 10.3), which made 4 rows cost 2.5 GEMVs. Same operations
 /// per output as [`few_tile`] (exact group dots, then `sum + (dot - corr) as f32 * scale` per group
-/// ascending), so the same bits. An unpaired last group is left to the caller.
+/// ascending; the exact `dot - corr` taken as the dot started at `-corr`), so the same bits. An
+/// unpaired last group is left to the caller.
 ///
 /// # Safety
 /// The CPU must support `V`'s features (`V::LANES` = 16). `base[h]` must point to the first pair of
@@ -246,8 +247,8 @@ unsafe fn few_pairs_direct<V: PanelLanes>(
                 let (even, odd) = q4_halves(g, groups);
                 for r in 0..rows {
                     let ar = a[r].as_ptr();
-                    let dot = V::group_dot_regs(&ch, ar.add(even), ar.add(odd));
-                    let dot = V::sub_i(dot, V::set1_i(*corr[r].as_ptr().add(g)));
+                    let from = -*corr[r].as_ptr().add(g);
+                    let dot = V::group_dot_regs(&ch, from, ar.add(even), ar.add(odd));
                     sum[r] = V::add_f(sum[r], V::mul_f(V::cvt(dot), scale));
                 }
             }

@@ -164,13 +164,19 @@ pub(crate) trait PanelLanes {
     /// # Safety
     /// The CPU must support `Self`'s features.
     unsafe fn nibbles(x: Self::I) -> (Self::I, Self::I);
-    /// [`PanelLanes::group_dot`] with the group's 8 chunks in registers (`w[j]`: chunk j, lanes
-    /// weight rows) instead of a packed panel in memory: the same exact integer dot.
+    /// `from` plus [`PanelLanes::group_dot`] with the group's 8 chunks in registers (`w[j]`:
+    /// chunk j, lanes weight rows) instead of a packed panel in memory: the same exact integer dot
+    /// (`from` = minus the group's offset sum saves the subtraction that follows the dot).
     ///
     /// # Safety
     /// The CPU must support `Self`'s features; `even` and `odd` must point to 16 readable codes
     /// each.
-    unsafe fn group_dot_regs(w: &[Self::I; 8], even: *const i8, odd: *const i8) -> Self::I;
+    unsafe fn group_dot_regs(
+        w: &[Self::I; 8],
+        from: i32,
+        even: *const i8,
+        odd: *const i8,
+    ) -> Self::I;
     /// [`q4_packed_tile`] for [`Q4_TILE_ROWS`] rows, unless the lanes have a tuned form (same
     /// operations per output, so the same bits).
     ///

@@ -191,9 +191,14 @@ impl PanelLanes for Zmm {
     /// The CPU must support AVX-512 F and VNNI; `even` and `odd` must point to 16 readable codes
     /// each.
     #[inline(always)]
-    unsafe fn group_dot_regs(w: &[__m512i; 8], even: *const i8, odd: *const i8) -> __m512i {
+    unsafe fn group_dot_regs(
+        w: &[__m512i; 8],
+        from: i32,
+        even: *const i8,
+        odd: *const i8,
+    ) -> __m512i {
         // SAFETY: `vnni_group_dot_regs`'s contract is this one.
-        unsafe { vnni_group_dot_regs::<Self>(w, even, odd) }
+        unsafe { vnni_group_dot_regs::<Self>(w, from, even, odd) }
     }
 }
 
@@ -259,6 +264,7 @@ pub(crate) trait PairGroupDot: Sized {
     /// The CPU must support AVX2; `even` and `odd` must point to 16 readable codes each.
     unsafe fn group_dot_regs(
         w: &[[__m256i; 2]; 8],
+        from: i32,
         even: *const i8,
         odd: *const i8,
     ) -> [__m256i; 2];
@@ -305,6 +311,7 @@ impl PairGroupDot for Maddubs16 {
     #[inline(always)]
     unsafe fn group_dot_regs(
         w: &[[__m256i; 2]; 8],
+        from: i32,
         even: *const i8,
         odd: *const i8,
     ) -> [__m256i; 2] {
@@ -318,10 +325,10 @@ impl PairGroupDot for Maddubs16 {
                     acc16[h] = _mm256_add_epi16(acc16[h], _mm256_maddubs_epi16(wj[h], aj));
                 }
             }
-            let ones = _mm256_set1_epi16(1);
+            let (ones, from) = (_mm256_set1_epi16(1), _mm256_set1_epi32(from));
             [
-                _mm256_madd_epi16(acc16[0], ones),
-                _mm256_madd_epi16(acc16[1], ones),
+                _mm256_add_epi32(from, _mm256_madd_epi16(acc16[0], ones)),
+                _mm256_add_epi32(from, _mm256_madd_epi16(acc16[1], ones)),
             ]
         }
     }
@@ -491,11 +498,12 @@ impl PairGroupDot for EmuDpbusd {
     #[inline(always)]
     unsafe fn group_dot_regs(
         w: &[[__m256i; 2]; 8],
+        from: i32,
         even: *const i8,
         odd: *const i8,
     ) -> [__m256i; 2] {
         // SAFETY: `vnni_group_dot_regs`'s contract, for `EmuZmm` (AVX2), is this one.
-        unsafe { vnni_group_dot_regs::<EmuZmm>(w, even, odd) }
+        unsafe { vnni_group_dot_regs::<EmuZmm>(w, from, even, odd) }
     }
 }
 
@@ -619,9 +627,14 @@ impl<G: PairGroupDot> PanelLanes for YmmPair<G> {
     /// # Safety
     /// The CPU must support AVX2; `even` and `odd` must point to 16 readable codes each.
     #[inline(always)]
-    unsafe fn group_dot_regs(w: &[Self::I; 8], even: *const i8, odd: *const i8) -> Self::I {
+    unsafe fn group_dot_regs(
+        w: &[Self::I; 8],
+        from: i32,
+        even: *const i8,
+        odd: *const i8,
+    ) -> Self::I {
         // SAFETY: `G::group_dot_regs`'s contract is this one.
-        unsafe { G::group_dot_regs(w, even, odd) }
+        unsafe { G::group_dot_regs(w, from, even, odd) }
     }
     /// # Safety
     /// As [`q4_packed_tile`]: AVX2, and the lengths it reads unchecked.
@@ -724,16 +737,22 @@ unsafe fn vnni_group_dot<V: Lanes16>(wg: *const u8, even: *const i8, odd: *const
     }
 }
 
-/// [`vnni_group_dot`] with the group's 8 chunks in registers: the same two accumulators.
+/// [`vnni_group_dot`] with the group's 8 chunks in registers, plus `from`: the same two
+/// accumulators, the first starting at `from`.
 ///
 /// # Safety
 /// The CPU must support `V`'s features; `even` and `odd` must point to 16 readable codes each.
 #[inline(always)]
-unsafe fn vnni_group_dot_regs<V: Lanes16>(w: &[V::I; 8], even: *const i8, odd: *const i8) -> V::I {
+unsafe fn vnni_group_dot_regs<V: Lanes16>(
+    w: &[V::I; 8],
+    from: i32,
+    even: *const i8,
+    odd: *const i8,
+) -> V::I {
     // SAFETY: `V`'s features, which the caller guarantees; chunk j < 8 reads 4 of the 16 codes of
     // `even` or `odd`, readable by this function's contract.
     unsafe {
-        let mut acc = [V::zero_i(); 2];
+        let mut acc = [V::set1_i(from), V::zero_i()];
         for (j, &wj) in w.iter().enumerate() {
             acc[j % 2] = V::dpbusd(acc[j % 2], wj, V::set1_i(chunk(even, odd, j)));
         }

@@ -36,7 +36,7 @@ thread_local! {
 /// # Safety
 /// The CPU must support AVX2.
 #[inline(always)]
-unsafe fn split_nibbles(v: __m256i) -> (__m256i, __m256i) {
+pub(super) unsafe fn split_nibbles(v: __m256i) -> (__m256i, __m256i) {
     // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
     unsafe {
         let mask = _mm256_set1_epi8(0x0F);

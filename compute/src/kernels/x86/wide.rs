@@ -14,6 +14,7 @@
 //! tests the VNNI vectors are two `ymm` halves with `vpdpbusd` emulated in AVX2 (`EmuZmm`), so
 //! every line but the `zmm` intrinsics runs on AVX2 machines against the oracles.
 
+use super::q4_few::split_nibbles;
 use super::q4_packed::{chunk, q4_packed_tile, PanelLanes, MAX_LANES, Q4_TILE_ROWS};
 use crate::kernels::activations::SIMD_BYTES;
 use crate::kernels::q4_halves;
@@ -288,22 +289,16 @@ impl PairGroupDot for Maddubs16 {
     #[inline(always)]
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> [__m256i; 2] {
         // SAFETY: AVX2, which the caller guarantees; chunk j < 8 reads the weight bytes
-        // `4 * WIDE * j..4 * WIDE * (j + 1)` of the group's `32 * WIDE = 512` and 4 of the 16 codes
-        // of `even` or `odd`, all readable by this function's contract.
+        // `4 * WIDE * j..4 * WIDE * (j + 1)` of the group's `32 * WIDE = 512`, readable by this
+        // function's contract, as are the codes `group_dot_regs` reads.
         unsafe {
-            let mut acc16 = [_mm256_setzero_si256(); 2];
-            for j in 0..8 {
-                let aj = _mm256_set1_epi32(chunk(even, odd, j));
-                for h in 0..2 {
-                    let w = _mm256_loadu_si256(wg.add(4 * WIDE * j + 32 * h) as *const __m256i);
-                    acc16[h] = _mm256_add_epi16(acc16[h], _mm256_maddubs_epi16(w, aj));
+            let mut w = [[_mm256_setzero_si256(); 2]; 8];
+            for (j, wj) in w.iter_mut().enumerate() {
+                for (h, v) in wj.iter_mut().enumerate() {
+                    *v = _mm256_loadu_si256(wg.add(4 * WIDE * j + 32 * h) as *const __m256i);
                 }
             }
-            let ones = _mm256_set1_epi16(1);
-            [
-                _mm256_madd_epi16(acc16[0], ones),
-                _mm256_madd_epi16(acc16[1], ones),
-            ]
+            Self::group_dot_regs(&w, 0, even, odd)
         }
     }
     /// # Safety
@@ -612,16 +607,10 @@ impl<G: PairGroupDot> PanelLanes for YmmPair<G> {
     /// The CPU must support AVX2.
     #[inline(always)]
     unsafe fn nibbles(x: Self::I) -> (Self::I, Self::I) {
-        // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
+        // SAFETY: the caller guarantees AVX2, all `split_nibbles` needs.
         unsafe {
-            let mask = _mm256_set1_epi8(0x0F);
-            (
-                [_mm256_and_si256(x[0], mask), _mm256_and_si256(x[1], mask)],
-                [
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(x[0]), mask),
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(x[1]), mask),
-                ],
-            )
+            let ((l0, h0), (l1, h1)) = (split_nibbles(x[0]), split_nibbles(x[1]));
+            ([l0, l1], [h0, h1])
         }
     }
     /// # Safety

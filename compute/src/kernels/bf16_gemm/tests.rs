@@ -349,3 +349,34 @@ fn portable_bf16_products_timing() {
         portable / widened
     );
 }
+
+/// The AVX-512 BF16 products kernel alone on one thread (the tower's shapes: 256 weight rows, K
+/// 1024 and 4096, 196 activation rows), as GMAC/s and a share of the `vdpbf16ps` peak timed in the
+/// same run: `cargo test --release -p compute --lib bf16_products_timing -- --ignored --nocapture`.
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore = "timing"]
+fn bf16_products_timing() {
+    if !bf16_dot::has_avx512_bf16() {
+        eprintln!("no AVX-512 BF16 here");
+        return;
+    }
+    let kernels = Kernels::best();
+    let mut rng = Rng(0xbf16_0007);
+    for (rows, n, k) in [(196, 256, 1024), (196, 256, 4096), (784, 256, 1024)] {
+        let (x, w) = inputs(&mut rng, rows, n, k);
+        let mut prepared = Bf16Rows::default();
+        prepared.prepare(kernels, &x, rows, k);
+        let mut out = vec![vec![0f32; n]; rows];
+        let best = (0..20)
+            .map(|_| {
+                let mut spans: Vec<&mut [f32]> = out.iter_mut().map(|o| &mut o[..]).collect();
+                let t = std::time::Instant::now();
+                kernels.bf16_products_block(&w, k, 0, &prepared, &mut spans);
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min);
+        let gmac = (rows * n * k) as f64 / best / 1e9;
+        println!("rows {rows} n {n} k {k}: {:.1} us, {gmac:.1} GMAC/s", best * 1e6);
+    }
+}

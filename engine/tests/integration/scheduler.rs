@@ -281,3 +281,111 @@ fn draft_windows_beside_others_answer_as_a_session_with_drafts() {
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(h.free_caches(), 3);
 }
+
+/// Load for a bounded time across 8 streams: rounds of every conversation at once, each client
+/// starting and leaving at seeded random moments (half stay to the end), and one client per round
+/// whose prompt does not fit the context (refused by name, beside the others). Afterwards the pool
+/// has all its caches back and every answer is still its answer alone. Controls: clients did leave
+/// and the refusal did happen in every round, and the forwards did run many conversations at once
+/// (so the claim was exercised, not passed by running them one by one).
+#[test]
+fn clients_dropped_at_random_moments_across_8_streams_cost_the_others_nothing() {
+    const PARALLEL: usize = 8;
+    let convs = conversations();
+    let want = alone(&convs);
+    let h = start(PARALLEL);
+    // A prompt longer than the 256-token context.
+    let too_long = vec![Message::new(
+        engine::Role::User,
+        vec![engine::Content::Text("many words ".repeat(400))],
+    )];
+    let mut rng = 0x5eed_0034_u64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let t0 = std::time::Instant::now();
+    let (mut rounds, mut left) = (0, 0);
+    while rounds < 2 || (t0.elapsed() < Duration::from_secs(2) && rounds < 8) {
+        // Per client: start delay (ms) and when it leaves (None: stays; Some(n): after n pieces).
+        let plan: Vec<(u64, Option<usize>)> = (0..convs.len())
+            .map(|_| (next(4), (next(2) == 0).then(|| next(4) as usize)))
+            .collect();
+        let barrier = Arc::new(Barrier::new(convs.len() + 1));
+        let (outcomes, refused) = std::thread::scope(|scope| {
+            let threads: Vec<_> = convs
+                .iter()
+                .zip(&plan)
+                .map(|((_, m, p), &(delay, leave_after))| {
+                    let (h, barrier) = (h.clone(), barrier.clone());
+                    scope.spawn(move || {
+                        barrier.wait();
+                        std::thread::sleep(Duration::from_millis(delay));
+                        let mut pieces = 0;
+                        let g = h
+                            .generate(m, p, &mut |e| match (e, leave_after) {
+                                (Event::Text(_), Some(n)) => {
+                                    pieces += 1;
+                                    pieces <= n
+                                }
+                                (Event::Started { .. }, Some(0)) => false,
+                                _ => true,
+                            })
+                            .unwrap();
+                        (leave_after, g.finish, g.ids, g.text)
+                    })
+                })
+                .collect();
+            let (h2, too_long, barrier) = (h.clone(), &too_long, barrier.clone());
+            let failing = scope.spawn(move || {
+                barrier.wait();
+                std::thread::sleep(Duration::from_millis(5));
+                h2.generate(too_long, &greedy(), &mut |_| true)
+            });
+            let outcomes: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+            (outcomes, failing.join().unwrap())
+        });
+        let err = refused.expect_err("a prompt past the context is refused");
+        assert!(
+            err.to_string().contains("context"),
+            "the refusal names the context: {err}"
+        );
+        for (i, (leave_after, finish, ids, text)) in outcomes.into_iter().enumerate() {
+            match leave_after {
+                Some(_) if finish == FinishReason::Cancelled => left += 1,
+                // A client that meant to leave after more pieces than its answer had stays.
+                _ => assert_eq!(
+                    (&ids, &text),
+                    (&want[i].0, &want[i].1),
+                    "{} beside leaving clients (round {rounds})",
+                    convs[i].0
+                ),
+            }
+        }
+        rounds += 1;
+    }
+    eprintln!(
+        "{rounds} rounds, {left} clients left, at most {} at once",
+        h.most_at_once()
+    );
+    assert!(
+        left >= rounds,
+        "clients left in every round ({left} in {rounds} rounds)"
+    );
+    // 8 in every run here (load 6-8); 6 leaves room for a slow machine's start-up spread.
+    assert!(
+        h.most_at_once() >= 6,
+        "the forwards ran at most {} conversations at once",
+        h.most_at_once()
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        h.free_caches(),
+        PARALLEL,
+        "the pool has all its caches back"
+    );
+    // Afterwards every answer is still its answer alone.
+    assert_eq!(together(&h, &convs, 3), want);
+}

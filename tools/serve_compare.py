@@ -1,28 +1,44 @@
 #!/usr/bin/env python3
-"""`xdna-vl serve --parallel N` against llama.cpp's `llama-server --parallel N` on the same
-random 2B-shaped text model, the same threads and the same greedy requests; A B A B; ratios.
+"""`xdna-vl serve --parallel N` against llama.cpp's `llama-server --parallel N`: one random
+2B-shaped Qwen3-VL checkpoint, its one tokenizer and chat template, the same threads and the same
+greedy requests; A B A B; ratios.
 
-    python3 tools/serve_compare.py --assets ~/models/Qwen3-VL-2B-Instruct --rounds 2 --threads 2 \
-        --parallel 4 --clients 1,4
+    cargo build --release -p xdna-vl
+    python3 tools/serve_compare.py --rounds 2 --threads 2 --parallel 4 --clients 1,4 \
+        --requests 2 --tokens 48 --lock /work/notes/bench.lock
 
 1. builds `llama-server` (CPU only, -march=native) from the llama.cpp that the PyPI
    `llama-cpp-python` sdist vendors, as tools/llama_cpp_compare.py builds llama-bench (same cache,
-   its own build directory: the server is configured in);
-2. writes the random Qwen3-VL-2B text model as GGUF and quantizes it to Q4_0 (llama_cpp_compare's
-   model; kept between runs), and ours is `bench`'s random q4 pack of the same shapes
-   (`target/bench/qwen3-vl-2b-q4-seed1.pack`, made by `bench --shape qwen3-vl-2b --kinds q4` or
-   `bench streams`), served with the tokenizer and chat template of a real Qwen3-VL checkpoint
-   (`--assets DIR`: a hub download's directory; the random pack carries no tokenizer, and the
-   bundled tiny tokenizer's image id (510) is not the 2B's (151655), which the engine refuses);
-3. for each round and each client count C: starts one server on a free loopback port, lets C
-   clients each send `--requests` chat completions of `--tokens` greedy tokens (llama.cpp with
-   `ignore_eos`; ours stops only at an end-of-turn id, rare on random weights), and measures
-   the aggregate completion tokens per second (usage counts over wall time); then the other.
+   `--cache`, default target/llama.cpp; its own build directory: the server is configured in);
+2. the model is tools/llama_cpp_image_compare.py's random checkpoint (Qwen3-VL-2B's geometry,
+   the tiny chat tokenizer and template; `--cache`/models/qwen3-vl-2b-vl-seed1-*, written by that
+   script when missing): theirs its text converted and `llama-quantize --pure Q4_0`, ours its
+   `packs build --quant q4` pack served with `--assets` the checkpoint directory. One tokenizer
+   and one template (llama-server `--jinja` runs the GGUF's copy of it): every request's prompt
+   has the same tokens on both sides, which is checked (`usage.prompt_tokens`);
+3. for each round and each client count C: starts one server on a free loopback port, sends one
+   warm-up request, lets C clients each send `--requests` chat completions of `--tokens` greedy
+   tokens (llama.cpp with `ignore_eos`; ours stops only at an end-of-turn id: the tokenizer's 512
+   ids among the model's 151936 make one rare on random weights), checks that every answer has
+   exactly `--tokens` tokens, and measures the aggregate completion tokens per second (usage
+   counts over wall time); then the other server.
 
 Prints per round and client count ours / theirs tok/s and the ratio, and each server's aggregate
-at C clients against its own at 1 client. Everything runs on 127.0.0.1 and stops by itself.
-Needs what llama_cpp_compare.py needs (gguf, numpy, cmake, a C++ compiler) and a built
-`target/release/xdna-vl`.
+at C clients against its own at 1 client, then one JSON line. Everything runs on 127.0.0.1 and
+stops by itself; each server's log is kept in `--cache`/serve-compare-{ours,theirs}.log. Needs
+what llama_cpp_compare.py needs (gguf, numpy, cmake, a C++ compiler) and a built xdna-vl
+(`--xdna-vl`, default $CARGO_TARGET_DIR or target/, release/xdna-vl); writing a missing
+checkpoint needs what llama_cpp_image_compare.py needs.
+
+The proof that both sides run (2026-12-07, 2-vCPU Zen 4 at load 6.8-7.9 from other benchmarks,
+so not a measurement; PERF.md, "serve against llama-server"):
+
+    python3 tools/serve_compare.py --rounds 1 --clients 1,4 --requests 1 --tokens 16 \
+        --cache /work/main/target/llama.cpp --xdna-vl $CARGO_TARGET_DIR/release/xdna-vl
+    round 1, 1 clients: ours 6.42 tok/s, llama-server 1.52 tok/s, x4.22 (prompts of [28] tokens, ...)
+    round 1, 4 clients: ours 8.62 tok/s, llama-server 1.68 tok/s, x5.13 (prompts of [28] tokens, ...)
+
+The measurement is the first command above, on a quiet machine.
 """
 
 import argparse
@@ -84,6 +100,23 @@ def wait_ready(port: int, proc: subprocess.Popen, path: str, seconds: float = 30
     sys.exit(f"the server on port {port} was not ready in {seconds} s")
 
 
+def target_dir() -> str:
+    return os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+
+
+def checkpoint_models(cache: str, seed: int) -> dict:
+    """The image comparison's checkpoint directory, its Q4_0 text GGUF and our q4 pack of it."""
+    stem = os.path.join(cache, "models", f"qwen3-vl-2b-vl-seed{seed}")
+    out = {"ckpt": stem + "-hf", "Q4_0": stem + "-text-Q4_0.gguf",
+           "pack": stem + "-q4-tower-default.pack"}
+    if not all(os.path.exists(p) for p in out.values()):
+        import llama_cpp_image_compare as lci  # torch and transformers, only to write them
+        exes = lcc.build_llama(cache, os.cpu_count() or 2)
+        made = lci.make_models(cache, exes, seed, ["default"])
+        out = {"ckpt": made["ckpt"], "Q4_0": made["Q4_0"], "pack": made["pack-default"]}
+    return out
+
+
 def post(port: int, body: dict) -> dict:
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
                                  data=json.dumps(body).encode(),
@@ -92,23 +125,34 @@ def post(port: int, body: dict) -> dict:
         return json.load(r)
 
 
-def load(port: int, clients: int, requests: int, tokens: int, extra: dict) -> float:
-    """C clients, each `requests` completions one after another: completion tokens/s in all."""
+def question(client: int, request: int) -> list:
+    return [{"role": "user", "content": f"Client {client} asks question {request}."}]
+
+
+def load(port: int, clients: int, requests: int, tokens: int, extra: dict,
+         prompt_tokens: dict) -> float:
+    """C clients, each `requests` completions one after another: completion tokens/s in all.
+    Every answer must have `tokens` tokens; each request's prompt tokens go to `prompt_tokens`."""
     total = [0]
     errors = []
     lock = threading.Lock()
 
     def client(i: int) -> None:
         for j in range(requests):
-            body = {"messages": [{"role": "user", "content": f"Client {i} asks question {j}."}],
-                    "max_tokens": tokens, "temperature": 0, **extra}
+            body = {"messages": question(i, j), "max_tokens": tokens, "temperature": 0, **extra}
             try:
-                n = post(port, body)["usage"]["completion_tokens"]
+                r = post(port, body)
             except Exception as e:  # counted, and the run fails below
                 errors.append(repr(e))
                 return
+            n = r["usage"]["completion_tokens"]
+            if n != tokens:
+                errors.append(f"client {i} request {j}: {n} completion tokens, not {tokens} "
+                              f"(finish_reason {r['choices'][0].get('finish_reason')!r})")
+                return
             with lock:
                 total[0] += n
+                prompt_tokens[(i, j)] = r["usage"]["prompt_tokens"]
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     t0 = time.perf_counter()
@@ -122,33 +166,47 @@ def load(port: int, clients: int, requests: int, tokens: int, extra: dict) -> fl
     return total[0] / dt
 
 
-def run_ours(xdna_vl: str, pack: str, threads: int, parallel: int, clients: int, args) -> float:
-    port = free_port()
-    cmd = [xdna_vl, "serve", pack, "--assets", args.assets,
-           "--port", str(port), "--threads", str(threads), "--parallel", str(parallel),
+def serve(cmd: list, log: str, clients: int, args, extra: dict, prompt_tokens: dict,
+          lock: "lcc.Lock") -> float:
+    """Starts the server `cmd` (its port after `--port`), warms it up with one short request,
+    then times the clients' load (under the benchmark lock) and stops it."""
+    port = int(cmd[cmd.index("--port") + 1])
+    lcc.say("$ " + " ".join(cmd))
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_ready(port, proc, "/health")
+        post(port, {"messages": question(-1, 0), "max_tokens": 2, "temperature": 0, **extra})
+        with lock:
+            return load(port, clients, args.requests, args.tokens, extra, prompt_tokens)
+    except SystemExit:
+        with open(log) as f:
+            tail = f.read()[-2000:]
+        print(f"--- the end of {log}:\n{tail}", file=sys.stderr)
+        raise
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def run_ours(xdna_vl: str, pack: str, parallel: int, clients: int, args, prompt_tokens: dict,
+             lock) -> float:
+    cmd = [xdna_vl, "serve", pack, "--assets", args.assets, "--host", "127.0.0.1",
+           "--port", str(free_port()), "--threads", str(args.threads), "--parallel", str(parallel),
            "--ctx", str(args.ctx), "--kv", "bf16", "--max-tokens", str(args.tokens)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_ready(port, proc, "/health")
-        return load(port, clients, args.requests, args.tokens, {})
-    finally:
-        proc.terminate()
-        proc.wait()
+    log = os.path.join(args.cache, "serve-compare-ours.log")
+    return serve(cmd, log, clients, args, {}, prompt_tokens, lock)
 
 
-def run_theirs(server: str, model: str, threads: int, parallel: int, clients: int, args) -> float:
-    port = free_port()
-    # -c is the whole KV budget, shared by the slots: --ctx tokens per slot, as ours.
-    cmd = [server, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-           "--parallel", str(parallel), "-c", str(args.ctx * parallel), "-ctk", "f16", "-ctv", "f16",
-           "--no-webui"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_ready(port, proc, "/health")
-        return load(port, clients, args.requests, args.tokens, {"ignore_eos": True})
-    finally:
-        proc.terminate()
-        proc.wait()
+def run_theirs(server: str, model: str, parallel: int, clients: int, args, prompt_tokens: dict,
+               lock) -> float:
+    # -c is the whole KV budget, shared by the slots: --ctx tokens per slot, as ours; --jinja
+    # renders the chat template the GGUF carries (the checkpoint's, as ours).
+    cmd = [server, "-m", model, "--host", "127.0.0.1", "--port", str(free_port()),
+           "-t", str(args.threads), "--parallel", str(parallel), "-c", str(args.ctx * parallel),
+           "-ctk", "f16", "-ctv", "f16", "--jinja", "--no-webui"]
+    log = os.path.join(args.cache, "serve-compare-theirs.log")
+    return serve(cmd, log, clients, args, {"ignore_eos": True}, prompt_tokens, lock)
 
 
 def main() -> None:
@@ -162,35 +220,52 @@ def main() -> None:
     p.add_argument("--ctx", type=int, default=512, help="context per sequence")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--cache", default=os.path.join(ROOT, "target/llama.cpp"))
-    p.add_argument("--pack", default=os.path.join(ROOT, "target/bench/qwen3-vl-2b-q4-seed1.pack"))
+    p.add_argument("--pack", help="our pack (default: the checkpoint's q4 pack in --cache)")
+    p.add_argument("--gguf", help="their GGUF (default: the checkpoint's Q4_0 text in --cache)")
+    p.add_argument("--assets",
+                   help="the checkpoint directory with tokenizer.json and the chat template "
+                        "(default: the one --pack and --gguf were made from)")
+    p.add_argument("--xdna-vl", default=os.path.join(target_dir(), "release", "xdna-vl"))
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-    p.add_argument("--assets", required=True,
-                   help="a Qwen3-VL checkpoint directory with tokenizer.json and the chat template")
+    p.add_argument("--lock", help="an flock file held around each timed load (a shared machine)")
     args = p.parse_args()
-    if not os.path.exists(os.path.join(args.assets, "tokenizer.json")):
-        sys.exit(f"--assets {args.assets}: no tokenizer.json there; give a Qwen3-VL checkpoint "
-                 "directory (e.g. a download of Qwen/Qwen3-VL-2B-Instruct)")
     clients = [int(c) for c in args.clients.split(",") if c.strip()]
     if not clients or min(clients) < 1:
         sys.exit("--clients: give positive client counts, e.g. 1,4")
-    if not os.path.exists(args.pack):
-        sys.exit(f"{args.pack}: no such pack; make it with "
-                 "`cargo run --release -p probes --bin bench -- streams --shape qwen3-vl-2b --kinds q4`")
-    xdna_vl = os.path.join(ROOT, "target/release/xdna-vl")
-    if not os.path.exists(xdna_vl):
-        sys.exit(f"{xdna_vl}: build it first (cargo build --release -p xdna-vl)")
+    for name in ["rounds", "requests", "tokens", "parallel", "threads"]:
+        if getattr(args, name) < 1:
+            sys.exit(f"--{name} {getattr(args, name)}: must be at least 1")
+    if args.ctx < args.tokens + 32:
+        sys.exit(f"--ctx {args.ctx}: a request's prompt and --tokens {args.tokens} must fit; "
+                 f"give at least {args.tokens + 32}")
+    if not os.path.exists(args.xdna_vl):
+        sys.exit(f"--xdna-vl {args.xdna_vl}: no such file; build it first "
+                 "(cargo build --release -p xdna-vl)")
     server = build_server(args.cache, args.jobs)
-    exes = lcc.build_llama(args.cache, args.jobs)
-    model = lcc.make_models(args.cache, exes["llama-quantize"], args.seed)["Q4_0"]
+    if not (args.pack and args.gguf and args.assets):
+        models = checkpoint_models(args.cache, args.seed)
+        args.pack = args.pack or models["pack"]
+        args.gguf = args.gguf or models["Q4_0"]
+        args.assets = args.assets or models["ckpt"]
+    for flag, path in [("--pack", args.pack), ("--gguf", args.gguf),
+                       ("--assets", os.path.join(args.assets, "tokenizer.json"))]:
+        if not os.path.exists(path):
+            sys.exit(f"{flag}: {path} does not exist")
+    lock = lcc.Lock(args.lock)
     results = {"ours": {}, "theirs": {}}
     for r in range(args.rounds):
         for c in clients:
-            a = run_ours(xdna_vl, args.pack, args.threads, args.parallel, c, args)
-            b = run_theirs(server, model, args.threads, args.parallel, c, args)
+            ours_prompts, theirs_prompts = {}, {}
+            a = run_ours(args.xdna_vl, args.pack, args.parallel, c, args, ours_prompts, lock)
+            b = run_theirs(server, args.gguf, args.parallel, c, args, theirs_prompts, lock)
+            if ours_prompts != theirs_prompts:
+                sys.exit(f"the prompts' tokens differ (request: ours, theirs): "
+                         f"{[(k, ours_prompts.get(k), theirs_prompts.get(k)) for k in sorted(ours_prompts)]}")
             results["ours"].setdefault(c, []).append(a)
             results["theirs"].setdefault(c, []).append(b)
             print(f"round {r + 1}, {c} clients: ours {a:.2f} tok/s, llama-server {b:.2f} tok/s, "
-                  f"x{a / b:.2f}", flush=True)
+                  f"x{a / b:.2f} (prompts of {sorted(set(ours_prompts.values()))} tokens, "
+                  f"{args.tokens} completion tokens each)", flush=True)
     one = min(clients)
     for who in ["ours", "theirs"]:
         for c in clients:
@@ -199,7 +274,8 @@ def main() -> None:
             print(f"{who}: {c} clients {', '.join(f'{x:.2f}' for x in runs)} tok/s; "
                   f"x{', x'.join(f'{v:.2f}' for v in vs)} its {one}-client aggregate")
     print(json.dumps({"clients": clients, "parallel": args.parallel, "threads": args.threads,
-                      "tokens": args.tokens, "ours": results["ours"],
+                      "tokens": args.tokens, "requests": args.requests, "pack": args.pack,
+                      "gguf": args.gguf, "ours": results["ours"],
                       "theirs": results["theirs"]}))
 
 

@@ -249,6 +249,77 @@ impl KvCache {
         }
     }
 
+    /// How many of `src`'s first `rows` rows [`KvCache::copy_prefix`] would bring: all of them
+    /// (up to its filled slots) for K/V; for a recurrent (Qwen3.5) cache only up to the latest
+    /// prompt state `src` keeps within them (its DeltaNet state cannot be cut anywhere else), 0
+    /// when it keeps none.
+    pub fn copyable_prefix(&self, rows: usize) -> usize {
+        let rows = rows.min(self.len);
+        match &self.recurrent {
+            Some(r) => r.prompt_state_within(rows).unwrap_or(0),
+            None => rows,
+        }
+    }
+
+    /// This cache forgets what it held and takes `src`'s first rows as if it had prefilled them:
+    /// K/V slots `0..n` of every layer, and for a recurrent cache the prompt state `src` kept
+    /// after those `n` rows, where `n` is [`KvCache::copyable_prefix`]`(rows)`. Returns `n`. A
+    /// new sequence that starts as a running one started (a shared system prompt, the same
+    /// picture) copies its rows instead of prefilling them: the copy is this cache's own slots,
+    /// so it counts against the pool as a prefill would. Both caches must come from one model
+    /// and pool (same dtype and shape).
+    pub fn copy_prefix(&mut self, src: &KvCache, rows: usize) -> usize {
+        let n = src.copyable_prefix(rows);
+        self.copy_rows(src, n, n);
+        n
+    }
+
+    /// A control for the tests of [`KvCache::copy_prefix`] only: as it, but the last copied slot
+    /// keeps what this cache held there (a copy one row short that claims the whole prefix).
+    #[doc(hidden)]
+    pub fn copy_prefix_but_last_row(&mut self, src: &KvCache, rows: usize) -> usize {
+        let n = src.copyable_prefix(rows);
+        self.copy_rows(src, n, n.saturating_sub(1));
+        n
+    }
+
+    /// Copies K/V slots `0..written` of every layer from `src` and holds `rows` slots.
+    fn copy_rows(&mut self, src: &KvCache, rows: usize, written: usize) {
+        assert!(
+            self.dtype() == src.dtype()
+                && self.layers() == src.layers()
+                && self.kv_dim() == src.kv_dim()
+                && self.head_dim() == src.head_dim()
+                && self.recurrent.is_some() == src.recurrent.is_some()
+                && rows <= self.capacity()
+                && rows <= src.len(),
+            "kv copy of {rows} rows: from a {:?} cache of {} layers x {} values ({} filled) to a {:?} \
+             cache of {} layers x {} values, {} slots",
+            src.dtype(),
+            src.layers(),
+            src.kv_dim(),
+            src.len(),
+            self.dtype(),
+            self.layers(),
+            self.kv_dim(),
+            self.capacity()
+        );
+        self.reset();
+        if rows == 0 {
+            return;
+        }
+        if let (Some(dst), Some(from)) = (&mut self.recurrent, &src.recurrent) {
+            let started = dst.start_from(from, rows);
+            debug_assert!(started, "copyable_prefix named a prompt state src keeps");
+        }
+        match (&mut self.data, &src.data) {
+            (KvData::F32(d), KvData::F32(s)) => d.copy_slots(s, written),
+            (KvData::Bf16(d), KvData::Bf16(s)) => d.copy_slots(s, written),
+            _ => unreachable!("the dtypes were checked"),
+        }
+        self.len = rows;
+    }
+
     pub fn dtype(&self) -> KvDtype {
         match self.data {
             KvData::F32(_) => KvDtype::F32,
@@ -288,6 +359,21 @@ impl<T: KvElem> KvStore<T> {
             let at = (g * self.capacity + slot) * d;
             T::from_f32_slice(&mut self.k[layer][at..at + d], &k[g * d..(g + 1) * d]);
             T::from_f32_slice(&mut self.v[layer][at..at + d], &v[g * d..(g + 1) * d]);
+        }
+    }
+
+    /// Slots `0..slots` of every layer and head from `src` (same heads and head size; the
+    /// capacities may differ, so each head's run is copied on its own).
+    fn copy_slots(&mut self, src: &KvStore<T>, slots: usize) {
+        let d = self.head_dim;
+        let n = slots * d;
+        for (dst_layers, src_layers) in [(&mut self.k, &src.k), (&mut self.v, &src.v)] {
+            for (dst, from) in dst_layers.iter_mut().zip(src_layers) {
+                for g in 0..self.kv_heads {
+                    let (at, from_at) = (g * self.capacity * d, g * src.capacity * d);
+                    dst[at..at + n].copy_from_slice(&from[from_at..from_at + n]);
+                }
+            }
         }
     }
 
@@ -343,6 +429,69 @@ mod tests {
         let row_major = heads * d;
         assert_ne!(s.k[0][row_major], 100.0);
         assert_eq!(l.k_head(1, 1).len(), d);
+    }
+
+    /// A copied prefix is the source's slots, head by head, between caches of different
+    /// capacities, and nothing past it; the control (one row short) leaves the last slot as the
+    /// destination held it.
+    #[test]
+    fn a_copied_prefix_holds_the_sources_slots() {
+        let (heads, d) = (2, 3);
+        let value = |slot: usize, i: usize| (100 * slot + i) as f32 + 0.5;
+        let mut src = KvCache::new(KvDtype::Bf16, 2, 6, heads, d);
+        let KvData::Bf16(s) = &mut src.data else {
+            unreachable!()
+        };
+        for layer in 0..2 {
+            for slot in 0..5 {
+                let k: Vec<f32> = (0..heads * d).map(|i| value(slot, i)).collect();
+                let v: Vec<f32> = k.iter().map(|x| -x - layer as f32).collect();
+                s.write(layer, slot, &k, &v);
+            }
+        }
+        src.commit(5);
+        let check = |dst: &KvCache, slots: usize| -> Vec<(usize, usize, usize)> {
+            let (KvData::Bf16(a), KvData::Bf16(b)) = (&dst.data, &src.data) else {
+                unreachable!()
+            };
+            let mut wrong = Vec::new();
+            for layer in 0..2 {
+                let (x, y) = (a.layer(layer), b.layer(layer));
+                for g in 0..heads {
+                    for slot in 0..slots {
+                        let r = slot * d..(slot + 1) * d;
+                        if x.k_head(g, slots)[r.clone()] != y.k_head(g, slots)[r.clone()]
+                            || x.v_head(g, slots)[r.clone()] != y.v_head(g, slots)[r]
+                        {
+                            wrong.push((layer, g, slot));
+                        }
+                    }
+                }
+            }
+            wrong
+        };
+        let mut dst = KvCache::new(KvDtype::Bf16, 2, 9, heads, d);
+        dst.commit(7); // what it held before is forgotten
+        assert_eq!(dst.copy_prefix(&src, 4), 4);
+        assert_eq!(dst.len(), 4);
+        assert!(check(&dst, 4).is_empty(), "{:?}", check(&dst, 4));
+        // Never past the source's filled slots.
+        assert_eq!(dst.copy_prefix(&src, 8), 5);
+        // Control: a copy one row short is caught at its last slot only.
+        let mut short = KvCache::new(KvDtype::Bf16, 2, 9, heads, d);
+        assert_eq!(short.copy_prefix_but_last_row(&src, 4), 4);
+        assert_eq!(
+            check(&short, 4),
+            vec![(0, 0, 3), (0, 1, 3), (1, 0, 3), (1, 1, 3)]
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "kv copy of 3 rows: from a F32 cache")]
+    fn a_copy_between_dtypes_is_refused() {
+        let mut src = KvCache::new(KvDtype::F32, 1, 4, 1, 2);
+        src.commit(3);
+        KvCache::new(KvDtype::Bf16, 1, 4, 1, 2).copy_prefix(&src, 3);
     }
 
     #[test]

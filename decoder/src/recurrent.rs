@@ -187,6 +187,35 @@ impl RecurrentState {
         Some(rows)
     }
 
+    /// The latest prompt state kept after at most `rows` rows (and after at least one), if any:
+    /// the rows it is the state after.
+    pub(crate) fn prompt_state_within(&self, rows: usize) -> Option<usize> {
+        self.checkpoints
+            .iter()
+            .map(|(r, _)| *r)
+            .filter(|&r| r <= rows && r > 0)
+            .max()
+    }
+
+    /// Starts over from `src`'s prompt state after exactly `rows` rows (one
+    /// [`RecurrentState::prompt_state_within`] named): it becomes this state's current state and
+    /// its only prompt state, as if this sequence had prefilled those rows itself. False (and
+    /// nothing changed) when `src` keeps no state there.
+    pub(crate) fn start_from(&mut self, src: &RecurrentState, rows: usize) -> bool {
+        assert_eq!(
+            self.layout, src.layout,
+            "a recurrent state copied between caches of different models"
+        );
+        let Some((_, state)) = src.checkpoints.iter().find(|(r, _)| *r == rows) else {
+            return false;
+        };
+        self.reset();
+        self.now.copy_from_slice(state);
+        self.step_start = rows;
+        self.checkpoints.push((rows, state.clone()));
+        true
+    }
+
     /// Linear layer `i`'s current state (tests and probes).
     pub fn layer(&self, i: usize) -> &[f32] {
         let n = self.layout.per_layer();
@@ -240,6 +269,31 @@ mod tests {
         let end = 10 + MAX_ROLLBACK_ROWS + 1;
         assert_eq!(s.restore(end - 1, end), Some(10));
         assert_eq!(s.layer(0), &[10.0, 10.0]);
+    }
+
+    /// A copied prompt state continues as the source's own: the same values after the same next
+    /// rows. Control: a row count the source kept no state after copies nothing.
+    #[test]
+    fn a_prompt_state_copied_to_another_sequence_continues_the_same() {
+        let mut src = RecurrentState::new(layout());
+        step(&mut src, 0, 9);
+        src.checkpoint(9);
+        step(&mut src, 9, 4);
+        assert_eq!(src.prompt_state_within(12), Some(9));
+        assert_eq!(src.prompt_state_within(8), None);
+        let mut dst = RecurrentState::new(layout());
+        step(&mut dst, 0, 3); // whatever it held before
+        assert!(dst.start_from(&src, 9));
+        assert_eq!(dst.layer(0), &[9.0, 9.0]);
+        step(&mut dst, 9, 2);
+        assert_eq!(dst.layer(0), &[11.0, 11.0]);
+        // It keeps the copied prompt state: a cut back to it resumes there.
+        assert_eq!(dst.restore(10, 11), Some(10));
+        assert_eq!(dst.restore(9, 10), Some(9));
+        assert_eq!(dst.layer(0), &[9.0, 9.0]);
+        // Control: no state after 10 rows in `src`.
+        assert!(!dst.start_from(&src, 10));
+        assert_eq!(dst.layer(0), &[9.0, 9.0]);
     }
 
     #[test]

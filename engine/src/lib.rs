@@ -41,7 +41,7 @@ pub use images::{ImageEncoder, ImageSettings, TowerEncoder};
 pub use message::{Content, Image, Message, Role, ToolCall};
 pub use prompt::{Prompt, PromptAblation, PromptBuilder, PromptImage};
 pub use sampling::{Sampler, SamplingParams};
-pub use scheduler::{Scheduler, SchedulerHandle, SchedulerOptions};
+pub use scheduler::{Scheduler, SchedulerAblation, SchedulerHandle, SchedulerOptions};
 pub use session::{Event, FinishReason, Generation, Session, SessionOptions, Timings};
 pub use stream::{StopFilter, TextStream};
 pub use template::ChatTemplate;

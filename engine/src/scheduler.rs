@@ -7,6 +7,14 @@
 //! most `prefill_chunk` rows a slice), so a long prompt joins the running answers without
 //! freezing their streams. A finished, failed or cancelled sequence returns its cache at once.
 //!
+//! A new prompt starts from the longest prefix of it some cache holds (its token ids, and its
+//! pictures' rows by the picture's hash): a free cache's (a finished conversation's rows stay
+//! there) is taken as it is; a running sequence's is copied into the free cache the new
+//! sequence takes (K/V rows; for Qwen3.5 only up to a prompt state the running one kept), so a
+//! shared system prompt or the same picture asked by another client is prefilled once. The copy
+//! fills the new sequence's own slots: shared rows count against the pool as often as they are
+//! held, and a running sequence never waits for, or gives up, anything.
+//!
 //! Callers hold a [`SchedulerHandle`] (one per server worker, so a request waits for a cache in
 //! the server's bounded queue): it renders the prompt and runs the vision tower on the caller's
 //! thread (the tower's GEMMs interleave with the decoder's on the shared runtime), then blocks on
@@ -152,6 +160,16 @@ pub struct Scheduler {
     free_count: Arc<AtomicUsize>,
     /// The most sequences one step has run.
     most_at_once: Arc<AtomicUsize>,
+    ablation: SchedulerAblation,
+}
+
+/// Deliberate mistakes for the tests' controls ([`Scheduler::start_ablated`]).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SchedulerAblation {
+    /// A prefix copied from a running sequence misses its last row's K/V (the slot keeps what
+    /// the cache held) while the sequence goes on as if it had it.
+    pub copy_one_row_short: bool,
 }
 
 impl Scheduler {
@@ -161,6 +179,16 @@ impl Scheduler {
     pub fn start(
         session: Session,
         options: SchedulerOptions,
+    ) -> Result<(SchedulerHandle, JoinHandle<()>)> {
+        Scheduler::start_ablated(session, options, SchedulerAblation::default())
+    }
+
+    /// [`Scheduler::start`] with a deliberate mistake (the tests' controls).
+    #[doc(hidden)]
+    pub fn start_ablated(
+        session: Session,
+        options: SchedulerOptions,
+        ablation: SchedulerAblation,
     ) -> Result<(SchedulerHandle, JoinHandle<()>)> {
         if options.drafts > crate::MAX_DRAFTS {
             return Err(EngineError::Sampling(format!(
@@ -218,6 +246,7 @@ impl Scheduler {
             prefill_chunk: options.prefill_chunk,
             drafts: options.drafts,
             context: parts.context,
+            ablation,
         };
         let thread = std::thread::Builder::new()
             .name("xdna-vl-scheduler".into())
@@ -269,10 +298,25 @@ impl Scheduler {
         };
         let Pooled {
             mut cache,
-            keys: cached,
+            keys: mut cached,
             ..
         } = self.free.swap_remove(best);
+        // A running sequence holding more of the prompt lends its rows: they are copied in.
+        let held = reuse_prefix(&cached, &keys, &s.prompt, |r| r);
+        let mut copied = 0;
+        if let Some((from, rows)) = self.longest_running_prefix(&keys, &s.prompt) {
+            if rows > held {
+                let src = &self.running[from].cache;
+                copied = if self.ablation.copy_one_row_short {
+                    cache.copy_prefix_but_last_row(src, rows)
+                } else {
+                    cache.copy_prefix(src, rows)
+                };
+                cached = keys[..copied].to_vec();
+            }
+        }
         let reused = reuse_prefix(&cached, &keys, &s.prompt, |r| cache.truncate(r));
+        let copied = copied.min(reused);
         let decoding = s.decoding;
         let rows = s.prompt.rows();
         let vision = s
@@ -309,6 +353,7 @@ impl Scheduler {
             .collect();
         let mut timings = s.timings;
         timings.prefilled_tokens = new_rows;
+        timings.copied_tokens = copied;
         self.running.push(Running {
             cache,
             keys,
@@ -327,6 +372,35 @@ impl Scheduler {
             decode_start: None,
             events: s.events,
         });
+    }
+
+    /// The running sequence whose cache holds the longest prefix of a prompt's rows `keys`, and
+    /// how many of them a copy would bring (at most all but the prompt's last row, never a cut
+    /// inside a picture, for Qwen3.5 only up to a prompt state it kept), if any would.
+    fn longest_running_prefix(&self, keys: &[RowKey], prompt: &Prompt) -> Option<(usize, usize)> {
+        self.running
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                // Its cache holds its prompt's rows, then the fed answer ids (the last sampled
+                // id is not fed yet: the cache's length cuts it off).
+                let answer = r
+                    .decoding
+                    .ids()
+                    .iter()
+                    .map(|&id| RowKey { id, image: None });
+                let held: Vec<RowKey> = r
+                    .keys
+                    .iter()
+                    .copied()
+                    .chain(answer)
+                    .take(r.cache.len())
+                    .collect();
+                let rows = reuse_prefix(&held, keys, prompt, |n| r.cache.copyable_prefix(n));
+                (i, rows)
+            })
+            .filter(|&(_, rows)| rows > 0)
+            .max_by_key(|&(_, rows)| rows)
     }
 
     /// One forward over every running sequence, then each samples (if its prompt is in) and

@@ -93,6 +93,9 @@ pub struct Timings {
     /// The prefill of the rows not reused from the cache.
     pub prefill: Duration,
     pub prefilled_tokens: usize,
+    /// Of the prompt rows not prefilled, those copied from a running sequence's cache (`serve
+    /// --parallel`: a prompt that starts as a running one does).
+    pub copied_tokens: usize,
     /// Decode steps (each feeds one sampled token).
     pub decode: Duration,
     pub decode_steps: usize,

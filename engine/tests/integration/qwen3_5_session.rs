@@ -271,3 +271,64 @@ fn conversations_beside_each_other_answer_as_alone() {
         assert_eq!(&h.generate(m, p, &mut |_| true).unwrap().ids, want);
     }
 }
+
+/// `serve --parallel`: a Qwen3.5 prompt that starts as a running conversation copies the running
+/// one's rows only up to a prompt state it kept (the DeltaNet state cannot be cut elsewhere):
+/// the same two pictures and question again copy all but the last row, K/V and recurrent state,
+/// and give transformers' ids; another question on the same pictures parts before that state
+/// and is prefilled (nothing copied), with its answer alone.
+#[test]
+fn a_prompt_starting_as_a_running_one_copies_up_to_its_prompt_state() {
+    use engine::{Event, FinishReason, Scheduler, SchedulerOptions};
+    let runs = &answers()["runs"];
+    let mut s = session_with(0, false);
+    let holder = messages(&mut s, &runs["two_images"]);
+    let mut other = holder.clone();
+    let last = other.last_mut().unwrap();
+    *last.content.last_mut().unwrap() = Content::Text("Which colours are there?".into());
+    let asks = [holder.clone(), other];
+    let alone: Vec<Vec<u32>> = asks
+        .iter()
+        .map(|m| {
+            s.reset();
+            s.generate(m, &greedy(), &mut |_| true).unwrap().ids
+        })
+        .collect();
+    assert_eq!(alone[0], ids(&runs["two_images"]["greedy_ids"]));
+    let rows = s.prompt(&asks[0]).unwrap().rows();
+    let long = SamplingParams {
+        max_tokens: 10_000,
+        ..SamplingParams::default()
+    };
+    let options = SchedulerOptions {
+        parallel: 2,
+        prefill_chunk: 4,
+        drafts: 0,
+    };
+    let mut copied = Vec::new();
+    for (ask, want) in asks.iter().zip(&alone) {
+        // A scheduler per ask: an earlier ask's finished cache would hold the prefix too.
+        let h = Scheduler::start(session_with(0, false), options).unwrap().0;
+        let mut got = None;
+        let g = h
+            .generate(&holder, &long, &mut |e| {
+                if let Event::Text(_) = e {
+                    got = Some(h.generate(ask, &greedy(), &mut |_| true).unwrap());
+                    return false;
+                }
+                true
+            })
+            .unwrap();
+        assert_eq!(
+            g.finish,
+            FinishReason::Cancelled,
+            "the holder ran to its end"
+        );
+        let got = got.expect("the holder said something");
+        assert_eq!(&got.ids, want);
+        copied.push(got.timings.copied_tokens);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(h.free_caches(), 2);
+    }
+    assert_eq!(copied, vec![rows - 1, 0]);
+}

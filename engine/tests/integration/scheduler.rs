@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use common::*;
 use engine::{
-    Event, FinishReason, Message, SamplingParams, Scheduler, SchedulerHandle, SchedulerOptions,
+    Event, FinishReason, Message, SamplingParams, Scheduler, SchedulerAblation, SchedulerHandle,
+    SchedulerOptions,
 };
 
 fn greedy() -> SamplingParams {
@@ -388,4 +389,135 @@ fn clients_dropped_at_random_moments_across_8_streams_cost_the_others_nothing() 
     );
     // Afterwards every answer is still its answer alone.
     assert_eq!(together(&h, &convs, 3), want);
+}
+
+/// A named conversation with its sampling.
+type Conversation = (String, Vec<Message>, SamplingParams);
+
+/// Prompts that start as a running conversation does: the same picture and question again, the
+/// same system prompt and picture with another question, the same system prompt alone.
+fn sharing_conversations() -> (Vec<Message>, Vec<Conversation>) {
+    let system = Message::system("You are a terse assistant.");
+    let picture = || image("picture-1.png");
+    let holder = vec![
+        system.clone(),
+        Message::user(vec![picture()], "What is in this picture?"),
+    ];
+    let asks = vec![
+        ("the same".to_string(), holder.clone(), greedy()),
+        (
+            "another question".to_string(),
+            vec![
+                system.clone(),
+                Message::user(vec![picture()], "Which colours are there?"),
+            ],
+            greedy(),
+        ),
+        (
+            "the system prompt".to_string(),
+            vec![system, Message::user(vec![], "Say hello.")],
+            greedy(),
+        ),
+    ];
+    (holder, asks)
+}
+
+/// Each of `asks` answered by a new scheduler of two sequences while `holder` is being answered
+/// beside it (on its own scheduler: an earlier ask's finished cache would hold the prefix too):
+/// (ids, text, prompt rows copied from a running sequence).
+fn asked_beside_a_running_one(
+    ablation: SchedulerAblation,
+    holder: &[Message],
+    asks: &[(String, Vec<Message>, SamplingParams)],
+) -> Vec<(Vec<u32>, String, usize)> {
+    let options = SchedulerOptions {
+        parallel: 2,
+        prefill_chunk: 4,
+        drafts: 0,
+    };
+    asks.iter()
+        .map(|ask| {
+            let h = Scheduler::start_ablated(tower_session(), options, ablation)
+                .unwrap()
+                .0;
+            let got = ask_beside(&h, holder, ask);
+            std::thread::sleep(Duration::from_millis(50));
+            assert_eq!(h.free_caches(), 2, "every cache back in the pool");
+            got
+        })
+        .collect()
+}
+
+/// `ask` answered while `holder` is being answered beside it (cancelled after).
+fn ask_beside(
+    h: &SchedulerHandle,
+    holder: &[Message],
+    (_, m, p): &(String, Vec<Message>, SamplingParams),
+) -> (Vec<u32>, String, usize) {
+    // The holder answers until its context runs out unless cancelled: it is still running
+    // when every ask is admitted (an ask is admitted within one step of its submission).
+    let long = SamplingParams {
+        max_tokens: 10_000,
+        ..SamplingParams::default()
+    };
+    let mut got = None;
+    let g = h
+        .generate(holder, &long, &mut |e| {
+            if let Event::Text(_) = e {
+                let g = h.generate(m, p, &mut |_| true).unwrap();
+                got = Some((g.ids, g.text, g.timings.copied_tokens));
+                return false; // the ask is answered: the holder leaves
+            }
+            true
+        })
+        .unwrap();
+    assert_eq!(
+        g.finish,
+        FinishReason::Cancelled,
+        "the holder ran to its end"
+    );
+    got.expect("the holder said something")
+}
+
+/// A prompt that starts as a running conversation does copies the running one's rows (K/V
+/// slots, the picture's rows by its hash) instead of prefilling them, and its answer is its
+/// answer alone. The copies are counted (`copied_tokens`: the same prompt copies all but its
+/// last row), so the check cannot pass by prefilling. Control: a copy one row short (the last
+/// copied slot keeps what the cache held) changes an answer.
+#[test]
+fn a_prompt_starting_as_a_running_one_copies_its_rows_and_answers_the_same() {
+    let (holder, asks) = sharing_conversations();
+    let want = alone(&asks);
+    let rows: Vec<usize> = asks
+        .iter()
+        .map(|(_, m, _)| PromptBuilderRows::rows(m))
+        .collect();
+    let got = asked_beside_a_running_one(SchedulerAblation::default(), &holder, &asks);
+    let copied: Vec<usize> = got.iter().map(|g| g.2).collect();
+    println!("prompt rows {rows:?}, copied {copied:?}");
+    for ((name, _, _), ((w, wt), (g, gt, _))) in asks.iter().zip(want.iter().zip(&got)) {
+        assert_eq!((w, wt), (g, gt), "{name}");
+    }
+    assert_eq!(
+        copied[0],
+        rows[0] - 1,
+        "the same prompt: all but its last row"
+    );
+    // Past the system turn and the picture; only the system turn.
+    assert!(copied[1] > 20 && copied[1] < rows[1] - 1, "{copied:?}");
+    assert!(copied[2] > 5 && copied[2] < rows[2] - 1, "{copied:?}");
+
+    // Control: the same asks with copies one row short.
+    let ablation = SchedulerAblation {
+        copy_one_row_short: true,
+    };
+    let short = asked_beside_a_running_one(ablation, &holder, &asks);
+    let caught: Vec<&str> = asks
+        .iter()
+        .zip(want.iter().zip(&short))
+        .filter(|(_, (w, s))| w.0 != s.0)
+        .map(|((name, _, _), _)| name.as_str())
+        .collect();
+    println!("a copy one row short changed: {caught:?}");
+    assert!(!caught.is_empty(), "a copy one row short went unnoticed");
 }

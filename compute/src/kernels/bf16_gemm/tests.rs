@@ -377,6 +377,9 @@ fn bf16_products_timing() {
             })
             .fold(f64::INFINITY, f64::min);
         let gmac = (rows * n * k) as f64 / best / 1e9;
-        println!("rows {rows} n {n} k {k}: {:.1} us, {gmac:.1} GMAC/s", best * 1e6);
+        println!(
+            "rows {rows} n {n} k {k}: {:.1} us, {gmac:.1} GMAC/s",
+            best * 1e6
+        );
     }
 }

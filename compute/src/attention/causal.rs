@@ -61,9 +61,11 @@ impl CacheValue for f32 {
 }
 
 impl CacheValue for bf16 {
+    /// The bf16's bits as the top half of an f32 (exact; `half`'s `to_f32` also quiets a
+    /// signalling NaN, a select in the loop that widens a tile's values).
     #[inline(always)]
     fn widen(self) -> f32 {
-        self.to_f32()
+        f32::from_bits(u32::from(self.to_bits()) << 16)
     }
     fn as_f32(_: &[bf16]) -> Option<&[f32]> {
         None

@@ -724,7 +724,7 @@ pub(super) unsafe fn transpose_keys_bf16(keys: &[bf16], d: usize, w: usize, kt: 
                 let h = _mm_loadu_si128(k.add(i) as *const __m128i);
                 _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
             },
-            |i| (*k.add(i)).to_f32(),
+            |i| f32::from_bits(u32::from((*k.add(i)).to_bits()) << 16),
         )
     }
 }

@@ -4,7 +4,7 @@
 use compute::ops::rope::RopeLayout;
 use decoder::{Ablation, Logits};
 use packs::QuantKind;
-use testkit::compare::{count_differing, max_abs_diff};
+use testkit::compare::{count_differing, max_abs_diff, QUANTIZED_MAX_ABS_LOGIT_DIFF};
 use testkit::replay;
 use xdna_vl_tests::{ablated, cases, forward, options, Case};
 
@@ -112,12 +112,12 @@ fn quantized_packs_match_their_quantization_aware_references() {
             );
             assert!(text_top1 >= 0.97, "{name} {kind}: text top-1 {text_top1}");
             assert!(
-                r.max_abs_logit_diff() <= 0.1,
+                r.max_abs_logit_diff() <= QUANTIZED_MAX_ABS_LOGIT_DIFF,
                 "{name} {kind}: max |Δ| {}",
                 r.max_abs_logit_diff()
             );
             assert!(
-                r.text.max_abs_diff() <= 0.1,
+                r.text.max_abs_diff() <= QUANTIZED_MAX_ABS_LOGIT_DIFF,
                 "{name} {kind}: text max |Δ| {}",
                 r.text.max_abs_diff()
             );

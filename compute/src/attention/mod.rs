@@ -21,13 +21,16 @@
 //! the lanes for `p · V`, register tiles of a few query rows.
 //!
 //! Masks: [`segments`] (every row of a segment attends all rows of it: the vision tower's images,
-//! transformers' `cu_seqlens`).
+//! transformers' `cu_seqlens`) and [`causal`] (a row attends the cache slots up to its own, over
+//! the decoder's row-major KV cache, f32 or bf16, the tiles at absolute slots: prefill, decode,
+//! draft windows and sequences side by side on the same bits).
 
 // Every unsafe operation inside an `unsafe fn` sits in an `unsafe` block with a `// SAFETY:` reason.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod bf16;
+pub mod causal;
 pub mod oracle;
 pub mod segments;
 #[cfg(test)]

@@ -24,55 +24,74 @@ pub(crate) fn sum_lanes(l: &[f32]) -> f32 {
     sum
 }
 
-/// Key `j`'s element `c` in the packed tiles.
-#[inline(always)]
-fn key(kv: PackedKv<'_>, d: usize, j: usize, c: usize) -> f32 {
-    kv.kt[(j / KEY_TILE) * d * KEY_TILE + c * KEY_TILE + j % KEY_TILE]
-}
-
 /// Attention of the query `q` (`shape.d` values) over the `kv.len` keys of `kv`, into `out`
 /// (`shape.d` values), tile by tile as the module docs fix it.
 pub fn attend_row(shape: HeadShape, q: &[f32], kv: PackedKv<'_>, out: &mut [f32]) {
     let d = shape.d;
     let dp = super::padded_dim(d);
-    let (q, out) = (&q[..d], &mut out[..d]);
+    let out = &mut out[..d];
     let mut m = f32::NEG_INFINITY;
     let mut l = [0f32; SUM_LANES];
     let mut p = [0f32; KEY_TILE];
     out.fill(0.0);
-    for t0 in (0..kv.len).step_by(KEY_TILE) {
+    for (t, t0) in (0..kv.len).step_by(KEY_TILE).enumerate() {
         let w = (kv.len - t0).min(KEY_TILE);
-        let mut tile_max = f32::NEG_INFINITY;
-        for (j, pj) in p[..w].iter_mut().enumerate() {
-            let mut acc = 0f32;
-            for (c, &qc) in q.iter().enumerate() {
-                acc = qc.mul_add(key(kv, d, t0 + j, c), acc);
-            }
-            *pj = acc * shape.scale;
-            tile_max = greater(*pj, tile_max);
-        }
-        let m_new = greater(tile_max, m);
-        let alpha = if m_new == m { 1.0 } else { exp(m - m_new) };
-        for pj in &mut p[..w] {
-            *pj = exp(*pj - m_new);
-        }
-        for (i, li) in l.iter_mut().enumerate() {
-            *li *= alpha;
-            for j in (i..w).step_by(SUM_LANES) {
-                *li += p[j];
-            }
-        }
-        for (c, oc) in out.iter_mut().enumerate() {
-            let mut a = *oc * alpha;
-            for (j, &pj) in p[..w].iter().enumerate() {
-                a = pj.mul_add(kv.v[(t0 + j) * dp + c], a);
-            }
-            *oc = a;
-        }
-        m = m_new;
+        let kt = &kv.kt[t * d * KEY_TILE..][..d * KEY_TILE];
+        let v = &kv.v[t0 * dp..][..w * dp];
+        tile_step(shape, q, kt, v, w, (&mut m, &mut l, out), &mut p);
     }
-    let inv = 1.0 / sum_lanes(&l);
-    for o in out.iter_mut() {
-        *o *= inv;
+    finish_row(&l, out);
+}
+
+/// One key tile of `w` keys (`kt`: `[d][KEY_TILE]`, key j in column j; `v`: `w` rows of
+/// `padded_dim(d)`) into one row's running state `(m, l, o)` (`o`: `d` values), as the module
+/// docs fix it; `p` is scratch.
+pub(crate) fn tile_step(
+    shape: HeadShape,
+    q: &[f32],
+    kt: &[f32],
+    v: &[f32],
+    w: usize,
+    (m, l, o): (&mut f32, &mut [f32; SUM_LANES], &mut [f32]),
+    p: &mut [f32; KEY_TILE],
+) {
+    let d = shape.d;
+    let dp = super::padded_dim(d);
+    let q = &q[..d];
+    let mut tile_max = f32::NEG_INFINITY;
+    for (j, pj) in p[..w].iter_mut().enumerate() {
+        let mut acc = 0f32;
+        for (c, &qc) in q.iter().enumerate() {
+            acc = qc.mul_add(kt[c * KEY_TILE + j], acc);
+        }
+        *pj = acc * shape.scale;
+        tile_max = greater(*pj, tile_max);
+    }
+    let m_new = greater(tile_max, *m);
+    let alpha = if m_new == *m { 1.0 } else { exp(*m - m_new) };
+    for pj in &mut p[..w] {
+        *pj = exp(*pj - m_new);
+    }
+    for (i, li) in l.iter_mut().enumerate() {
+        *li *= alpha;
+        for j in (i..w).step_by(SUM_LANES) {
+            *li += p[j];
+        }
+    }
+    for (c, oc) in o[..d].iter_mut().enumerate() {
+        let mut a = *oc * alpha;
+        for (j, &pj) in p[..w].iter().enumerate() {
+            a = pj.mul_add(v[j * dp + c], a);
+        }
+        *oc = a;
+    }
+    *m = m_new;
+}
+
+/// `o_c = o_c · (1 / Σ_i l[i])`, the lanes summed 0 to 15.
+pub(crate) fn finish_row(l: &[f32], o: &mut [f32]) {
+    let inv = 1.0 / sum_lanes(l);
+    for x in o.iter_mut() {
+        *x *= inv;
     }
 }

@@ -11,12 +11,14 @@
 // Index loops mirror the register tiles (row r, vector i).
 #![allow(clippy::needless_range_loop)]
 
+use super::causal::CausalBlock;
 use super::oracle::greater;
 use super::{
     AttnPath, BlockState, HeadShape, PackedKv, Planted, QueryBlock, KEY_TILE, MAX_TILE_ROWS,
     SUM_LANES,
 };
 use crate::ops::mathf::{self, simd::exp16, simd::exp8};
+use half::bf16;
 use std::arch::x86_64::*;
 
 /// An f32 vector of `LANES` lanes. Every method needs the CPU features of its implementation
@@ -326,7 +328,7 @@ unsafe fn walk_tiles<V: Vf, const CK: usize, const CV: usize>(
                     };
                     // SAFETY: the rows are the block's r0 .. r0 + n; kt, v and w the tile's;
                     // `p` holds MAX_TILE_ROWS x KEY_TILE floats (`reset`).
-                    unsafe { tile::<V, $r, CK, CV>(rs, kt, v, w, d, dp, shape.scale, p) }
+                    unsafe { tile::<V, $r, CK, CV>(rs, [w; $r], kt, v, d, dp, shape.scale, p) }
                 }};
             }
             match n {
@@ -340,21 +342,27 @@ unsafe fn walk_tiles<V: Vf, const CK: usize, const CV: usize>(
     }
 }
 
-/// One register tile of R rows against one key tile of `w` keys (`kt`: `[d][KEY_TILE]`, `v`: the
-/// tile's first value row, rows of `dp`): scores, the online softmax update, `p · V`.
+/// One register tile of R rows against one key tile, row r reading its first `w[r]` keys
+/// (`kt`: `[d][KEY_TILE]`, `v`: the tile's first value row, rows of `dp`): scores, the online
+/// softmax update, `p · V`.
+///
+/// Rows of one tile may read different key counts (the causal mask's diagonal tile): `p · V`
+/// runs to the largest, and a row's keys past its own count weigh `p = +0`, which leaves its
+/// outputs' bits as they are: `fma(+0, v, o) = o` for a finite `v` and an `o` that is not −0
+/// (o starts at +0, and a round-to-nearest sum is −0 only when both addends are).
 ///
 /// # Safety
 /// `V`'s CPU features; each row's q readable for `d` floats, m for 1, l for [`SUM_LANES`], o for
-/// `dp` (and writable); `kt` readable for `d x KEY_TILE`, `v` for `w` rows of `dp`; `p` writable
-/// for `R x KEY_TILE`; `1 <= w <= KEY_TILE`; `dp` a multiple of `V::LANES` (it is one of
-/// `COLUMN_PAD`).
+/// `dp` (and writable); `kt` readable for `d x KEY_TILE`, `v` for `max(w)` rows of `dp`; `p`
+/// writable for `R x KEY_TILE`; `1 <= w[r] <= KEY_TILE`; `dp` a multiple of `V::LANES` (it is
+/// one of `COLUMN_PAD`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile<V: Vf, const R: usize, const CK: usize, const CV: usize>(
     rows: Rows<R>,
+    w: [usize; R],
     kt: *const f32,
     v: *const f32,
-    w: usize,
     d: usize,
     dp: usize,
     scale: f32,
@@ -393,7 +401,7 @@ unsafe fn tile<V: Vf, const R: usize, const CK: usize, const CV: usize>(
         let mut alpha = [0f32; R];
         for r in 0..R {
             let pr = p.add(r * KEY_TILE);
-            for j in w..KEY_TILE {
+            for j in w[r]..KEY_TILE {
                 *pr.add(j) = f32::NEG_INFINITY;
             }
             let mut mx = V::load(pr);
@@ -414,7 +422,7 @@ unsafe fn tile<V: Vf, const R: usize, const CK: usize, const CV: usize>(
                 let at = pr.add(i * lanes);
                 V::load(at).sub(mv).exp().store(at);
             }
-            for j in w..KEY_TILE {
+            for j in w[r]..KEY_TILE {
                 *pr.add(j) = 0.0;
             }
             let av = V::splat(alpha[r]);
@@ -427,6 +435,7 @@ unsafe fn tile<V: Vf, const R: usize, const CK: usize, const CV: usize>(
                 acc.store(lp);
             }
         }
+        let w = w.into_iter().max().unwrap_or(0);
         let nv = dp / lanes;
         let mut cv = 0;
         while cv + CV <= nv {
@@ -482,5 +491,240 @@ unsafe fn pv<V: Vf, const R: usize, const CV: usize>(
                 acc[r][i].store(rows.o[r].add(c0 + i * lanes));
             }
         }
+    }
+}
+
+/// [`super::causal`]'s SIMD part for the key tile at key `t0`: the rows of `block` from
+/// position `i0` on (the first that reads a key of the tile), row r = (position r / heads, head
+/// r % heads) reading `min(first_len + r / heads − t0, KEY_TILE)` keys of it, into `state`.
+///
+/// # Safety
+/// The CPU must run `path` (AVX2 + FMA, or AVX-512 F on top of them). `kt` must hold
+/// `d x KEY_TILE` floats and `v` the tile's keys (`min(first_len + positions − 1 − t0,
+/// KEY_TILE)` of them) in rows of `dp = padded_dim(d)`; `block` checked
+/// ([`super::causal::CausalBlock`]'s check) with `t0 < first_len + i0`; `state` reset for
+/// `positions · heads` rows.
+pub(super) unsafe fn causal_tile(
+    path: AttnPath,
+    shape: HeadShape,
+    block: &CausalBlock<'_>,
+    (t0, i0): (usize, usize),
+    kt: &[f32],
+    v: &[f32],
+    state: &mut BlockState,
+) {
+    // SAFETY: the CPU runs `path`, as this function's contract requires; the rest is passed on.
+    unsafe {
+        match path {
+            AttnPath::Avx512 => causal_avx512(shape, block, (t0, i0), kt, v, state),
+            _ => causal_avx2(shape, block, (t0, i0), kt, v, state),
+        }
+    }
+}
+
+/// # Safety
+/// As [`causal_tile`], on a CPU with AVX-512 F, AVX2 and FMA.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn causal_avx512(
+    shape: HeadShape,
+    block: &CausalBlock<'_>,
+    at: (usize, usize),
+    kt: &[f32],
+    v: &[f32],
+    state: &mut BlockState,
+) {
+    // SAFETY: the features are enabled here; the rest is this function's contract.
+    unsafe { causal_rows::<Zmm, 4, 4>(shape, block, at, kt, v, state) }
+}
+
+/// # Safety
+/// As [`causal_tile`], on a CPU with AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn causal_avx2(
+    shape: HeadShape,
+    block: &CausalBlock<'_>,
+    at: (usize, usize),
+    kt: &[f32],
+    v: &[f32],
+    state: &mut BlockState,
+) {
+    // SAFETY: the features are enabled here; the rest is this function's contract.
+    unsafe { causal_rows::<Ymm, 2, 2>(shape, block, at, kt, v, state) }
+}
+
+/// The register tiles of [`causal_tile`]'s rows.
+///
+/// # Safety
+/// `V`'s CPU features; the rest as [`causal_tile`].
+#[inline(always)]
+unsafe fn causal_rows<V: Vf, const CK: usize, const CV: usize>(
+    shape: HeadShape,
+    block: &CausalBlock<'_>,
+    (t0, i0): (usize, usize),
+    kt: &[f32],
+    v: &[f32],
+    state: &mut BlockState,
+) {
+    let (d, dp, heads) = (shape.d, shape.dp(), block.heads);
+    let rows = block.positions * heads;
+    let q = block.q.as_ptr();
+    let (m, l, o) = (
+        state.m.as_mut_ptr(),
+        state.l.as_mut_ptr(),
+        state.o.as_mut_ptr(),
+    );
+    let p = state.p.as_mut_ptr();
+    let (kt, v) = (kt.as_ptr(), v.as_ptr());
+    let mut r0 = i0 * heads;
+    while r0 < rows {
+        let n = (rows - r0).min(MAX_TILE_ROWS);
+        let at = |i: usize| r0 + i.min(n - 1);
+        // Row r's query is position r / heads's head r % heads.
+        // SAFETY: at(i) < rows: position < positions and head < heads, inside the block's q
+        // (checked) and the state (reset for `rows`).
+        let all = unsafe {
+            Rows::<MAX_TILE_ROWS> {
+                q: std::array::from_fn(|i| {
+                    q.add((at(i) / heads) * block.q_stride + (at(i) % heads) * d)
+                }),
+                m: std::array::from_fn(|i| m.add(at(i))),
+                l: std::array::from_fn(|i| l.add(at(i) * SUM_LANES)),
+                o: std::array::from_fn(|i| o.add(at(i) * dp)),
+            }
+        };
+        // Position i reads keys 0 .. first_len + i; from position i0 on that is past t0.
+        let w: [usize; MAX_TILE_ROWS] =
+            std::array::from_fn(|i| (block.first_len + at(i) / heads - t0).min(KEY_TILE));
+        macro_rules! tile {
+            ($r:literal) => {{
+                let rs = Rows::<$r> {
+                    q: std::array::from_fn(|i| all.q[i]),
+                    m: std::array::from_fn(|i| all.m[i]),
+                    l: std::array::from_fn(|i| all.l[i]),
+                    o: std::array::from_fn(|i| all.o[i]),
+                };
+                let ws: [usize; $r] = std::array::from_fn(|i| w[i]);
+                // SAFETY: the rows are the block's r0 .. r0 + n, each reading 1 ..= KEY_TILE
+                // keys of the tile, at most the tile's keys in `v`; `p` holds
+                // MAX_TILE_ROWS x KEY_TILE floats (`reset`).
+                unsafe { tile::<V, $r, CK, CV>(rs, ws, kt, v, d, dp, shape.scale, p) }
+            }};
+        }
+        match n {
+            4 => tile!(4),
+            3 => tile!(3),
+            2 => tile!(2),
+            _ => tile!(1),
+        }
+        r0 += n;
+    }
+}
+
+/// Keys `keys` (`w` rows of `d`, row-major, widened by `widen8`) into `kt` (`[d][KEY_TILE]`, key j
+/// in column j): 8 x 8 blocks transposed in ymm registers, the keys and columns past the last
+/// whole block one by one. A copy, so any order of it gives the same tile.
+///
+/// # Safety
+/// AVX2; `kt` writable for `d x KEY_TILE` floats; `widen8(i)` reads 8 values of `keys` at value
+/// `i` and returns them as f32 for every `i = j·d + c` with `j + 8 <= w`, `c + 8 <= d`.
+#[inline(always)]
+unsafe fn transpose_tile(
+    d: usize,
+    w: usize,
+    kt: *mut f32,
+    widen8: impl Fn(usize) -> __m256,
+    widen1: impl Fn(usize) -> f32,
+) {
+    let (wb, db) = (w / 8 * 8, d / 8 * 8);
+    // SAFETY: AVX2 (contract); the loads are keys j0 .. j0 + 8 <= w at columns c0 .. c0 + 8
+    // <= d; the stores columns c0 + i < d of keys j0 .. j0 + 8 <= KEY_TILE.
+    unsafe {
+        for j0 in (0..wb).step_by(8) {
+            for c0 in (0..db).step_by(8) {
+                let r: [__m256; 8] = std::array::from_fn(|i| widen8((j0 + i) * d + c0));
+                let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+                let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+                let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+                let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+                let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+                let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+                let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+                let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+                let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+                let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+                let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+                let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+                let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+                let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+                let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+                let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+                let cols = [
+                    _mm256_permute2f128_ps::<0x20>(u0, u4),
+                    _mm256_permute2f128_ps::<0x20>(u1, u5),
+                    _mm256_permute2f128_ps::<0x20>(u2, u6),
+                    _mm256_permute2f128_ps::<0x20>(u3, u7),
+                    _mm256_permute2f128_ps::<0x31>(u0, u4),
+                    _mm256_permute2f128_ps::<0x31>(u1, u5),
+                    _mm256_permute2f128_ps::<0x31>(u2, u6),
+                    _mm256_permute2f128_ps::<0x31>(u3, u7),
+                ];
+                for (i, col) in cols.into_iter().enumerate() {
+                    _mm256_storeu_ps(kt.add((c0 + i) * KEY_TILE + j0), col);
+                }
+            }
+            for j in j0..j0 + 8 {
+                for c in db..d {
+                    *kt.add(c * KEY_TILE + j) = widen1(j * d + c);
+                }
+            }
+        }
+        for j in wb..w {
+            for c in 0..d {
+                *kt.add(c * KEY_TILE + j) = widen1(j * d + c);
+            }
+        }
+    }
+}
+
+/// [`transpose_tile`] of f32 keys.
+///
+/// # Safety
+/// AVX2; `keys` holds `w` rows of `d`; `kt` writable for `d x KEY_TILE` floats; `w <= KEY_TILE`.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn transpose_keys_f32(keys: &[f32], d: usize, w: usize, kt: &mut [f32]) {
+    let k = keys.as_ptr();
+    // SAFETY: AVX2 is enabled; every index the transposition reads is below w·d (its contract),
+    // inside `keys`; kt is d x KEY_TILE (this function's contract).
+    unsafe {
+        transpose_tile(
+            d,
+            w,
+            kt.as_mut_ptr(),
+            |i| _mm256_loadu_ps(k.add(i)),
+            |i| *k.add(i),
+        )
+    }
+}
+
+/// [`transpose_tile`] of bf16 keys, each widened exactly (its bits in the top half of an f32).
+///
+/// # Safety
+/// AVX2; `keys` holds `w` rows of `d`; `kt` writable for `d x KEY_TILE` floats; `w <= KEY_TILE`.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn transpose_keys_bf16(keys: &[bf16], d: usize, w: usize, kt: &mut [f32]) {
+    let k = keys.as_ptr();
+    // SAFETY: AVX2 is enabled; every index the transposition reads is below w·d (its contract),
+    // inside `keys` (8 bf16 = 16 bytes per load); kt is d x KEY_TILE (this function's contract).
+    unsafe {
+        transpose_tile(
+            d,
+            w,
+            kt.as_mut_ptr(),
+            |i| {
+                let h = _mm_loadu_si128(k.add(i) as *const __m128i);
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            },
+            |i| f32::from_bits(u32::from((*k.add(i)).to_bits()) << 16),
+        )
     }
 }

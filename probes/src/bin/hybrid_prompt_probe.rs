@@ -45,7 +45,8 @@ struct Args {
     /// A reference*.safetensors to compare against (default with no pack: the bundled one).
     #[arg(long, value_name = "REF")]
     reference: Option<PathBuf>,
-    /// Largest max |Δlogit| that passes (default: 1e-3 for f32/bf16 packs, 0.1 for i8/q4).
+    /// Largest max |Δlogit| that passes (default: 1e-3 for f32/bf16 packs, 0.15 for i8/q4:
+    /// `testkit::compare::QUANTIZED_MAX_ABS_LOGIT_DIFF`, derived there).
     #[arg(long)]
     max_diff: Option<f32>,
     /// Smallest top-1 agreement that passes (default: 1.0 for f32/bf16 packs, 0.97 for i8/q4).
@@ -135,7 +136,11 @@ fn main() {
     }
     let mut fwd = cli::forward(&pack, &args.gemm, context);
     let exact = matches!(sem.quant, QuantKind::F32 | QuantKind::Bf16);
-    let max_diff = args.max_diff.unwrap_or(if exact { 1e-3 } else { 0.1 });
+    let max_diff = args.max_diff.unwrap_or(if exact {
+        1e-3
+    } else {
+        testkit::compare::QUANTIZED_MAX_ABS_LOGIT_DIFF
+    });
     let min_top1 = args.min_top1.unwrap_or(if exact { 1.0 } else { 0.97 });
 
     let answer = Answer {

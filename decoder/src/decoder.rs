@@ -654,6 +654,16 @@ impl Decoder {
                 add_deepstack(xs, seg.hybrid, l, hidden, ablation.deepstack_every_row);
             }
         };
+        // Every state usable before any begins: a refusal leaves all of them as they were.
+        for (i, (seg, kv)) in segments.iter().zip(caches.iter()).enumerate() {
+            if let Some(r) = &kv.recurrent {
+                r.check_usable(seg.start_slot)
+                    .map_err(|e| DecoderError::InSequence {
+                        index: i,
+                        source: Box::new(e),
+                    })?;
+            }
+        }
         for (seg, kv) in segments.iter().zip(caches.iter_mut()) {
             if let Some(r) = &mut kv.recurrent {
                 r.begin(seg.start_slot, seg.rows);

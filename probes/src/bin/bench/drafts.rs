@@ -52,11 +52,13 @@ fn plain(f: &mut Decoder, vocab: usize, n: usize) -> (Vec<u32>, f64) {
     (ids, secs(t.elapsed()))
 }
 
-/// `n` greedy tokens with `k` oracle drafts (from `truth`) per forward; (ids, seconds, forwards).
-fn drafted(f: &mut Decoder, vocab: usize, truth: &[u32], k: usize) -> (Vec<u32>, f64, usize) {
+/// `n` greedy tokens with `k` oracle drafts (from `truth`) per forward; (ids, seconds, forwards,
+/// seconds of the forwards' GEMMs).
+fn drafted(f: &mut Decoder, vocab: usize, truth: &[u32], k: usize) -> (Vec<u32>, f64, usize, f64) {
     let n = truth.len();
     let mut ids = vec![prefill(f, vocab)];
     let mut forwards = 0;
+    let _ = f.runtime().take_stats(); // the prefill's
     let t = Instant::now();
     while ids.len() < n {
         let slot = f.next_slot();
@@ -81,7 +83,8 @@ fn drafted(f: &mut Decoder, vocab: usize, truth: &[u32], k: usize) -> (Vec<u32>,
             }
         }
     }
-    (ids, secs(t.elapsed()), forwards)
+    let gemm_s = secs(f.runtime().take_stats().host);
+    (ids, secs(t.elapsed()), forwards, gemm_s)
 }
 
 /// What pays for the drafts (`bench drafts --source`).
@@ -103,37 +106,50 @@ fn embeds(f: &Decoder, ids: &[u32]) -> Vec<f32> {
     out
 }
 
+/// Where the MTP head's time went: all of it, its GEMMs (the fc, the layer's linears and the
+/// model's head per step), and its steps (each ends in one pass over the vocabulary's head rows).
+#[derive(Default)]
+struct HeadTime {
+    total_s: f64,
+    gemm_s: f64,
+    steps: usize,
+}
+
 /// [`drafted`] with the MTP head run before each window (module docs); (ids, seconds, forwards,
-/// seconds in the head).
+/// seconds of the windows' GEMMs, the head's time).
 fn mtp_drafted(
     f: &mut Decoder,
     vocab: usize,
     truth: &[u32],
     k: usize,
     capacity: usize,
-) -> (Vec<u32>, f64, usize, f64) {
+) -> (Vec<u32>, f64, usize, f64, HeadTime) {
     let n = truth.len();
     f.keep_last_hidden(true);
-    let mut head = MtpDrafter::new(f, capacity, KvDtype::Bf16);
+    let mut drafter = MtpDrafter::new(f, capacity, KvDtype::Bf16);
     f.reset();
     let prompt = tokens(PROMPT, vocab);
     let first = argmax(
         f.step_batch(&prompt, 0, 0, Logits::LastRow)
             .unwrap_or_else(|e| refuse(e)),
     );
-    head.ran(0, f, &embeds(f, &prompt), &HybridInputs::text(0), &[]);
+    drafter.ran(0, f, &embeds(f, &prompt), &HybridInputs::text(0), &[]);
     let mut ids = vec![first];
-    let (mut forwards, mut head_s) = (0, 0.0);
+    let (mut forwards, mut head, mut gemm_s) = (0, HeadTime::default(), 0.0);
+    let _ = f.runtime().take_stats(); // the prefill's
     let mut logits = Vec::new();
     let t = Instant::now();
     while ids.len() < n {
         let slot = f.next_slot();
         let token = *ids.last().expect("one id");
+        gemm_s += secs(f.runtime().take_stats().host); // the last window's forward
         let th = Instant::now();
-        let proposed = head
+        let proposed = drafter
             .propose(f, token, k.min(n - ids.len() - 1))
             .unwrap_or_else(|e| refuse(e));
-        head_s += secs(th.elapsed());
+        head.total_s += secs(th.elapsed());
+        head.gemm_s += secs(f.runtime().take_stats().host);
+        head.steps += proposed.len();
         let mut rows = vec![token];
         rows.extend(truth[ids.len()..].iter().take(proposed.len()));
         logits.clear();
@@ -142,7 +158,7 @@ fn mtp_drafted(
                 .unwrap_or_else(|e| refuse(e)),
         );
         forwards += 1;
-        head.ran(
+        drafter.ran(
             slot,
             f,
             &embeds(f, &rows),
@@ -159,13 +175,14 @@ fn mtp_drafted(
                     slot + r + 1,
                     "a draft window rolled back to a row it kept"
                 );
-                head.truncate(slot + r + 1);
+                drafter.truncate(slot + r + 1);
                 break;
             }
         }
     }
     f.keep_last_hidden(false);
-    (ids, secs(t.elapsed()), forwards, head_s)
+    gemm_s += secs(f.runtime().take_stats().host);
+    (ids, secs(t.elapsed()), forwards, gemm_s, head)
 }
 
 pub fn run(
@@ -224,10 +241,10 @@ pub fn run(
         let mut f = forward_with_room(&pack, c.threads, KvDtype::Bf16, PROMPT, tokens_n + k + 2);
         let vocab = f.semantics().vocab_size;
         let (truth, plain_s) = plain(&mut f, vocab, tokens_n);
-        let (ids, drafted_s, forwards, head_s) = match source {
+        let (ids, drafted_s, forwards, gemm_s, head) = match source {
             Source::Oracle => {
-                let (ids, s, n) = drafted(&mut f, vocab, &truth, k);
-                (ids, s, n, 0.0)
+                let (ids, s, n, g) = drafted(&mut f, vocab, &truth, k);
+                (ids, s, n, g, HeadTime::default())
             }
             Source::Mtp => mtp_drafted(&mut f, vocab, &truth, k, PROMPT + tokens_n + k + 8),
         };
@@ -236,10 +253,13 @@ pub fn run(
         let (plain_tok_s, drafted_tok_s) = (steps / plain_s, steps / drafted_s);
         if !c.json {
             println!(
-                "{kind}: plain {plain_tok_s:>7.2} tok/s ({:.1} ms/token)  drafts k={k} {drafted_tok_s:>7.2} tok/s in {forwards} forwards ({:.1} ms/forward, {:.1} of them the MTP head)  x{:.2}  ids {}",
+                "{kind}: plain {plain_tok_s:>7.2} tok/s ({:.1} ms/token)  drafts k={k} {drafted_tok_s:>7.2} tok/s in {forwards} forwards ({:.1} ms/forward, {:.1} of them outside GEMMs and the MTP head; {:.1} the MTP head: {:.1} its GEMMs over {:.1} steps)  x{:.2}  ids {}",
                 plain_s / steps * 1e3,
                 drafted_s / forwards as f64 * 1e3,
-                head_s / forwards as f64 * 1e3,
+                (drafted_s - gemm_s - head.total_s) / forwards as f64 * 1e3,
+                head.total_s / forwards as f64 * 1e3,
+                head.gemm_s / forwards as f64 * 1e3,
+                head.steps as f64 / forwards as f64,
                 drafted_tok_s / plain_tok_s,
                 if same { "identical" } else { "DIFFER" }
             );
@@ -252,7 +272,10 @@ pub fn run(
                 "x_plain": round2(drafted_tok_s / plain_tok_s),
                 "forwards": forwards,
                 "ms_per_forward": round_ms(drafted_s / forwards as f64 * 1e3),
-                "mtp_ms_per_forward": round_ms(head_s / forwards as f64 * 1e3),
+                "non_gemm_ms_per_forward": round_ms((drafted_s - gemm_s - head.total_s) / forwards as f64 * 1e3),
+                "mtp_ms_per_forward": round_ms(head.total_s / forwards as f64 * 1e3),
+                "mtp_gemm_ms_per_forward": round_ms(head.gemm_s / forwards as f64 * 1e3),
+                "mtp_steps_per_forward": round2(head.steps as f64 / forwards as f64),
                 "ids_identical": same,
             }),
         );

@@ -173,7 +173,9 @@ impl Decoder {
     /// recurrent state cannot go back there; see [`KvCache::truncate`]).
     #[must_use = "a recurrent cache may keep fewer slots than asked"]
     pub fn truncate(&mut self, len: usize) -> usize {
-        self.kv.truncate(len)
+        // A recurrent state's rollback replays rows: on the decoder's pool.
+        let kv = &mut self.kv;
+        self.runtime.pool().install(|| kv.truncate(len))
     }
     /// Wall time the steps since the last call spent in attention over the cache (the K/V writes
     /// included), and restarts the count: with the backend's GEMM time it splits a step into

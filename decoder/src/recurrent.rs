@@ -15,6 +15,7 @@
 //! until a cut (`restore`) or `reset`, and a step on it is refused.
 
 use packs::semantics::DeltaNetSemantics;
+use rayon::prelude::*;
 
 use crate::qwen3_5::delta_rule::{recurrent_rows, DeltaIsa, HeadRows};
 use crate::DecoderError;
@@ -302,8 +303,11 @@ impl RecurrentState {
         );
         let [a, b] = &mut self.states;
         let (now, before) = if self.now == 0 { (a, b) } else { (b, a) };
-        let out = &mut self.replay_out;
-        out.resize(rows * l.value_head_dim, 0.0);
+        // One head's discarded outputs per value head: the heads run on the pool they are
+        // called on (the decoder's, through `Decoder::truncate`).
+        let per_head = rows * l.value_head_dim;
+        let outs = &mut self.replay_out;
+        outs.resize(l.value_heads * per_head, 0.0);
         for (i, w) in self.window_layers.iter().enumerate() {
             let (from, to) = (&before[i * n..(i + 1) * n], &mut now[i * n..(i + 1) * n]);
             let (conv, delta) = to.split_at_mut(l.conv_values);
@@ -317,11 +321,15 @@ impl RecurrentState {
                 });
             }
             let isa = w.isa.expect("a window step recorded its kernels");
-            for (h, s) in delta.chunks_exact_mut(hs).enumerate() {
-                s.copy_from_slice(&from[l.conv_values + h * hs..][..hs]);
-                let inp = l.head_rows(h, rows, &w.mixed, &w.beta, &w.log_decay);
-                recurrent_rows(isa, s, &inp, out);
-            }
+            delta
+                .par_chunks_exact_mut(hs)
+                .zip(outs.par_chunks_exact_mut(per_head))
+                .enumerate()
+                .for_each(|(h, (s, out))| {
+                    s.copy_from_slice(&from[l.conv_values + h * hs..][..hs]);
+                    let inp = l.head_rows(h, rows, &w.mixed, &w.beta, &w.log_decay);
+                    recurrent_rows(isa, s, &inp, out);
+                });
         }
     }
 

@@ -173,7 +173,9 @@ impl Decoder {
     /// recurrent state cannot go back there; see [`KvCache::truncate`]).
     #[must_use = "a recurrent cache may keep fewer slots than asked"]
     pub fn truncate(&mut self, len: usize) -> usize {
-        self.kv.truncate(len)
+        // A recurrent state's rollback replays rows: on the decoder's pool.
+        let kv = &mut self.kv;
+        self.runtime.pool().install(|| kv.truncate(len))
     }
     /// Wall time the steps since the last call spent in attention over the cache (the K/V writes
     /// included), and restarts the count: with the backend's GEMM time it splits a step into
@@ -654,6 +656,16 @@ impl Decoder {
                 add_deepstack(xs, seg.hybrid, l, hidden, ablation.deepstack_every_row);
             }
         };
+        // Every state usable before any begins: a refusal leaves all of them as they were.
+        for (i, (seg, kv)) in segments.iter().zip(caches.iter()).enumerate() {
+            if let Some(r) = &kv.recurrent {
+                r.check_usable(seg.start_slot)
+                    .map_err(|e| DecoderError::InSequence {
+                        index: i,
+                        source: Box::new(e),
+                    })?;
+            }
+        }
         for (seg, kv) in segments.iter().zip(caches.iter_mut()) {
             if let Some(r) = &mut kv.recurrent {
                 r.begin(seg.start_slot, seg.rows);

@@ -25,10 +25,9 @@ use rayon::prelude::*;
 
 use super::delta_rule::{
     chunked_rows, conv_taps, mul_silu, recurrent_rows, ChunkScratch, DeltaIsa, DeltaRuleForm,
-    HeadRows,
 };
 use crate::kv::KvCache;
-use crate::recurrent::MAX_ROLLBACK_ROWS;
+use crate::recurrent::{LayerViews, MAX_ROLLBACK_ROWS};
 use crate::step::{Step, StepState};
 use crate::DecoderError;
 
@@ -147,9 +146,24 @@ impl DeltaNet {
                         .into(),
                 ));
             };
-            let (layer, mut kept) = state.layer_views(index);
+            let layout = state.layout();
+            let LayerViews {
+                state: layer,
+                mut window,
+            } = state.layer_views(index);
             let (conv_state, delta_state) = layer.split_at_mut((g.conv_kernel - 1) * conv_dim);
+            let conv_values = conv_state.len();
+            // A window step starts from the state before it (the matrices are copied per head
+            // below, in cache) and keeps its rows' inputs for a rollback.
+            if let Some((before, w)) = &mut window {
+                conv_state.copy_from_slice(&before[..conv_values]);
+                w.isa = Some(isa);
+            }
             let seg_mixed = &mut mixed[seg.row0 * conv_dim..(seg.row0 + seg.rows) * conv_dim];
+            if let Some((_, w)) = &mut window {
+                w.raw.clear();
+                w.raw.extend_from_slice(seg_mixed);
+            }
             // The conv with SiLU, then q and k normalized per key head and q scaled.
             let past = g.conv_kernel - 1;
             let (dk, scale) = (g.key_head_dim, (g.key_head_dim as f32).sqrt());
@@ -167,7 +181,7 @@ impl DeltaNet {
                 }
             };
             if step.ablation.conv_state_lags_one_row {
-                for (r, row) in seg_mixed.chunks_exact_mut(conv_dim).enumerate() {
+                for row in seg_mixed.chunks_exact_mut(conv_dim) {
                     conv_row(
                         &self.conv_taps,
                         g.conv_kernel,
@@ -175,9 +189,6 @@ impl DeltaNet {
                         row,
                         step.ablation.conv_state_lags_one_row,
                     );
-                    if let Some(k) = kept.get_mut(r) {
-                        k[..conv_state.len()].copy_from_slice(conv_state);
-                    }
                     normalize(row);
                 }
             } else {
@@ -198,10 +209,6 @@ impl DeltaNet {
                     normalize(row);
                 });
                 conv_state.copy_from_slice(&inputs[seg.rows * conv_dim..]);
-                for (r, k) in kept.iter_mut().enumerate() {
-                    k[..conv_state.len()]
-                        .copy_from_slice(&inputs[(r + 1) * conv_dim..(r + 1 + past) * conv_dim]);
-                }
             }
             // β and g per value head.
             let seg_beta = &mut beta[seg.row0 * nv..(seg.row0 + seg.rows) * nv];
@@ -219,30 +226,36 @@ impl DeltaNet {
                     seg_decay[i] = self.neg_a[h] * sp;
                 }
             }
-            // The delta rule per value head, on the pool: recurrent (always when the step keeps a
-            // state per row: draft windows), or chunked when `form` asks for it.
-            let hs = g.key_head_dim * g.value_head_dim;
-            let conv_values = conv_state.len();
-            let chunked = self.form == DeltaRuleForm::Chunked
-                && kept.is_empty()
-                && seg.rows > MAX_ROLLBACK_ROWS;
-            let group = nv / g.num_key_heads;
-            let (dk, dv) = (g.key_head_dim, g.value_head_dim);
-            let seg_core = &mut core[seg.row0 * value_dim..(seg.row0 + seg.rows) * value_dim];
             let (seg_mixed, seg_beta, seg_decay) = (&*seg_mixed, &*seg_beta, &*seg_decay);
-            let head_rows = |h: usize| HeadRows {
-                rows: seg.rows,
-                mixed: seg_mixed,
-                row_len: conv_dim,
-                q_at: (h / group) * dk,
-                k_at: key_dim + (h / group) * dk,
-                v_at: 2 * key_dim + h * dv,
-                key_dim: dk,
-                value_dim: dv,
-                beta: seg_beta,
-                log_decay: seg_decay,
-                gate_len: nv,
-                head: h,
+            let before = match window {
+                Some((before, w)) => {
+                    for (dst, src) in [
+                        (&mut w.mixed, seg_mixed),
+                        (&mut w.beta, seg_beta),
+                        (&mut w.log_decay, seg_decay),
+                    ] {
+                        dst.clear();
+                        dst.extend_from_slice(src);
+                    }
+                    Some(&before[conv_values..])
+                }
+                None => None,
+            };
+            // The delta rule per value head, on the pool: recurrent (always for a window, which
+            // a rollback replays), or chunked when `form` asks for it.
+            let hs = g.key_head_dim * g.value_head_dim;
+            let chunked = self.form == DeltaRuleForm::Chunked
+                && before.is_none()
+                && seg.rows > MAX_ROLLBACK_ROWS;
+            let dv = g.value_head_dim;
+            let seg_core = &mut core[seg.row0 * value_dim..(seg.row0 + seg.rows) * value_dim];
+            let head_rows =
+                |h: usize| layout.head_rows(h, seg.rows, seg_mixed, seg_beta, seg_decay);
+            // A window's head starts from its matrix before the step.
+            let start_from = |h: usize, s: &mut [f32]| {
+                if let Some(b) = before {
+                    s.copy_from_slice(&b[h * hs..(h + 1) * hs]);
+                }
             };
             if seg.rows == 1 {
                 // Decode: the heads write their rows of `core` directly (one row: value_dim).
@@ -252,31 +265,26 @@ impl DeltaNet {
                         .zip(seg_core.par_chunks_exact_mut(dv))
                         .enumerate()
                         .for_each(|(h, (s, out))| {
-                            recurrent_rows(isa, s, &head_rows(h), out, &mut []);
+                            start_from(h, s);
+                            recurrent_rows(isa, s, &head_rows(h), out);
                         });
                 });
             } else {
                 // Head-major outputs (`nv x rows x dv`) in the MLP's `up` buffer (free until the
                 // MLP), interleaved into `core` after.
                 let outs = grow(&mut s.up, nv * seg.rows * dv);
-                let mut kept_heads: Vec<Vec<&mut [f32]>> = (0..nv).map(|_| Vec::new()).collect();
-                for k in kept.iter_mut() {
-                    for (h, c) in k[conv_values..].chunks_exact_mut(hs).enumerate() {
-                        kept_heads[h].push(c);
-                    }
-                }
                 pool.install(|| {
                     delta_state
                         .par_chunks_exact_mut(hs)
                         .zip(outs.par_chunks_exact_mut(seg.rows * dv))
-                        .zip(kept_heads.par_iter_mut())
                         .enumerate()
-                        .for_each(|(h, ((s, out), kept))| {
+                        .for_each(|(h, (s, out))| {
+                            start_from(h, s);
                             let inp = head_rows(h);
                             if chunked {
                                 chunked_rows(isa, s, &inp, out, &mut ChunkScratch::default());
                             } else {
-                                recurrent_rows(isa, s, &inp, out, kept);
+                                recurrent_rows(isa, s, &inp, out);
                             }
                         });
                 });

@@ -1,7 +1,7 @@
 //! The gated delta rule of one value head over a run of rows, in two forms:
 //!
 //! - **recurrent** ([`recurrent_rows`]), row after row, for decode and for steps short enough to
-//!   keep a state per row (draft windows). Its arithmetic per state element is
+//!   roll back to any of their rows (draft windows). Its arithmetic per state element is
 //!   [`delta_rule_row_oracle`]'s, the definition the fast copies are tested bit-equal against:
 //!   with `d = e^g`, `kv = kᵀS`, `qs = qᵀS` (the state before the decay), `δ = β(v − d·kv)`,
 //!   `o = d·qs + (q·k)δ` (= qᵀS' by linearity) and `S' = d·S + k⊗δ`. So one pass reads S (the two
@@ -150,24 +150,20 @@ pub fn delta_rule_row_oracle(
 }
 
 /// The recurrent form over `inp.rows` rows: `s` the head's state, `out` the rows' outputs
-/// (`rows x value_dim`), `kept[r]` (when present) receives the state after row `r`.
-pub fn recurrent_rows(
-    isa: DeltaIsa,
-    s: &mut [f32],
-    inp: &HeadRows<'_>,
-    out: &mut [f32],
-    kept: &mut [&mut [f32]],
-) {
+/// (`rows x value_dim`). Each row's arithmetic is the same however many rows a call has: a
+/// window's prefix replayed from the state before it is bit-equal to the state the whole window
+/// passed through (`recurrent.rs` rolls back so).
+pub fn recurrent_rows(isa: DeltaIsa, s: &mut [f32], inp: &HeadRows<'_>, out: &mut [f32]) {
     check(s, inp, out);
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `DeltaIsa::best` returns Avx512 only when the GEMM kernels' detection found
         // AVX-512 F/VL/BW (with AVX2 and FMA) on this CPU.
-        DeltaIsa::Avx512 => unsafe { x86::recurrent_avx512(s, inp, out, kept) },
+        DeltaIsa::Avx512 => unsafe { x86::recurrent_avx512(s, inp, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Avx2 only when AVX2 and FMA were detected.
-        DeltaIsa::Avx2 => unsafe { x86::recurrent_avx2(s, inp, out, kept) },
-        _ => recurrent_blocks(s, inp, out, kept),
+        DeltaIsa::Avx2 => unsafe { x86::recurrent_avx2(s, inp, out) },
+        _ => recurrent_blocks(s, inp, out),
     }
 }
 
@@ -184,28 +180,22 @@ fn check(s: &[f32], inp: &HeadRows<'_>, out: &[f32]) {
 }
 
 #[inline(always)]
-fn recurrent_blocks(s: &mut [f32], inp: &HeadRows<'_>, out: &mut [f32], kept: &mut [&mut [f32]]) {
+fn recurrent_blocks(s: &mut [f32], inp: &HeadRows<'_>, out: &mut [f32]) {
     let dv = inp.value_dim;
     let mut j0 = 0;
     while j0 + BLOCK <= dv {
-        column_block::<BLOCK>(s, j0, inp, out, kept);
+        column_block::<BLOCK>(s, j0, inp, out);
         j0 += BLOCK;
     }
     while j0 < dv {
-        column_block::<1>(s, j0, inp, out, kept);
+        column_block::<1>(s, j0, inp, out);
         j0 += 1;
     }
 }
 
 /// Columns `j0..j0 + W` of S through every row (the columns do not interact).
 #[inline(always)]
-fn column_block<const W: usize>(
-    s: &mut [f32],
-    j0: usize,
-    inp: &HeadRows<'_>,
-    out: &mut [f32],
-    kept: &mut [&mut [f32]],
-) {
+fn column_block<const W: usize>(s: &mut [f32], j0: usize, inp: &HeadRows<'_>, out: &mut [f32]) {
     let (dk, dv) = (inp.key_dim, inp.value_dim);
     for r in 0..inp.rows {
         let (q, k, v) = (inp.q(r), inp.k(r), inp.v(r));
@@ -235,11 +225,6 @@ fn column_block<const W: usize>(
             let ki = k[i];
             for j in 0..W {
                 srow[j] = decay * srow[j] + ki * delta[j];
-            }
-        }
-        if let Some(keep) = kept.get_mut(r) {
-            for i in 0..dk {
-                keep[i * dv + j0..][..W].copy_from_slice(&s[i * dv + j0..][..W]);
             }
         }
     }
@@ -505,25 +490,15 @@ mod x86 {
     /// # Safety
     /// The CPU must have AVX-512 F, VL and BW, AVX2 and FMA.
     #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx2,fma")]
-    pub unsafe fn recurrent_avx512(
-        s: &mut [f32],
-        inp: &HeadRows<'_>,
-        out: &mut [f32],
-        kept: &mut [&mut [f32]],
-    ) {
-        recurrent_blocks(s, inp, out, kept)
+    pub unsafe fn recurrent_avx512(s: &mut [f32], inp: &HeadRows<'_>, out: &mut [f32]) {
+        recurrent_blocks(s, inp, out)
     }
 
     /// # Safety
     /// The CPU must have AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn recurrent_avx2(
-        s: &mut [f32],
-        inp: &HeadRows<'_>,
-        out: &mut [f32],
-        kept: &mut [&mut [f32]],
-    ) {
-        recurrent_blocks(s, inp, out, kept)
+    pub unsafe fn recurrent_avx2(s: &mut [f32], inp: &HeadRows<'_>, out: &mut [f32]) {
+        recurrent_blocks(s, inp, out)
     }
 
     /// # Safety
@@ -659,7 +634,8 @@ mod tests {
     }
 
     /// Every copy of the recurrent kernel is bit-equal to the oracle row after row (state, outputs,
-    /// kept states), with full blocks and an odd tail (dv 131 = 2 x 64 + 3) and odd key dims.
+    /// and the state after each prefix of the rows run alone: what a rollback replays), with full
+    /// blocks and an odd tail (dv 131 = 2 x 64 + 3) and odd key dims.
     #[test]
     fn recurrent_copies_are_bit_equal_to_the_oracle() {
         for (rows, dk, dv) in [(1, 128, 128), (5, 7, 131), (17, 33, 64), (3, 128, 65)] {
@@ -670,14 +646,22 @@ mod tests {
             for isa in isas() {
                 let mut s = s0.clone();
                 let mut out = vec![0.0; rows * dv];
-                let mut kept_bufs = vec![vec![0.0; dk * dv]; rows - 1];
-                let mut kept: Vec<&mut [f32]> =
-                    kept_bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-                recurrent_rows(isa, &mut s, &c.head(), &mut out, &mut kept);
+                recurrent_rows(isa, &mut s, &c.head(), &mut out);
                 assert_eq!(bits(&s), bits(&s_ref), "{isa:?} {rows}x{dk}x{dv}: state");
                 assert_eq!(bits(&out), bits(&out_ref), "{isa:?} {rows}x{dk}x{dv}: out");
-                for (r, k) in kept_bufs.iter().enumerate() {
-                    assert_eq!(bits(k), bits(&states[r]), "{isa:?}: kept row {r}");
+                for (r, state) in states.iter().enumerate().take(rows - 1) {
+                    let mut prefix = s0.clone();
+                    let head = HeadRows {
+                        rows: r + 1,
+                        ..c.head()
+                    };
+                    recurrent_rows(isa, &mut prefix, &head, &mut out);
+                    assert_eq!(
+                        bits(&prefix),
+                        bits(state),
+                        "{isa:?}: the first {} rows",
+                        r + 1
+                    );
                 }
             }
         }
@@ -719,7 +703,7 @@ mod tests {
         assert!(max_rel(&out, &out_ref) < 1e-5, "the same rule");
         assert_ne!(bits(&out), bits(&out_ref), "another order, other bits");
         let mut s = s0.clone();
-        recurrent_rows(DeltaIsa::best(), &mut s, &inp, &mut out, &mut []);
+        recurrent_rows(DeltaIsa::best(), &mut s, &inp, &mut out);
         assert_eq!(bits(&s), bits(&s_ref));
         s[69] = f32::from_bits(s[69].to_bits() + 1);
         assert_ne!(bits(&s), bits(&s_ref));
@@ -833,7 +817,7 @@ mod tests {
         for _ in 0..3 {
             let mut s = vec![0.0; dk * dv];
             let t = std::time::Instant::now();
-            recurrent_rows(isa, &mut s, &c.head(), &mut out, &mut []);
+            recurrent_rows(isa, &mut s, &c.head(), &mut out);
             let rec = t.elapsed();
             let t = std::time::Instant::now();
             chunked_rows(isa, &mut s, &c.head(), &mut out, &mut sc);
@@ -847,7 +831,7 @@ mod tests {
                     log_decay: &c.g[r..],
                     ..c.head()
                 };
-                recurrent_rows(isa, &mut s, &one, &mut out[r * dv..], &mut []);
+                recurrent_rows(isa, &mut s, &one, &mut out[r * dv..]);
             }
             let per_row = t.elapsed();
             eprintln!("{isa:?} {rows} rows: recurrent {rec:?}, chunked {chk:?}, one row a call {per_row:?}");

@@ -52,16 +52,29 @@ fn plain(f: &mut Decoder, vocab: usize, n: usize) -> (Vec<u32>, f64) {
     (ids, secs(t.elapsed()))
 }
 
-/// `n` greedy tokens with `k` oracle drafts (from `truth`) per forward; (ids, seconds, forwards).
-fn drafted(f: &mut Decoder, vocab: usize, truth: &[u32], k: usize) -> (Vec<u32>, f64, usize) {
+/// `n` greedy tokens with `k` oracle drafts (from `truth`) per forward, the last one made wrong
+/// when `reject_last` (every window then rolls back one row); (ids, seconds, forwards, seconds
+/// of the forwards' GEMMs, seconds of the rollbacks).
+fn drafted(
+    f: &mut Decoder,
+    vocab: usize,
+    truth: &[u32],
+    k: usize,
+    reject_last: bool,
+) -> (Vec<u32>, f64, usize, f64, f64) {
     let n = truth.len();
     let mut ids = vec![prefill(f, vocab)];
-    let mut forwards = 0;
+    let (mut forwards, mut rollback_s) = (0, 0.0);
+    let _ = f.runtime().take_stats(); // the prefill's
     let t = Instant::now();
     while ids.len() < n {
         let slot = f.next_slot();
         let mut rows = vec![*ids.last().expect("one id")];
         rows.extend(truth[ids.len()..].iter().take(k.min(n - ids.len() - 1)));
+        if reject_last && rows.len() > 1 {
+            let last = rows.len() - 1;
+            rows[last] = (rows[last] + 1) % vocab as u32;
+        }
         let logits = f
             .step_batch(&rows, slot as i64, slot, Logits::AllRows)
             .unwrap_or_else(|e| refuse(e));
@@ -71,7 +84,9 @@ fn drafted(f: &mut Decoder, vocab: usize, truth: &[u32], k: usize) -> (Vec<u32>,
             ids.push(token);
             if ids.len() == n || rows.get(r + 1) != Some(&token) {
                 // Keep the rows up to this one: the next forward feeds `token` after them.
+                let tr = Instant::now();
                 let kept = f.truncate(slot + r + 1);
+                rollback_s += secs(tr.elapsed());
                 assert_eq!(
                     kept,
                     slot + r + 1,
@@ -81,7 +96,8 @@ fn drafted(f: &mut Decoder, vocab: usize, truth: &[u32], k: usize) -> (Vec<u32>,
             }
         }
     }
-    (ids, secs(t.elapsed()), forwards)
+    let gemm_s = secs(f.runtime().take_stats().host);
+    (ids, secs(t.elapsed()), forwards, gemm_s, rollback_s)
 }
 
 /// What pays for the drafts (`bench drafts --source`).
@@ -89,6 +105,9 @@ fn drafted(f: &mut Decoder, vocab: usize, truth: &[u32], k: usize) -> (Vec<u32>,
 pub enum Source {
     /// Nothing: the verified window's cost alone.
     Oracle,
+    /// Oracle drafts with the last of each window wrong: every window rolls back one row (on
+    /// Qwen3.5, a replay of its kept rows), the rollback's time reported.
+    OracleRejectLast,
     /// The shape's MTP head, k chained steps before each window.
     Mtp,
 }
@@ -103,37 +122,50 @@ fn embeds(f: &Decoder, ids: &[u32]) -> Vec<f32> {
     out
 }
 
+/// Where the MTP head's time went: all of it, its GEMMs (the fc, the layer's linears and the
+/// model's head per step), and its steps (each ends in one pass over the vocabulary's head rows).
+#[derive(Default)]
+struct HeadTime {
+    total_s: f64,
+    gemm_s: f64,
+    steps: usize,
+}
+
 /// [`drafted`] with the MTP head run before each window (module docs); (ids, seconds, forwards,
-/// seconds in the head).
+/// seconds of the windows' GEMMs, the head's time).
 fn mtp_drafted(
     f: &mut Decoder,
     vocab: usize,
     truth: &[u32],
     k: usize,
     capacity: usize,
-) -> (Vec<u32>, f64, usize, f64) {
+) -> (Vec<u32>, f64, usize, f64, HeadTime) {
     let n = truth.len();
     f.keep_last_hidden(true);
-    let mut head = MtpDrafter::new(f, capacity, KvDtype::Bf16);
+    let mut drafter = MtpDrafter::new(f, capacity, KvDtype::Bf16);
     f.reset();
     let prompt = tokens(PROMPT, vocab);
     let first = argmax(
         f.step_batch(&prompt, 0, 0, Logits::LastRow)
             .unwrap_or_else(|e| refuse(e)),
     );
-    head.ran(0, f, &embeds(f, &prompt), &HybridInputs::text(0), &[]);
+    drafter.ran(0, f, &embeds(f, &prompt), &HybridInputs::text(0), &[]);
     let mut ids = vec![first];
-    let (mut forwards, mut head_s) = (0, 0.0);
+    let (mut forwards, mut head, mut gemm_s) = (0, HeadTime::default(), 0.0);
+    let _ = f.runtime().take_stats(); // the prefill's
     let mut logits = Vec::new();
     let t = Instant::now();
     while ids.len() < n {
         let slot = f.next_slot();
         let token = *ids.last().expect("one id");
+        gemm_s += secs(f.runtime().take_stats().host); // the last window's forward
         let th = Instant::now();
-        let proposed = head
+        let proposed = drafter
             .propose(f, token, k.min(n - ids.len() - 1))
             .unwrap_or_else(|e| refuse(e));
-        head_s += secs(th.elapsed());
+        head.total_s += secs(th.elapsed());
+        head.gemm_s += secs(f.runtime().take_stats().host);
+        head.steps += proposed.len();
         let mut rows = vec![token];
         rows.extend(truth[ids.len()..].iter().take(proposed.len()));
         logits.clear();
@@ -142,7 +174,7 @@ fn mtp_drafted(
                 .unwrap_or_else(|e| refuse(e)),
         );
         forwards += 1;
-        head.ran(
+        drafter.ran(
             slot,
             f,
             &embeds(f, &rows),
@@ -159,13 +191,14 @@ fn mtp_drafted(
                     slot + r + 1,
                     "a draft window rolled back to a row it kept"
                 );
-                head.truncate(slot + r + 1);
+                drafter.truncate(slot + r + 1);
                 break;
             }
         }
     }
     f.keep_last_hidden(false);
-    (ids, secs(t.elapsed()), forwards, head_s)
+    gemm_s += secs(f.runtime().take_stats().host);
+    (ids, secs(t.elapsed()), forwards, gemm_s, head)
 }
 
 pub fn run(
@@ -189,7 +222,7 @@ pub fn run(
     }
     let with_head;
     let shape = match source {
-        Source::Oracle => shape,
+        Source::Oracle | Source::OracleRejectLast => shape,
         Source::Mtp => {
             let mut s = shape.clone();
             match s.semantics.delta_net.as_mut() {
@@ -214,6 +247,7 @@ pub fn run(
             c.threads,
             match source {
                 Source::Oracle => "oracle",
+                Source::OracleRejectLast => "oracle (the last one wrong)",
                 Source::Mtp => "MTP-paid oracle",
             },
             load(load_avg())
@@ -224,22 +258,31 @@ pub fn run(
         let mut f = forward_with_room(&pack, c.threads, KvDtype::Bf16, PROMPT, tokens_n + k + 2);
         let vocab = f.semantics().vocab_size;
         let (truth, plain_s) = plain(&mut f, vocab, tokens_n);
-        let (ids, drafted_s, forwards, head_s) = match source {
-            Source::Oracle => {
-                let (ids, s, n) = drafted(&mut f, vocab, &truth, k);
-                (ids, s, n, 0.0)
+        let (ids, drafted_s, forwards, gemm_s, head, rollback_s) = match source {
+            Source::Oracle | Source::OracleRejectLast => {
+                let reject_last = source == Source::OracleRejectLast;
+                let (ids, s, n, g, r) = drafted(&mut f, vocab, &truth, k, reject_last);
+                (ids, s, n, g, HeadTime::default(), r)
             }
-            Source::Mtp => mtp_drafted(&mut f, vocab, &truth, k, PROMPT + tokens_n + k + 8),
+            Source::Mtp => {
+                let (ids, s, n, g, h) =
+                    mtp_drafted(&mut f, vocab, &truth, k, PROMPT + tokens_n + k + 8);
+                (ids, s, n, g, h, 0.0)
+            }
         };
         let same = ids == truth;
         let steps = (tokens_n - 1) as f64;
         let (plain_tok_s, drafted_tok_s) = (steps / plain_s, steps / drafted_s);
         if !c.json {
             println!(
-                "{kind}: plain {plain_tok_s:>7.2} tok/s ({:.1} ms/token)  drafts k={k} {drafted_tok_s:>7.2} tok/s in {forwards} forwards ({:.1} ms/forward, {:.1} of them the MTP head)  x{:.2}  ids {}",
+                "{kind}: plain {plain_tok_s:>7.2} tok/s ({:.1} ms/token)  drafts k={k} {drafted_tok_s:>7.2} tok/s in {forwards} forwards ({:.1} ms/forward, {:.1} of them outside GEMMs and the MTP head, {:.2} the rollback; {:.1} the MTP head: {:.1} its GEMMs over {:.1} steps)  x{:.2}  ids {}",
                 plain_s / steps * 1e3,
                 drafted_s / forwards as f64 * 1e3,
-                head_s / forwards as f64 * 1e3,
+                (drafted_s - gemm_s - head.total_s) / forwards as f64 * 1e3,
+                rollback_s / forwards as f64 * 1e3,
+                head.total_s / forwards as f64 * 1e3,
+                head.gemm_s / forwards as f64 * 1e3,
+                head.steps as f64 / forwards as f64,
                 drafted_tok_s / plain_tok_s,
                 if same { "identical" } else { "DIFFER" }
             );
@@ -252,7 +295,11 @@ pub fn run(
                 "x_plain": round2(drafted_tok_s / plain_tok_s),
                 "forwards": forwards,
                 "ms_per_forward": round_ms(drafted_s / forwards as f64 * 1e3),
-                "mtp_ms_per_forward": round_ms(head_s / forwards as f64 * 1e3),
+                "non_gemm_ms_per_forward": round_ms((drafted_s - gemm_s - head.total_s) / forwards as f64 * 1e3),
+                "rollback_ms_per_forward": round_ms(rollback_s / forwards as f64 * 1e3),
+                "mtp_ms_per_forward": round_ms(head.total_s / forwards as f64 * 1e3),
+                "mtp_gemm_ms_per_forward": round_ms(head.gemm_s / forwards as f64 * 1e3),
+                "mtp_steps_per_forward": round2(head.steps as f64 / forwards as f64),
                 "ids_identical": same,
             }),
         );

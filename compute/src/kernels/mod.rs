@@ -29,6 +29,8 @@ pub mod scalar;
 mod self_check;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86::transpose8;
 
 #[cfg(test)]
 mod tests;

@@ -117,6 +117,26 @@ fn every_conversation_beside_others_is_its_answer_alone() {
     );
 }
 
+/// The answer, or (`leave_after` = Some(n)) the client leaving after n pieces of text (at the
+/// start for 0).
+fn answer_or_leave(
+    h: &SchedulerHandle,
+    m: &[Message],
+    p: &SamplingParams,
+    leave_after: Option<usize>,
+) -> engine::Generation {
+    let mut pieces = 0;
+    h.generate(m, p, &mut |e| match (e, leave_after) {
+        (Event::Text(_), Some(n)) => {
+            pieces += 1;
+            pieces <= n
+        }
+        (Event::Started { .. }, Some(0)) => false,
+        _ => true,
+    })
+    .unwrap()
+}
+
 #[test]
 fn clients_that_leave_cost_the_others_nothing() {
     let convs = conversations();
@@ -135,17 +155,7 @@ fn clients_that_leave_cost_the_others_nothing() {
                     barrier.wait();
                     std::thread::sleep(Duration::from_millis((i as u64 * 5) % 17));
                     let leave_after = (i % 2 == 1).then_some(i % 4);
-                    let mut pieces = 0;
-                    let g = h
-                        .generate(m, p, &mut |e| match (e, leave_after) {
-                            (Event::Text(_), Some(n)) => {
-                                pieces += 1;
-                                pieces <= n
-                            }
-                            (Event::Started { .. }, Some(0)) => false,
-                            _ => true,
-                        })
-                        .unwrap();
+                    let g = answer_or_leave(&h, m, p, leave_after);
                     match leave_after {
                         Some(_) => {
                             assert_eq!(g.finish, FinishReason::Cancelled, "client {i}");
@@ -324,17 +334,7 @@ fn clients_dropped_at_random_moments_across_8_streams_cost_the_others_nothing() 
                     scope.spawn(move || {
                         barrier.wait();
                         std::thread::sleep(Duration::from_millis(delay));
-                        let mut pieces = 0;
-                        let g = h
-                            .generate(m, p, &mut |e| match (e, leave_after) {
-                                (Event::Text(_), Some(n)) => {
-                                    pieces += 1;
-                                    pieces <= n
-                                }
-                                (Event::Started { .. }, Some(0)) => false,
-                                _ => true,
-                            })
-                            .unwrap();
+                        let g = answer_or_leave(&h, m, p, leave_after);
                         (leave_after, g.finish, g.ids, g.text)
                     })
                 })

@@ -4,7 +4,7 @@
 //! reads, whatever rows, sequences or threads share the call.
 
 use crate::kv::{KvElem, KvHeads};
-use compute::attention::causal::{CacheValue, CausalBlock, CausalScratch};
+use compute::attention::causal::{CacheValue, CausalBlock, CausalScratch, Keys};
 use compute::attention::HeadShape;
 use std::cell::RefCell;
 
@@ -197,7 +197,7 @@ fn attend_group<T: KvElem + CacheValue>(
         first_len: first_slots,
     };
     let last = block.last_len();
-    let (k, v) = (kv.k_head(g, last), kv.v_head(g, last));
+    let (k, v) = (Keys::Tiles(kv.k_tiles(g, last)), kv.v_head(g, last));
     let head = HeadShape::new(shape.head_dim);
     SCRATCH.with(|cell| {
         compute::attention::causal::attend_causal(head, k, v, block, &mut cell.borrow_mut())
@@ -230,13 +230,8 @@ mod tests {
         v_rows: &[f32],
     ) -> crate::kv::KvStore<T> {
         let kv_dim = shape.kv_dim();
-        let mut store = crate::kv::KvStore {
-            k: vec![vec![T::from_f32(f32::NAN); cap * kv_dim]],
-            v: vec![vec![T::from_f32(f32::NAN); cap * kv_dim]],
-            capacity: cap,
-            kv_heads: shape.kv_heads,
-            head_dim: shape.head_dim,
-        };
+        let nan = T::from_f32(f32::NAN);
+        let mut store = crate::kv::filled_store(1, cap, shape.kv_heads, shape.head_dim, nan);
         for s in 0..k_rows.len() / kv_dim {
             let row = s * kv_dim..(s + 1) * kv_dim;
             store.write(0, s, &k_rows[row.clone()], &v_rows[row]);

@@ -126,6 +126,33 @@ impl CausalBlock<'_> {
     }
 }
 
+/// Where one KV head's keys are: row-major (`d` values a slot, slot after slot), or stored as the
+/// kernels read them, tiles of [`KEY_TILE`] slots each transposed (`[tile][d][KEY_TILE]`, slot
+/// `t·KEY_TILE + j`'s value c at `t·d·KEY_TILE + c·KEY_TILE + j`; the decoder's cache). Tiles need
+/// no packing per call: an f32 tile is read in place, a bf16 one widened in order, where row-major
+/// keys are transposed tile by tile (in a one-row decode step that costs more than the dots).
+#[derive(Clone, Copy)]
+pub enum Keys<'a, T> {
+    RowMajor(&'a [T]),
+    Tiles(&'a [T]),
+}
+
+impl<T> Keys<'_, T> {
+    /// Values the keys of `slots` slots need.
+    fn needs(&self, slots: usize, d: usize) -> usize {
+        match self {
+            Keys::RowMajor(_) => slots * d,
+            Keys::Tiles(_) => slots.div_ceil(KEY_TILE) * KEY_TILE * d,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Keys::RowMajor(k) | Keys::Tiles(k) => k.len(),
+        }
+    }
+}
+
 /// Per-thread buffers of a causal call: the rows' running state and one packed tile.
 #[derive(Default)]
 pub struct CausalScratch {
@@ -134,12 +161,12 @@ pub struct CausalScratch {
     v: Vec<f32>,
 }
 
-/// `block`'s outputs over one KV head's cache rows `k` and `v` (row-major, `d` values a slot;
-/// at least `block.last_len()` slots), with the arithmetic of the module docs of `attention`,
-/// on the fastest path this CPU runs.
+/// `block`'s outputs over one KV head's cache keys `k` and rows `v` (row-major, `d` values a
+/// slot; at least `block.last_len()` slots), with the arithmetic of the module docs of
+/// `attention`, on the fastest path this CPU runs.
 pub fn attend_causal<T: CacheValue>(
     shape: HeadShape,
-    k: &[T],
+    k: Keys<'_, T>,
     v: &[T],
     block: CausalBlock<'_>,
     scratch: &mut CausalScratch,
@@ -160,7 +187,7 @@ pub fn attend_causal<T: CacheValue>(
 pub(crate) fn attend_causal_on<T: CacheValue>(
     path: AttnPath,
     shape: HeadShape,
-    k: &[T],
+    k: Keys<'_, T>,
     v: &[T],
     block: CausalBlock<'_>,
     scratch: &mut CausalScratch,
@@ -173,7 +200,7 @@ pub(crate) fn attend_causal_on<T: CacheValue>(
     block.check(d);
     let keys = block.last_len();
     assert!(
-        k.len() >= keys * d && v.len() >= keys * d,
+        k.len() >= k.needs(keys, d) && v.len() >= keys * d,
         "causal attention: K {} / V {} values for {keys} slots of d {d}",
         k.len(),
         v.len()
@@ -199,8 +226,26 @@ pub(crate) fn attend_causal_on<T: CacheValue>(
         let i0 = (t0 + 1).saturating_sub(block.first_len);
         // The keys past `w` keep an earlier tile's (finite or not) values: their scores are
         // replaced by −∞ before the maximum, as every row's keys past its own count are.
-        let kt = &mut kt[..d * KEY_TILE];
-        T::transpose_keys(&k[t0 * d..(t0 + w) * d], d, w, kt, simd);
+        let kt: &[f32] = match k {
+            Keys::RowMajor(k) => {
+                let kt = &mut kt[..d * KEY_TILE];
+                T::transpose_keys(&k[t0 * d..(t0 + w) * d], d, w, kt, simd);
+                kt
+            }
+            Keys::Tiles(k) => {
+                let tile = &k[t * d * KEY_TILE..(t + 1) * d * KEY_TILE];
+                match T::as_f32(tile) {
+                    Some(tile) => tile,
+                    None => {
+                        let kt = &mut kt[..d * KEY_TILE];
+                        for (y, &x) in kt.iter_mut().zip(tile) {
+                            *y = x.widen();
+                        }
+                        kt
+                    }
+                }
+            }
+        };
         let vt: &[f32] = match v_in_place {
             Some(v) => &v[t0 * d..(t0 + w) * d],
             None => {

@@ -53,7 +53,7 @@ fn oracle_rows<T: KvElem>(
         let len = start + 1 + i;
         for (h, (qh, oh)) in qi.chunks_exact(d).zip(oi.chunks_exact_mut(d)).enumerate() {
             let g = (h / shape.group() + shift) % shape.kv_heads;
-            let (k, v) = (cache.k_head(g, len), cache.v_head(g, len));
+            let (k, v) = (cache.k_rows(g, len), cache.v_head(g, len));
             let mut kt = vec![0f32; len.div_ceil(KEY_TILE) * d * KEY_TILE];
             let mut vp = vec![0f32; len * dp];
             for j in 0..len {

@@ -93,7 +93,7 @@ fn cache_state(s: &Session) -> (usize, i64, Vec<f32>) {
     for l in 0..kv.layers() {
         let layer = store.layer(l);
         for g in 0..store.kv_heads {
-            rows.extend_from_slice(layer.k_head(g, slots));
+            rows.extend_from_slice(&layer.k_rows(g, slots));
             rows.extend_from_slice(layer.v_head(g, slots));
         }
     }

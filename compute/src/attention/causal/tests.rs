@@ -55,6 +55,21 @@ fn oracle_rows(d: usize, heads: usize, first: usize, q: &[f32], k: &[f32], v: &[
     out
 }
 
+/// Row-major keys (`d` values a slot) as tiles of `KEY_TILE` slots, each transposed: slot j's
+/// value c at `(j / KEY_TILE)·d·KEY_TILE + c·KEY_TILE + (j + shift) % KEY_TILE` (`shift` 1: a
+/// planted layout one slot off), the rest `fill`.
+fn to_tiles<T: Copy>(k: &[T], d: usize, shift: usize, fill: T) -> Vec<T> {
+    let slots = k.len() / d;
+    let mut tiles = vec![fill; slots.div_ceil(KEY_TILE) * KEY_TILE * d];
+    for j in 0..slots {
+        for c in 0..d {
+            let col = (j % KEY_TILE + shift) % KEY_TILE;
+            tiles[(j / KEY_TILE) * d * KEY_TILE + c * KEY_TILE + col] = k[j * d + c];
+        }
+    }
+    tiles
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run<T: CacheValue>(
     path: AttnPath,
@@ -62,7 +77,7 @@ fn run<T: CacheValue>(
     heads: usize,
     first: usize,
     q: &[f32],
-    k: &[T],
+    keys: Keys<'_, T>,
     v: &[T],
     planted: Planted,
     scratch: &mut CausalScratch,
@@ -78,7 +93,7 @@ fn run<T: CacheValue>(
         heads,
         first_len: first,
     };
-    attend_causal_on(path, HeadShape::new(d), k, v, block, scratch, planted);
+    attend_causal_on(path, HeadShape::new(d), keys, v, block, scratch, planted);
     out
 }
 
@@ -133,7 +148,7 @@ fn check_paths<T: CacheValue>(narrow: fn(f32) -> T, label: &str) {
                     heads,
                     first,
                     &q,
-                    &k,
+                    Keys::RowMajor(&k),
                     &v,
                     Planted::default(),
                     &mut scratch,
@@ -143,10 +158,33 @@ fn check_paths<T: CacheValue>(narrow: fn(f32) -> T, label: &str) {
                     bits(&want),
                     "{label} {path}, d {d}, {heads} heads: first {first}, {positions} positions"
                 );
+                // The same keys stored as the cache stores them (tiles, transposed; the slots
+                // past the last tile's keys NaN): the same bits. Control: tiles built one slot
+                // off (slot j's values in column j + 1) do not give them.
+                for (shift, same) in [(0, true), (1, false)] {
+                    let tiles = to_tiles(&k[..keys * d], d, shift, narrow(f32::NAN));
+                    let got = run(
+                        path,
+                        d,
+                        heads,
+                        first,
+                        &q,
+                        Keys::Tiles(&tiles),
+                        &v,
+                        Planted::default(),
+                        &mut scratch,
+                    );
+                    assert_eq!(
+                        bits(&got) == bits(&want),
+                        same,
+                        "{label} {path}, d {d}: tiled keys shifted by {shift}"
+                    );
+                }
                 if keys > KEY_TILE {
                     // Control: a skipped key tile.
                     let planted = Planted { skip_tile: Some(1) };
-                    let skipped = run(path, d, heads, first, &q, &k, &v, planted, &mut scratch);
+                    let rows = Keys::RowMajor(&k);
+                    let skipped = run(path, d, heads, first, &q, rows, &v, planted, &mut scratch);
                     assert_ne!(bits(&skipped), bits(&want), "{label} {path}: skipped tile");
                 }
                 // Control: the mask one key late (each position reading its successor too).
@@ -160,7 +198,7 @@ fn check_paths<T: CacheValue>(narrow: fn(f32) -> T, label: &str) {
                         heads,
                         first + 1,
                         &q,
-                        &k1,
+                        Keys::RowMajor(&k1),
                         &v1,
                         Planted::default(),
                         &mut scratch,

@@ -187,6 +187,12 @@ mod tests {
     use packs::quant::{self, Q4_GROUP};
     use packs::Linear;
 
+    /// The host backend on its own pool of two threads.
+    fn two_thread_host() -> HostGemm {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build();
+        HostGemm::new(Arc::new(pool.unwrap()))
+    }
+
     fn weight<'a>(name: &'a str, n: usize, k: usize, data: LinearData<'a>) -> WeightRef<'a> {
         WeightRef::new(0, Linear { name, n, k, data })
     }
@@ -195,13 +201,7 @@ mod tests {
     /// writes every output where the packs oracle does.
     #[test]
     fn grouped_and_single_gemms_match_the_oracle() {
-        let pool = Arc::new(
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(2)
-                .build()
-                .unwrap(),
-        );
-        let mut host = HostGemm::new(pool);
+        let mut host = two_thread_host();
         let k = 96;
         let ns = [5usize, 300, 24];
         let mut seed = 7u32;
@@ -322,13 +322,7 @@ mod tests {
         use crate::kernels::bf16_dot::to_bf16;
         use crate::kernels::bf16_gemm::dot_bf16_products;
         use crate::kernels::scalar::dot_f32;
-        let pool = Arc::new(
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(2)
-                .build()
-                .unwrap(),
-        );
-        let mut host = HostGemm::new(pool);
+        let mut host = two_thread_host();
         let (rows, n, k) = (6, 300, 70);
         let mut seed = 11u32;
         let mut next = || {

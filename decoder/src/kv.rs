@@ -74,8 +74,9 @@ pub const K_TILE: usize = compute::attention::KEY_TILE;
 /// page per slot). Layer l's V is `[kv_head][slot][head_dim]` (`capacity` slots per head); its K is
 /// `[kv_head][tile][head_dim][K_TILE]` (`capacity` rounded up to whole tiles per head), each tile
 /// of [`K_TILE`] slots transposed: written once per token, where a row-major K had every step
-/// transpose each tile before its dots (with a bf16 cache that made one-row decode's attention
-/// 1.7x slower than the kernel before the tiled one, 27.7 against 16.5 ms at ctx 2048).
+/// transpose each tile before its dots, which in a one-row decode step cost more than the dots
+/// (f32 cache, ctx 2048: 20.5-22.0 ms of attention a token, against 31.0-32.5 for the kernel
+/// before the tiled one; PERF.md, "K stored as the attention's tiles").
 #[derive(Debug)]
 pub struct KvStore<T> {
     pub k: Vec<Vec<T>>,

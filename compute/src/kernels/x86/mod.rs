@@ -85,9 +85,9 @@ pub(super) fn has_avx512_vnni() -> bool {
 /// kernel's `Q4_FEW_MIN_ROWS..=FEW_MAX_ROWS`).
 const Q4_PACKED_MIN_ROWS: usize = 4;
 /// Rows from which q4 takes the few-row kernel (`q4_few.rs`), which reads each weight panel once
-/// for all rows; one row takes the GEMV. Since its 16-row panels are transposed in registers
-/// (no packed copy), 2 rows take 13.9 us per 256 weight rows of K = 2048 on one VNNI thread against
-/// the GEMV's 2 x 10.2 (`few_row_timing`, 2026-12-07; AVX2 18.2 against 2 x 10.7).
+/// for all rows; one row takes the GEMV. With its 16-row panels transposed in registers (no packed
+/// copy), 2 rows take about 1.2 GEMVs on VNNI (12.5 against 10.2 us per 256 weight rows of
+/// K = 2048, one thread) and 1.7 on AVX2 (18.2 against 10.7): less than two GEMVs on both.
 pub(crate) const Q4_FEW_MIN_ROWS: usize = 2;
 /// Fewest groups (K / 32) of the few-row q4 kernel: it unpacks 8 groups at a time.
 pub(super) const Q4_FEW_MIN_GROUPS: usize = 8;

@@ -18,11 +18,10 @@ use std::arch::x86_64::*;
 pub(crate) struct Vnni<P>(std::marker::PhantomData<P>);
 
 /// Most rows the VNNI q4 kernel for many rows runs as chunks of the few-row kernel; more take the
-/// packed-panel tiles. `few_row_timing` with 512 activation rows (one thread, per 256 weight rows,
-/// two alternated runs at load 6-7, 2026-12-07), chunked against packed: K = 2048, 32 rows 104 us
-/// against 125-159, 64 rows 209-212 against 275-277, 128 rows 419 against 476-493; but K = 6144
-/// (the block's 768 KB of codes no longer stay in L2 between chunks), 32 rows 312-395 against 373,
-/// 64 rows 629-788 against 637-643, 128 rows 1316-1576 against 1191-1226.
+/// packed-panel tiles. At K = 2048 the chunks were faster up to 128 rows (32 rows 104 against
+/// 125-159 us per 256 weight rows), but at K = 6144 a block's 768 KB of codes leave L2 between
+/// chunks and the packed tiles won from 64 rows on: 32 is where both held (PERF.md, "Few-row q4
+/// straight from the pack").
 pub(crate) const Q4_FEW_CHUNKED_MAX_ROWS: usize = 32;
 
 /// The real instructions.

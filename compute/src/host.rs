@@ -2,7 +2,7 @@
 //! split over the forward's persistent rayon pool — no thread is spawned per GEMM.
 
 use crate::backend::{BackendError, GemmBackend, GemmStats, WeightRef};
-use crate::kernels::{ActivationLayout, Activations, Bf16Rows, Kernels, Products, PANEL};
+use crate::kernels::{ActivationLayout, Activations, Bf16Rows, Kernels, Products};
 use packs::LinearData;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -58,10 +58,15 @@ fn bf16_products(w: &WeightRef<'_>) -> bool {
     matches!(w.linear.data, LinearData::Bf16(_)) && w.products == Products::Bf16
 }
 
+/// Weight rows a task's chunk is a multiple of: a q4 pack panel (16 rows, two of the f32 and i8
+/// tiles' panels), so that every chunk of a q4 weight but the last begins a whole pack panel and
+/// its kernels read the panels straight from the pack.
+const TASK_ROWS: usize = packs::quant::Q4_PANEL;
+
 /// Weight rows per task: whole panels, about `TASKS_PER_THREAD` tasks per thread, at most `MAX_CHUNK`.
 pub fn chunk_rows(n: usize, threads: usize) -> usize {
     let per_task = n.div_ceil(threads.max(1) * TASKS_PER_THREAD);
-    per_task.div_ceil(PANEL).clamp(1, MAX_CHUNK / PANEL) * PANEL
+    per_task.div_ceil(TASK_ROWS).clamp(1, MAX_CHUNK / TASK_ROWS) * TASK_ROWS
 }
 
 impl HostGemm {
@@ -373,12 +378,12 @@ mod tests {
     fn chunks_are_whole_panels_and_bounded() {
         assert_eq!(chunk_rows(2048, 2), 128);
         assert_eq!(chunk_rows(151936, 2), MAX_CHUNK);
-        assert_eq!(chunk_rows(5, 2), PANEL);
+        assert_eq!(chunk_rows(5, 2), TASK_ROWS);
         assert_eq!(chunk_rows(1024, 1), 128);
         for n in [1, 7, 8, 9, 100, 4096, 6144] {
             let c = chunk_rows(n, 2);
             assert!(
-                c.is_multiple_of(PANEL) && (PANEL..=MAX_CHUNK).contains(&c),
+                c.is_multiple_of(TASK_ROWS) && (TASK_ROWS..=MAX_CHUNK).contains(&c),
                 "{n}: {c}"
             );
         }

@@ -134,7 +134,7 @@ pub enum LinearData<'a> {
         scales: &'a [f32],
     },
     /// codes [n * k/2] (element 2i low nibble, 2i+1 high) in the panel layout
-    /// ([`crate::quant::Q4_PANEL`], [`crate::quant::q4_group_offset`]), scales [n * k/32] row-major.
+    /// ([`crate::quant::Q4_PANEL`], [`crate::quant::q4_group_chunks`]), scales [n * k/32] row-major.
     Q4 {
         codes: &'a [u8],
         scales: &'a [bf16],
@@ -612,6 +612,7 @@ fn older_format_change(found: Option<&str>) -> &'static str {
         Some("xdna-vl-pack/1") => "that format stored q4 codes row-major",
         Some("xdna-vl-pack/2") => "that format had no vision tower and no assets",
         Some("xdna-vl-pack/3") => "that format stored q4 codes as two's complement nibbles",
+        Some("xdna-vl-pack/4") => "that format stored q4 codes in 8-row panels by group pair",
         _ => "a pack from another version of packs, or not a pack",
     }
 }

@@ -231,40 +231,51 @@ pub fn quantize_q4(w: &[f32], n: usize, k: usize) -> Result<(Vec<u8>, Vec<bf16>)
 }
 
 /// Rows of a q4 *panel*: how a pack stores q4 codes (FORMAT.md). The quantization above works on
-/// row-major codes (`n x k/2`, row after row); a pack keeps each whole panel of 8 consecutive rows
-/// interleaved group pair by group pair — for pair p (groups 2p and 2p+1, 32 bytes of a row), the
-/// 8 rows' 32 bytes one after another; then, when K has an odd number of groups, the 8 rows'
-/// 16 bytes of the last group — so that a kernel working on the 8 rows at once reads one
-/// address-ordered stream. Rows past the last whole panel (`n % 8`) stay row-major. The scales stay
-/// row-major.
-pub const Q4_PANEL: usize = 8;
+/// row-major codes (`n x k/2`, row after row); a pack keeps each whole panel of 16 consecutive rows
+/// *chunk-major*: for group g, for chunk t (bytes `4t..4t + 4` of the group's 16, 8 codes), the 16
+/// rows' 4 bytes side by side (`256 g + 64 t + 4 c` for row c of the panel). Rows past the last
+/// whole panel (`n % 16`) stay row-major. The scales stay row-major.
+///
+/// Why: the CPU kernels compute with lanes = weight rows, 4 bytes each (`vpdpbusd` multiplies 4
+/// byte pairs per 32-bit lane), and 16 rows' 4 bytes are one 64-byte load — a `zmm`, or two `ymm` —
+/// straight from the pack, for one activation row or for 16. The 8-row group-pair panels of
+/// `xdna-vl-pack/4` had to be transposed in registers first: 7.5 us per 256 weight rows at K 2048,
+/// 0.73 of a one-row GEMV, on every multi-row decode step (PERF.md, "Chunk-major q4 panels").
+pub const Q4_PANEL: usize = 16;
 
-/// Where row `j`'s first group pair starts in the pack layout of a q4 weight of `n` rows of `k`,
-/// and the byte step from one of its pairs to the next: a panel's worth of pairs (256 bytes) in a
-/// whole panel, one pair (32 bytes) in the row-major rows after the last one.
+/// Bytes of a q4 *chunk*: 8 codes, the 4 bytes a 32-bit lane of a kernel holds.
+pub const Q4_CHUNK: usize = 4;
+
+/// Chunks per q4 group (16 bytes).
+pub const Q4_CHUNKS: usize = Q4_GROUP / 2 / Q4_CHUNK;
+
+/// Where chunk 0 of row `j`'s group `g` starts in the pack layout of a q4 weight of `n` rows of
+/// `k`, and the byte step from one of its chunks to the next: 64 (a chunk of all 16 rows) in a
+/// whole panel, 4 in the row-major rows after the last one.
 #[inline]
-pub fn q4_row_pairs(n: usize, k: usize, j: usize) -> (usize, usize) {
+pub fn q4_group_chunks(n: usize, k: usize, j: usize, g: usize) -> (usize, usize) {
     let row_bytes = k / 2;
     if j >= n / Q4_PANEL * Q4_PANEL {
-        return (j * row_bytes, Q4_GROUP);
+        return (j * row_bytes + g * (Q4_GROUP / 2), Q4_CHUNK);
     }
     let base = j / Q4_PANEL * Q4_PANEL * row_bytes;
-    (base + j % Q4_PANEL * Q4_GROUP, Q4_PANEL * Q4_GROUP)
+    (
+        base + g * Q4_PANEL * (Q4_GROUP / 2) + j % Q4_PANEL * Q4_CHUNK,
+        Q4_PANEL * Q4_CHUNK,
+    )
 }
 
-/// Where row `j`'s group `g` (16 bytes) starts in the pack layout of a q4 weight of `n` rows of `k`.
+/// Row `j`'s group `g` (its 16 bytes in row-major order) from q4 codes in the pack layout of a
+/// weight of `n` rows of `k`.
 #[inline]
-pub fn q4_group_offset(n: usize, k: usize, j: usize, g: usize) -> usize {
-    let half_group = Q4_GROUP / 2;
-    let pairs = k / Q4_GROUP / 2;
-    let (start, step) = q4_row_pairs(n, k, j);
-    if g < 2 * pairs || j >= n / Q4_PANEL * Q4_PANEL {
-        start + (g / 2) * step + (g % 2) * half_group
-    } else {
-        // A whole panel's unpaired last group: the 8 rows' 16 bytes after the pairs.
-        let base = j / Q4_PANEL * Q4_PANEL * (k / 2);
-        base + pairs * Q4_PANEL * Q4_GROUP + j % Q4_PANEL * half_group
+pub fn q4_group_bytes(codes: &[u8], n: usize, k: usize, j: usize, g: usize) -> [u8; Q4_GROUP / 2] {
+    let (start, step) = q4_group_chunks(n, k, j, g);
+    let mut out = [0u8; Q4_GROUP / 2];
+    for (t, chunk) in out.chunks_exact_mut(Q4_CHUNK).enumerate() {
+        let at = start + t * step;
+        chunk.copy_from_slice(&codes[at..at + Q4_CHUNK]);
     }
+    out
 }
 
 /// Row-major q4 codes (`n x k/2`) in the pack layout ([`Q4_PANEL`]).
@@ -279,18 +290,20 @@ pub fn q4_from_panels(panels: &[u8], n: usize, k: usize) -> Vec<u8> {
 
 fn q4_permute(src: &[u8], n: usize, k: usize, to_panels: bool) -> Vec<u8> {
     assert_eq!(src.len(), n * k / 2, "q4 layout: codes are not {n} x {k}/2");
-    let half_group = Q4_GROUP / 2;
     let mut out = vec![0u8; src.len()];
     for j in 0..n {
         for g in 0..k / Q4_GROUP {
-            let row_major = j * k / 2 + g * half_group;
-            let panel = q4_group_offset(n, k, j, g);
-            let (from, to) = if to_panels {
-                (row_major, panel)
-            } else {
-                (panel, row_major)
-            };
-            out[to..to + half_group].copy_from_slice(&src[from..from + half_group]);
+            let (start, step) = q4_group_chunks(n, k, j, g);
+            for t in 0..Q4_CHUNKS {
+                let row_major = j * k / 2 + g * (Q4_GROUP / 2) + t * Q4_CHUNK;
+                let panel = start + t * step;
+                let (from, to) = if to_panels {
+                    (row_major, panel)
+                } else {
+                    (panel, row_major)
+                };
+                out[to..to + Q4_CHUNK].copy_from_slice(&src[from..from + Q4_CHUNK]);
+            }
         }
     }
     out

@@ -240,40 +240,59 @@ fn round_clamp_matches_f32_round() {
 }
 
 #[test]
-fn q4_panels_interleave_whole_panels_by_group_pair() {
-    // 9 rows of K = 96 (48 bytes a row: one group pair and an unpaired group): one whole panel of 8
-    // rows, then a partial panel of 1 row that stays row-major.
-    let (n, k) = (9, 96);
-    let at = |j, g| q4_group_offset(n, k, j, g);
+fn q4_panels_put_16_rows_chunks_side_by_side() {
+    // 17 rows of K = 96 (48 bytes a row, three groups): one whole panel of 16 rows, then a partial
+    // panel of 1 row that stays row-major.
+    let (n, k) = (17, 96);
+    let at = |j, g| q4_group_chunks(n, k, j, g);
+    // Group g of the panel at 256 g; row c's chunk 0 at 4 c; its chunks 64 apart.
     assert_eq!(
-        [at(0, 0), at(0, 1), at(1, 0), at(7, 1)],
-        [0, 16, 32, 7 * 32 + 16]
+        [at(0, 0), at(1, 0), at(15, 0)],
+        [(0, 64), (4, 64), (60, 64)]
     );
-    // The unpaired group: the 8 rows' 16 bytes after the pairs.
-    assert_eq!([at(0, 2), at(3, 2), at(7, 2)], [256, 256 + 48, 256 + 112]);
-    // The partial panel: row-major after the whole panels.
-    assert_eq!([at(8, 0), at(8, 2)], [8 * 48, 8 * 48 + 32]);
-    // A row's pairs: a panel's pairs apart in a whole panel, adjacent in the partial one.
-    assert_eq!(q4_row_pairs(n, k, 1), (32, 256));
-    assert_eq!(q4_row_pairs(n, k, 8), (8 * 48, 32));
-    // Control: the row-major offset of row 1's group 0 is where row 0's group 2 lives here.
-    assert_ne!(at(1, 0), 48);
-    // Every group lands somewhere once, and the two directions undo each other.
-    let mut seen = vec![false; n * k / 2 / 16];
+    assert_eq!([at(0, 1), at(3, 2)], [(256, 64), (512 + 12, 64)]);
+    // The partial panel: row-major after the whole panel, chunks adjacent.
+    assert_eq!([at(16, 0), at(16, 2)], [(16 * 48, 4), (16 * 48 + 32, 4)]);
+    // Control: row 1's group 0 does not start where it would row-major.
+    assert_ne!(at(1, 0).0, 48);
+    // Every chunk lands somewhere once, and the two directions undo each other.
+    let mut seen = vec![false; n * k / 2 / Q4_CHUNK];
     for j in 0..n {
         for g in 0..k / 32 {
-            let o = at(j, g);
-            assert_eq!(o % 16, 0);
-            assert!(
-                !std::mem::replace(&mut seen[o / 16], true),
-                "row {j} group {g}"
-            );
+            let (start, step) = at(j, g);
+            for t in 0..Q4_CHUNKS {
+                let o = start + t * step;
+                assert_eq!(o % Q4_CHUNK, 0);
+                assert!(
+                    !std::mem::replace(&mut seen[o / Q4_CHUNK], true),
+                    "row {j} group {g} chunk {t}"
+                );
+            }
         }
     }
     assert!(seen.iter().all(|&s| s));
     let row_major: Vec<u8> = (0..n * k / 2).map(|i| (i * 7 + 3) as u8).collect();
     let panels = q4_to_panels(&row_major, n, k);
     assert_ne!(panels, row_major);
-    assert_eq!(&panels[32..48], &row_major[48..64], "row 1's group 0");
+    assert_eq!(
+        &panels[4..8],
+        &row_major[48..52],
+        "row 1's group 0, chunk 0"
+    );
+    assert_eq!(
+        &panels[64 + 4..64 + 8],
+        &row_major[52..56],
+        "row 1's group 0, chunk 1"
+    );
+    for j in 0..n {
+        for g in 0..k / 32 {
+            let bytes = q4_group_bytes(&panels, n, k, j, g);
+            assert_eq!(
+                &bytes[..],
+                &row_major[j * 48 + 16 * g..][..16],
+                "row {j} group {g}"
+            );
+        }
+    }
     assert_eq!(q4_from_panels(&panels, n, k), row_major);
 }

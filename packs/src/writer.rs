@@ -16,7 +16,7 @@ use crate::names::PAD_PREFIX;
 use crate::semantics::{Semantics, SemanticsError};
 
 /// `__metadata__.format` of every pack this crate writes and reads.
-pub const FORMAT: &str = "xdna-vl-pack/4";
+pub const FORMAT: &str = "xdna-vl-pack/5";
 /// Absolute file alignment of every tensor's first byte.
 pub const ALIGN: u64 = 64;
 

@@ -362,36 +362,25 @@ pub(crate) struct Q4Codes<'a> {
 }
 
 impl<'a> Q4Codes<'a> {
-    /// Where the block's row `j`, group `g` (16 bytes) starts in the whole weight's codes.
+    /// The block's row `j`, group `g`: its 16 bytes in row-major order.
     #[inline(always)]
-    pub(crate) fn offset(&self, j: usize, g: usize) -> usize {
-        packs::quant::q4_group_offset(self.n, self.k, self.n0 + j, g)
+    pub(crate) fn group(&self, j: usize, g: usize) -> [u8; packs::quant::Q4_GROUP / 2] {
+        packs::quant::q4_group_bytes(self.all, self.n, self.k, self.n0 + j, g)
     }
 
-    /// The block's row `j`, group `g`: 16 bytes.
+    /// Where the whole pack panel (`packs::quant::Q4_PANEL` rows, chunk-major) that begins at the
+    /// block's row `j` starts in the whole weight's codes; `None` when no whole panel begins there
+    /// (a row inside one, or a row-major row past the last).
     #[inline(always)]
-    pub(crate) fn group(&self, j: usize, g: usize) -> &'a [u8] {
-        let at = self.offset(j, g);
-        &self.all[at..at + packs::quant::Q4_GROUP / 2]
-    }
-
-    /// Where the block's row `j`'s group pairs start and the byte step from one to the next
-    /// (`packs::quant::q4_row_pairs`).
-    #[inline(always)]
-    pub(crate) fn pairs(&self, j: usize) -> (usize, usize) {
-        packs::quant::q4_row_pairs(self.n, self.k, self.n0 + j)
+    pub(crate) fn panel_at(&self, j: usize) -> Option<usize> {
+        let row = self.n0 + j;
+        let whole = self.n / packs::quant::Q4_PANEL * packs::quant::Q4_PANEL;
+        (row.is_multiple_of(packs::quant::Q4_PANEL) && row < whole).then(|| row * self.k / 2)
     }
 
     /// The whole weight's codes.
     pub(crate) fn all(&self) -> &'a [u8] {
         self.all
-    }
-
-    /// Where the block's row `j` starts in memory order: whole panels keep their rows' bytes
-    /// together, so this is where the panel holding it starts when `j` begins one (prefetch
-    /// distances are counted from it).
-    pub(crate) fn row_start(&self, j: usize) -> usize {
-        (self.n0 + j) * self.k / 2
     }
 }
 

@@ -45,7 +45,7 @@ pub(crate) fn gemm_block(
             for j in 0..out[0].len() {
                 // The row, row-major, out of the pack layout.
                 for (g, dst) in wr.chunks_exact_mut(Q4_GROUP / 2).enumerate() {
-                    dst.copy_from_slice(codes.group(j, g));
+                    dst.copy_from_slice(&codes.group(j, g));
                 }
                 let sr = &scales[j * groups..(j + 1) * groups];
                 for (r, o) in out.iter_mut().enumerate() {

@@ -63,7 +63,7 @@ fn mutate_meta(rng: &mut Rng, m: &mut Map<String, Value>) {
         0 => {
             m.insert(
                 "format".into(),
-                json!(*rng.pick(&["xdna-vl-pack/3", "xdna-vl-pack/5", "", "xdna-vl-pack/4 "])),
+                json!(*rng.pick(&["xdna-vl-pack/4", "xdna-vl-pack/6", "", "xdna-vl-pack/5 "])),
             );
         }
         1 => {

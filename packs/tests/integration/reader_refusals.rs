@@ -294,7 +294,7 @@ fn wrong_format_or_semantics() {
     f.refuse(
         "format.pack",
         &f.edited(|h| h["__metadata__"]["format"] = json!("xdna-vl-pack/1")),
-        &["xdna-vl-pack/1", "expected \"xdna-vl-pack/4\""],
+        &["xdna-vl-pack/1", "expected \"xdna-vl-pack/5\""],
     );
     // A pack from before the tower and the assets: build it again.
     f.refuse(
@@ -318,6 +318,17 @@ fn wrong_format_or_semantics() {
             ),
         ],
     );
+    // A pack of 8-row group-pair q4 panels: refused by name with the rebuild command.
+    q4.refuse(
+        "format4.pack",
+        &q4.edited(|h| h["__metadata__"]["format"] = json!("xdna-vl-pack/4")),
+        &[
+            "xdna-vl-pack/4",
+            "8-row panels",
+            "build it again",
+            "packs random --shape tiny",
+        ],
+    );
     // From a checkpoint: `packs build` with its directory, quant and the tower's quant.
     q4.refuse(
         "format3-built.pack",
@@ -335,7 +346,7 @@ fn wrong_format_or_semantics() {
         ],
     );
     // Control: the same pack with this version's format opens.
-    let current = q4.plant("format4.pack", &q4.edited(|_| {}));
+    let current = q4.plant("format5.pack", &q4.edited(|_| {}));
     Pack::open(&current).expect("an unedited q4 pack opens");
     f.refuse(
         "plain-safetensors.pack",

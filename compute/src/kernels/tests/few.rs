@@ -15,12 +15,13 @@ fn few_rows() -> impl Iterator<Item = usize> {
 
 #[test]
 fn q4_few_rows_match_the_oracle_on_every_path() {
-    // K: one block of 8 groups, a block and a tail group, 2 blocks and a tail, 3 blocks and a tail,
-    // a 2B model's K; N: a single row, short, whole and several panels (one short).
+    // K: one group, three (an odd count), one block of 8 groups (the scales' transpose), a block
+    // and a tail group, 2 and 3 blocks and a tail, a 2B model's K; N: a single row, short, one
+    // whole 16-row pack panel, one and a row, several panels (one short).
     let mut rng = Rng(41);
-    for k in [256, 288, 544, 800, 2048] {
+    for k in [32, 96, 256, 288, 544, 800, 2048] {
         for rows in few_rows() {
-            for n in [1, 7, 8, 13, 37] {
+            for n in [1, 13, 16, 17, 37, 48] {
                 let x = activations(&mut rng, rows, k);
                 let (codes, scales) = q4_weight(&mut rng, n, k);
                 check_q4(rows, k, n, &x, &codes, &scales);
@@ -119,14 +120,15 @@ fn each_row_beside_others_equals_it_alone() {
 #[test]
 fn a_planted_row_stride_is_caught_on_every_simd_path_and_only_in_the_few_row_range() {
     // The few-row kernels reading activation row 2r (mod rows) for row r: every SIMD path's check
-    // fails for every row count that takes them (q4 and i8 from 2, to FEW_MAX_ROWS; q4 on VNNI to
+    // fails for every row count that takes them (i8 from 2, q4 from 1 but only 2 rows can read a
+    // wrong one, to FEW_MAX_ROWS; q4 on VNNI to
     // Q4_FEW_CHUNKED_MAX_ROWS, as row chunks); fewer rows (the GEMVs) and more (the prefill
     // kernels) still pass, which shows where the host dispatches to them. The portable path has no
     // few-row kernel and passes throughout.
-    use x86::{I8_FEW_MIN_ROWS, Q4_FEW_CHUNKED_MAX_ROWS, Q4_FEW_MIN_ROWS};
+    use x86::{I8_FEW_MIN_ROWS, Q4_FEW_CHUNKED_MAX_ROWS};
     let mut rng = Rng(44);
-    // 29 weight rows: one 16-row panel read straight from the pack (two whole 8-row panels), then
-    // a short one through the packed copy.
+    // 29 weight rows: one whole 16-row pack panel read straight from the pack, then 13 rows through
+    // the packed copy.
     let (kq, ki, n) = (288, 2048 + 17, 29);
     for rows in few_rows().chain([Q4_FEW_CHUNKED_MAX_ROWS, Q4_FEW_CHUNKED_MAX_ROWS + 1]) {
         let x = activations(&mut rng, rows, ki);
@@ -146,7 +148,8 @@ fn a_planted_row_stride_is_caught_on_every_simd_path_and_only_in_the_few_row_ran
             } else {
                 FEW_MAX_ROWS
             };
-            let q4_range = (Q4_FEW_MIN_ROWS..=q4_max).contains(&rows);
+            // One row takes the same kernel, but has no other row to read.
+            let q4_range = (2..=q4_max).contains(&rows);
             let i8_range = (I8_FEW_MIN_ROWS..=FEW_MAX_ROWS).contains(&rows);
             let (q4, i8) = with_row_step(2, || {
                 only_path(path, || {

@@ -10,8 +10,8 @@
 //! The files: this one holds feature detection, the [`Dot`] trait with its AVX2 form, the entry
 //! points and the lane helpers the kernels share; `vnni.rs` the VNNI [`Dot`] (and its emulation);
 //! `i8_tiles.rs` the i8 register tiles, GEMV and few-row kernel; `i8_pairs.rs` the AVX2 i8 kernel
-//! for many rows; `q4_rows.rs` the q4 GEMV (one row); `q4_few.rs` the q4 kernel for 2..=16 rows
-//! (several decode streams: each weight panel unpacked once for all rows); `q4_packed.rs` the
+//! for many rows; `q4_few.rs` the q4 kernel for 1..=16 rows (the GEMV, several decode streams, a
+//! draft window: each 16-row pack panel read once, straight from the pack, for all rows); `q4_packed.rs` the
 //! packed-panel q4 kernel for many rows; `wide.rs` the 16-lane panels; `float.rs` the f32/bf16 tiles and the bf16 conversion; `bf16_gemm.rs` bf16 products on
 //! AVX-512 BF16 (`kernels/bf16_gemm.rs`);
 //! `activations.rs` the activation rows' preparation (quantization, q4 group layout and sums, the
@@ -33,7 +33,7 @@
 // Index loops mirror the lane layouts (row r, weight row c, group g) across several arrays.
 #![allow(clippy::needless_range_loop)]
 
-use super::{Activations, Q4Codes, WeightBlock, FEW_MAX_ROWS, PANEL};
+use super::{Activations, Q4Codes, WeightBlock, FEW_MAX_ROWS};
 use half::bf16;
 use packs::quant::Q4_GROUP;
 use std::arch::x86_64::*;
@@ -45,7 +45,6 @@ pub(crate) mod i8_pairs;
 mod i8_tiles;
 mod q4_few;
 mod q4_packed;
-mod q4_rows;
 mod vnni;
 mod wide;
 
@@ -67,7 +66,6 @@ pub(crate) use i8_tiles::I8_FEW_MIN_ROWS;
 use i8_tiles::{i8_block, i8_tile};
 use q4_few::q4_block_few;
 use q4_packed::q4_block_packed;
-use q4_rows::{q4_block_rows, split_q4_pair};
 
 pub(super) fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
@@ -81,19 +79,9 @@ pub(super) fn has_avx512_vnni() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
-/// Rows at which q4 switches from the per-row kernel to the packed-panel kernel (past the few-row
-/// kernel's `Q4_FEW_MIN_ROWS..=FEW_MAX_ROWS`).
-const Q4_PACKED_MIN_ROWS: usize = 4;
-/// Rows from which q4 takes the few-row kernel (`q4_few.rs`), which reads each weight panel once
-/// for all rows; one row takes the GEMV. With its 16-row panels transposed in registers (no packed
-/// copy), 2 rows take about 1.2 GEMVs on VNNI (12.5 against 10.2 us per 256 weight rows of
-/// K = 2048, one thread) and 1.7 on AVX2 (18.2 against 10.7): less than two GEMVs on both.
-pub(crate) const Q4_FEW_MIN_ROWS: usize = 2;
-/// Fewest groups (K / 32) of the few-row q4 kernel: it unpacks 8 groups at a time.
-pub(super) const Q4_FEW_MIN_GROUPS: usize = 8;
 /// How far ahead (bytes of weight codes, in address order) the q4 and i8 GEMVs prefetch at least;
-/// they prefetch one whole panel of 8 rows ahead (`PANEL * K / 2` bytes for q4, `PANEL * K` for
-/// i8) when that is more: the pack's panel layout makes each panel one address-ordered stream for
+/// they prefetch one whole panel ahead (16 rows, `16 * K / 2` bytes, for q4; 8 rows, `PANEL * K`,
+/// for i8) when that is more: the pack's panel layout makes each panel one address-ordered stream for
 /// the prefetch to run ahead of. A panel ahead measured well faster than a fixed 8 KB (q4 GEMV, when
 /// its codes were still row-major).
 const GEMV_PREFETCH_MIN: usize = 8192;
@@ -131,13 +119,6 @@ pub(crate) trait Dot {
     /// # Safety
     /// The CPU must support `Self`'s features.
     unsafe fn i8_dot(acc: __m256i, wu: __m256i, w: __m256i, a: __m256i) -> __m256i;
-    /// The dots (before the `8 * Σa` correction) of one pair of q4 groups against 8 weight rows:
-    /// `[first group, second group]`, lane c = weight row c. `w[c]` points at row c's 32 bytes of the
-    /// pair; `a_even` and `a_odd` are the pair's 64 activation codes (`Q4Groups` layout).
-    ///
-    /// # Safety
-    /// The CPU must support `Self`'s features; every `w[c]` must point to 32 readable bytes.
-    unsafe fn u4_rows8(w: [*const u8; PANEL], a_even: __m256i, a_odd: __m256i) -> [__m256i; 2];
     /// [`i8_tile`] for several activation rows (prefetching the line `pf` bytes on per 64 bytes of
     /// each weight row when `pf` > 0), unless the instruction set has a wider form.
     ///
@@ -158,7 +139,7 @@ pub(crate) trait Dot {
         // SAFETY: `i8_tile`'s contract is this one.
         unsafe { i8_tile::<Self, R, C>(a, w, k, offsets, pf) }
     }
-    /// q4 against [`Q4_PACKED_MIN_ROWS`] or more activation rows, K at least one group: packed
+    /// q4 against more than [`FEW_MAX_ROWS`] activation rows, K at least one group: packed
     /// panels ([`q4_block_packed`]) on the instruction set's widest
     /// [`PanelLanes`](q4_packed::PanelLanes).
     ///
@@ -172,7 +153,7 @@ pub(crate) trait Dot {
         acts: &Activations,
         out: &mut [&mut [f32]],
     );
-    /// q4 against 2..=[`FEW_MAX_ROWS`] activation rows, K at least 8 groups: [`q4_block_few`] on
+    /// q4 against 1..=[`FEW_MAX_ROWS`] activation rows, K at least one group: [`q4_block_few`] on
     /// the instruction set's widest [`PanelLanes`](q4_packed::PanelLanes).
     ///
     /// # Safety
@@ -212,32 +193,6 @@ impl Dot for Avx2Dot {
         }
     }
     /// # Safety
-    /// The CPU must support AVX2; every `w[c]` must point to 32 readable bytes.
-    #[inline(always)]
-    unsafe fn u4_rows8(w: [*const u8; PANEL], a_even: __m256i, a_odd: __m256i) -> [__m256i; 2] {
-        // Per row, i16 lanes of at most 2 * 2 * 15 * 127 = 7620 (8 per group: the first group in the
-        // low 128 bits, the second in the high); two folds reach 4 * 7620 = 30480, then `vpmaddwd`
-        // widens the last pairs. Rows fold as (0, 2) and (1, 3) so the lanes come out in row order.
-        // (No closures here: they would not inherit the entry point's target features.)
-        // SAFETY: AVX2, which the caller guarantees; `u4_pair_i16` reads the 32 bytes at each
-        // `w[c]`, readable by this function's contract.
-        unsafe {
-            let mut v = [_mm256_setzero_si256(); PANEL];
-            for c in 0..PANEL {
-                v[c] = u4_pair_i16(w[c], a_even, a_odd);
-            }
-            let ones = _mm256_set1_epi16(1);
-            let lo = fold_epi32_i16(fold_epi32_i16(v[0], v[2]), fold_epi32_i16(v[1], v[3]));
-            let hi = fold_epi32_i16(fold_epi32_i16(v[4], v[6]), fold_epi32_i16(v[5], v[7]));
-            let lo = _mm256_madd_epi16(lo, ones);
-            let hi = _mm256_madd_epi16(hi, ones);
-            [
-                _mm256_permute2x128_si256::<0x20>(lo, hi),
-                _mm256_permute2x128_si256::<0x31>(lo, hi),
-            ]
-        }
-    }
-    /// # Safety
     /// The CPU must support AVX2; the rows `0..out.len()` of `acts` must hold at least `k` codes.
     #[inline(always)]
     unsafe fn q4_block_many(
@@ -267,8 +222,8 @@ impl Dot for Avx2Dot {
 }
 
 /// [`q4_block_few`] on AVX2, compiled apart from `gemm_block_avx2`: inlined there, it changed the
-/// code LLVM made for the q4 GEMV beside it (one thread, K = 2048, 256 weight rows: 11.0 -> 14.5 us;
-/// `few_row_timing`).
+/// code LLVM made for the kernels beside it (the 8-row q4 GEMV of `xdna-vl-pack/4`, one thread,
+/// K = 2048, 256 weight rows: 11.0 -> 14.5 us; `few_row_timing`).
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA; the block and the activations as [`Dot::q4_block_few`] says.
@@ -284,33 +239,6 @@ unsafe fn q4_block_few_avx2(
     // SAFETY: `YmmPair`'s features (AVX2) are enabled here; the block and the activations as this
     // function requires.
     unsafe { q4_block_few::<wide::YmmPair<wide::Maddubs16>>(codes, scales, k, acts, out) }
-}
-
-/// One row's products for a pair of q4 groups as i16 lanes (pair sums of `vpmaddubsw`, even and odd
-/// elements added): the first group's 8 lanes in the low 128 bits, the second's in the high.
-///
-/// # Safety
-/// The CPU must support AVX2; `p` must point to 32 readable bytes.
-#[inline(always)]
-unsafe fn u4_pair_i16(p: *const u8, a_even: __m256i, a_odd: __m256i) -> __m256i {
-    // SAFETY: AVX2 and the 32 bytes at `p`, as this function requires of its caller.
-    unsafe {
-        let (lo, hi) = split_q4_pair(p);
-        _mm256_add_epi16(
-            _mm256_maddubs_epi16(lo, a_even),
-            _mm256_maddubs_epi16(hi, a_odd),
-        )
-    }
-}
-
-/// Per 128 bits: the 32-bit lanes `[x0 + x2, y0 + y2, x1 + x3, y1 + y3]` (added as i16 pairs).
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[inline(always)]
-unsafe fn fold_epi32_i16(x: __m256i, y: __m256i) -> __m256i {
-    // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
-    unsafe { _mm256_add_epi16(_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y)) }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -385,15 +313,15 @@ unsafe fn gemm_block_generic<D: Dot>(
             WeightBlock::Bf16(w) => f32_block::<D, bf16>(w, k, x, out),
             WeightBlock::I8 { codes, scales } => i8_block::<D>(codes, scales, k, acts, out),
             WeightBlock::Q4 { codes, scales } => {
-                let rows = out.len();
-                if (Q4_FEW_MIN_ROWS..=FEW_MAX_ROWS).contains(&rows)
-                    && k >= Q4_FEW_MIN_GROUPS * Q4_GROUP
-                {
+                if k < Q4_GROUP {
+                    // No group: every output is an empty sum.
+                    for (r, o) in out.iter_mut().enumerate() {
+                        o.fill(packs::quant::finish_q4(0.0, acts.scale(r)));
+                    }
+                } else if out.len() <= FEW_MAX_ROWS {
                     D::q4_block_few(codes, scales, k, acts, out)
-                } else if rows >= Q4_PACKED_MIN_ROWS && k >= Q4_GROUP {
-                    D::q4_block_many(codes, scales, k, acts, out)
                 } else {
-                    q4_block_rows::<D>(codes, scales, k, acts, out)
+                    D::q4_block_many(codes, scales, k, acts, out)
                 }
             }
         }

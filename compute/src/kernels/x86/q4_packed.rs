@@ -1,6 +1,8 @@
-//! q4, many rows: a panel of 8 weight rows is unpacked once into [group][chunk][row][4 bytes], then
-//! every activation row broadcasts 4 codes at a time against it; lanes are weight rows throughout.
-//! Panels of 16 rows (two halves of 8) are `wide.rs`'s.
+//! q4, many rows: a panel of 16 weight rows is unpacked once into [group][chunk][row][4 bytes] with
+//! each nibble in a byte of its own, then every activation row broadcasts 4 codes at a time against
+//! it; lanes are weight rows throughout. A whole pack panel unpacks by splitting its nibbles (the
+//! pack's chunks already hold the rows side by side); other rows are gathered 8 at a time and
+//! transposed (`q4_pack_panel`). The 16-lane vectors are `wide.rs`'s.
 
 use super::{copy_live, map_n, panel_rows, transpose8};
 use crate::kernels::row_blocks::{row_blocks, INT_BLOCK_BYTES};
@@ -84,8 +86,8 @@ pub(super) unsafe fn q4_pack_panel(
         unsafe {
             let mut e = [_mm256_setzero_ps(); PANEL];
             for c in 0..PANEL {
-                let p = codes.group(js[c], g).as_ptr();
-                e[c] = _mm256_castsi256_ps(expand_q4(p));
+                let bytes = codes.group(js[c], g);
+                e[c] = _mm256_castsi256_ps(expand_q4(bytes.as_ptr()));
             }
             // Chunk j (4 codes) of every row side by side.
             for (j, t) in transpose8(e).into_iter().enumerate() {
@@ -95,6 +97,113 @@ pub(super) unsafe fn q4_pack_panel(
         }
         for (c, &jr) in js.iter().enumerate() {
             sp[g * lanes + PANEL * half + c] = scales[jr * groups + g].to_f32();
+        }
+    }
+}
+
+/// The bf16 scales of 8 groups of 8 weight rows (`s[c]` points at row c's first) as f32, transposed:
+/// vector g holds group g, lane c = row c.
+///
+/// # Safety
+/// The CPU must support AVX2; every `s[c]` must point to 8 readable bf16 values.
+#[inline(always)]
+unsafe fn scales8x8(s: [*const bf16; PANEL]) -> [__m256; 8] {
+    // SAFETY: AVX2, which the caller guarantees; each load reads 8 bf16 values (16 bytes) at an
+    // `s[c]`, readable by this function's contract.
+    unsafe {
+        // Rows c and c + 4 share a register (low and high 128 bits).
+        let mut r = [_mm256_setzero_si256(); 4];
+        for c in 0..4 {
+            r[c] = _mm256_loadu2_m128i(s[c + 4] as *const __m128i, s[c] as *const __m128i);
+        }
+        let a_lo = _mm256_unpacklo_epi16(r[0], r[1]);
+        let a_hi = _mm256_unpackhi_epi16(r[0], r[1]);
+        let b_lo = _mm256_unpacklo_epi16(r[2], r[3]);
+        let b_hi = _mm256_unpackhi_epi16(r[2], r[3]);
+        // Groups (0, 1), (2, 3), (4, 5), (6, 7): four rows of each per 128 bits.
+        let q = [
+            _mm256_unpacklo_epi32(a_lo, b_lo),
+            _mm256_unpackhi_epi32(a_lo, b_lo),
+            _mm256_unpacklo_epi32(a_hi, b_hi),
+            _mm256_unpackhi_epi32(a_hi, b_hi),
+        ];
+        // bf16 to f32: the 16 bits become the high half of a 32-bit lane.
+        let z = _mm256_setzero_si256();
+        let mut out = [_mm256_setzero_ps(); 8];
+        for (i, &qi) in q.iter().enumerate() {
+            out[2 * i] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, qi));
+            out[2 * i + 1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, qi));
+        }
+        out
+    }
+}
+
+/// The scales of the block's 16 weight rows `j0..j0 + 16` as f32, a panel's order: `sp[g * 16 + c]`
+/// is row `j0 + c`'s scale of group g. 8 groups of 8 rows at a time through [`scales8x8`], then the
+/// groups past the last multiple of 8 one by one.
+///
+/// # Safety
+/// The CPU must support AVX2; `scales` must hold the scales of the rows `j0..j0 + 16` (`groups`
+/// each, row-major) and `sp` at least `groups * 16` floats (its stores are unchecked).
+#[inline(always)]
+pub(super) unsafe fn panel_scales(scales: &[bf16], j0: usize, groups: usize, sp: &mut [f32]) {
+    const LANES: usize = 2 * PANEL;
+    assert!(scales.len() >= (j0 + LANES) * groups);
+    debug_assert!(sp.len() >= groups * LANES);
+    let blocks = groups / 8;
+    for half in 0..2 {
+        let rows = map_n(
+            std::array::from_fn(|c| j0 + PANEL * half + c),
+            |j: usize| &scales[j * groups..(j + 1) * groups],
+        );
+        for b in 0..blocks {
+            // SAFETY: AVX2, which the caller guarantees; each row holds `groups >= 8 b + 8` scales;
+            // the stores write floats `(8 b + i) * 16 + 8 half..+8` of `sp`, below `groups * 16`.
+            unsafe {
+                let scale = scales8x8(map_n(rows, |r| r.as_ptr().add(8 * b)));
+                for (i, v) in scale.into_iter().enumerate() {
+                    _mm256_storeu_ps(sp.as_mut_ptr().add((8 * b + i) * LANES + PANEL * half), v);
+                }
+            }
+        }
+        for g in 8 * blocks..groups {
+            for (c, r) in rows.iter().enumerate() {
+                sp[g * LANES + PANEL * half + c] = r[g].to_f32();
+            }
+        }
+    }
+}
+
+/// A whole pack panel (16 rows, chunk-major) as a packed panel of 16 lanes: per group, chunk t's
+/// 64 bytes split into its low nibbles (packed chunk t: even elements) and high nibbles (packed
+/// chunk 4 + t: odd elements). No transpose: the pack's chunks already hold the 16 rows side by
+/// side.
+///
+/// # Safety
+/// The CPU must support AVX2; `base` must point to a whole pack panel of `groups` groups
+/// (`256 * groups` readable bytes); `wp` must hold at least `groups * 512` bytes (its stores are
+/// unchecked).
+#[inline(always)]
+unsafe fn unpack_whole_panel(base: *const u8, groups: usize, wp: &mut [u8]) {
+    const LANES: usize = 2 * PANEL;
+    debug_assert!(wp.len() >= groups * 32 * LANES);
+    let chunks = Q4_GROUP / 2 / 4;
+    // SAFETY: AVX2, which the caller guarantees; group g < `groups` reads bytes
+    // `256 g..256 (g + 1)` at `base` and writes bytes `512 g..512 (g + 1)` of `wp`, both inside by
+    // this function's contract.
+    unsafe {
+        let to = wp.as_mut_ptr();
+        for g in 0..groups {
+            for t in 0..chunks {
+                for h in 0..2 {
+                    let at = base.add(4 * LANES * (chunks * g + t) + 32 * h);
+                    let (lo, hi) =
+                        super::q4_few::split_nibbles(_mm256_loadu_si256(at as *const __m256i));
+                    let w = to.add(32 * LANES * g + 32 * h);
+                    _mm256_storeu_si256(w.add(4 * LANES * t) as *mut __m256i, lo);
+                    _mm256_storeu_si256(w.add(4 * LANES * (chunks + t)) as *mut __m256i, hi);
+                }
+            }
         }
     }
 }
@@ -151,14 +260,13 @@ pub(crate) trait PanelLanes {
     /// The CPU must support `Self`'s features; `wg` must point to the group's `32 * LANES` readable
     /// bytes, `even` and `odd` to 16 readable codes each.
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> Self::I;
-    /// The 32-byte group pairs of 16 weight rows of two whole pack panels (rows 0..8 at `h0 + 32 c`,
-    /// rows 8..16 at `h1 + 32 c`), transposed: vector t holds every row's dword t (bytes
-    /// `4 t..4 t + 4` of its pair), lane = row. Dwords 0..4 are the pair's first group, 4..8 its
-    /// second; their low nibbles are chunks 0..4 of the group, the high ones chunks 4..8.
+    /// One group of a whole pack panel of 16 rows (chunk-major): vector t holds every row's chunk
+    /// t (bytes `4 t..4 t + 4` of its group), lane = row. Their low nibbles are the group's packed
+    /// chunks 0..4 (even elements), the high ones chunks 4..8 (odd elements).
     ///
     /// # Safety
-    /// The CPU must support `Self`'s features; `h0` and `h1` must each point to 256 readable bytes.
-    unsafe fn pair_rows16(h0: *const u8, h1: *const u8) -> [Self::I; 8];
+    /// The CPU must support `Self`'s features; `p` must point to 256 readable bytes.
+    unsafe fn group_codes16(p: *const u8) -> [Self::I; 4];
     /// A vector's bytes as their (low, high) nibbles, each a byte 0..=15.
     ///
     /// # Safety
@@ -177,6 +285,30 @@ pub(crate) trait PanelLanes {
         even: *const i8,
         odd: *const i8,
     ) -> Self::I;
+    /// Every activation row against group `g` of a whole pack panel (`p`: the group's 256 bytes,
+    /// `scale`: its 16 scales), continuing `sum[r]` by `(dot - corr) as f32 * scale` — the
+    /// operations of [`q4_packed_tile`] per output, so its bits. This form splits the group's 4
+    /// chunk vectors into 8 nibble vectors once and takes every row's dot from them
+    /// ([`PanelLanes::group_dot_regs`]); lanes with few registers have their own.
+    ///
+    /// # Safety
+    /// The CPU must support `Self`'s features; `p` must point to 256 readable bytes; every row of
+    /// `a` and `corr` must hold the codes and the sum of group `g` of `groups` (`Q4Groups`); `sum`
+    /// holds at least `a.len()` vectors.
+    #[inline(always)]
+    unsafe fn direct_group(
+        p: *const u8,
+        scale: Self::F,
+        (g, groups): (usize, usize),
+        a: &[&[i8]],
+        corr: &[&[i32]],
+        sum: &mut [Self::F],
+    ) where
+        Self: Sized,
+    {
+        // SAFETY: `direct_group_regs`'s contract is this one.
+        unsafe { direct_group_regs::<Self>(p, scale, (g, groups), a, corr, sum) }
+    }
     /// [`q4_packed_tile`] for [`Q4_TILE_ROWS`] rows, unless the lanes have a tuned form (same
     /// operations per output, so the same bits).
     ///
@@ -196,6 +328,39 @@ pub(crate) trait PanelLanes {
     {
         // SAFETY: `q4_packed_tile`'s contract is this one.
         unsafe { q4_packed_tile::<Self, Q4_TILE_ROWS>(wp, sp, a, corr, a_scale, groups) }
+    }
+}
+
+/// [`PanelLanes::direct_group`]'s general form: the group's 4 chunk vectors split into 8 nibble
+/// vectors once, and every row's dot taken from them ([`PanelLanes::group_dot_regs`]).
+///
+/// # Safety
+/// As [`PanelLanes::direct_group`].
+#[inline(always)]
+pub(super) unsafe fn direct_group_regs<V: PanelLanes>(
+    p: *const u8,
+    scale: V::F,
+    (g, groups): (usize, usize),
+    a: &[&[i8]],
+    corr: &[&[i32]],
+    sum: &mut [V::F],
+) {
+    // SAFETY: `V`'s features, which the caller guarantees; the group's bytes and every row's codes
+    // and sum are inside by this function's contract (`q4_halves` puts both halves of group g
+    // inside the row).
+    unsafe {
+        let t = V::group_codes16(p);
+        let mut ch = [t[0]; 8];
+        for j in 0..4 {
+            (ch[j], ch[4 + j]) = V::nibbles(t[j]);
+        }
+        let (even, odd) = q4_halves(g, groups);
+        for r in 0..a.len() {
+            let ar = a[r].as_ptr();
+            let from = -*corr[r].as_ptr().add(g);
+            let dot = V::group_dot_regs(&ch, from, ar.add(even), ar.add(odd));
+            sum[r] = V::add_f(sum[r], V::mul_f(V::cvt(dot), scale));
+        }
     }
 }
 
@@ -273,12 +438,27 @@ pub(super) unsafe fn q4_block_packed<V: PanelLanes>(
         sp.resize(panels * ps, 0.0);
         for p in 0..panels {
             let j0 = c0 + p * lanes;
-            for half in 0..lanes / PANEL {
-                let js = panel_rows::<PANEL>(j0 + PANEL * half, nb);
-                let (wpp, spp) = (&mut wp[p * pb..(p + 1) * pb], &mut sp[p * ps..(p + 1) * ps]);
-                // SAFETY: `V`'s features include AVX2; `half < lanes / 8` and `wpp` is
-                // `groups * 32 * lanes` bytes.
-                unsafe { q4_pack_panel(codes, scales, (k, 0), js, (lanes, half), wpp, spp) };
+            let (wpp, spp) = (&mut wp[p * pb..(p + 1) * pb], &mut sp[p * ps..(p + 1) * ps]);
+            match codes.panel_at(j0).filter(|_| j0 + lanes <= nb) {
+                // A whole pack panel: its chunks already hold the 16 rows side by side.
+                // SAFETY: `V`'s features include AVX2; the panel at `at` is a whole pack panel of
+                // `groups` groups inside the codes (`panel_at`), `wpp` is `groups * 32 * 16` bytes
+                // and `spp` `groups * 16` floats, and the rows `j0..j0 + 16` are rows of the block
+                // with `groups` scales each.
+                Some(at) if lanes == 2 * PANEL => unsafe {
+                    unpack_whole_panel(codes.all().as_ptr().add(at), groups, wpp);
+                    panel_scales(scales, j0, groups, spp);
+                },
+                _ => {
+                    for half in 0..lanes / PANEL {
+                        let js = panel_rows::<PANEL>(j0 + PANEL * half, nb);
+                        // SAFETY: `V`'s features include AVX2; `half < lanes / 8` and `wpp` is
+                        // `groups * 32 * lanes` bytes.
+                        unsafe {
+                            q4_pack_panel(codes, scales, (k, 0), js, (lanes, half), wpp, spp)
+                        };
+                    }
+                }
             }
         }
         for rb in row_blocks(rows, k + 4 * groups, INT_BLOCK_BYTES, Q4_TILE_ROWS) {

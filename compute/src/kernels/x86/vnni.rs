@@ -4,11 +4,9 @@
 
 use super::q4_few::{q4_block_few, q4_block_few_from};
 use super::q4_packed::q4_block_packed;
-use super::q4_rows::split_q4_pair;
 use super::{wide, Dot};
-use crate::kernels::{Activations, Q4Codes, FEW_MAX_ROWS, PANEL};
+use crate::kernels::{Activations, Q4Codes, FEW_MAX_ROWS};
 use half::bf16;
-use packs::quant::Q4_GROUP;
 use std::arch::x86_64::*;
 
 /// AVX-512 VNNI: `vpdpbusd` (u8 x i8, 4 products per i32 lane, accumulated, no saturation), 256-bit
@@ -73,13 +71,6 @@ impl<P: Dpbusd> Dot for Vnni<P> {
         unsafe { P::dpbusd(acc, wu, a) }
     }
     /// # Safety
-    /// The CPU must support AVX2 and `P`'s features; every `w[c]` must point to 32 readable bytes.
-    #[inline(always)]
-    unsafe fn u4_rows8(w: [*const u8; PANEL], a_even: __m256i, a_odd: __m256i) -> [__m256i; 2] {
-        // SAFETY: `vnni_rows8`'s contract is this one.
-        unsafe { vnni_rows8::<P>(w, a_even, a_odd) }
-    }
-    /// # Safety
     /// The CPU must support AVX2 and `P`'s features; the rows `0..out.len()` of `acts` must hold at
     /// least `k` codes.
     #[inline(always)]
@@ -90,7 +81,7 @@ impl<P: Dpbusd> Dot for Vnni<P> {
         acts: &Activations,
         out: &mut [&mut [f32]],
     ) {
-        if k < super::Q4_FEW_MIN_GROUPS * Q4_GROUP || out.len() > Q4_FEW_CHUNKED_MAX_ROWS {
+        if out.len() > Q4_FEW_CHUNKED_MAX_ROWS {
             // SAFETY: `P`'s features cover `P::Wide`'s; the rows of `acts` as this function
             // requires.
             return unsafe { q4_block_packed::<P::Wide>(codes, scales, k, acts, out) };
@@ -134,54 +125,6 @@ impl<P: Dpbusd> Dot for Vnni<P> {
         // SAFETY: `P`'s features cover `P::Wide`'s; the rows as this function requires.
         unsafe { wide::i8_tile16::<P::Wide, R, C>(a, w, k, offsets, pf) }
     }
-}
-
-/// `u4_rows8` over a `vpdpbusd`: per row, i32 lanes (4 per group and 128 bits), then two folds
-/// (32-bit, then 64-bit lanes) leave row order.
-///
-/// # Safety
-/// The CPU must support AVX2 and `P`'s features; every `w[c]` must point to 32 readable bytes.
-#[inline(always)]
-unsafe fn vnni_rows8<P: Dpbusd>(
-    w: [*const u8; PANEL],
-    a_even: __m256i,
-    a_odd: __m256i,
-) -> [__m256i; 2] {
-    // SAFETY: AVX2 and `P`'s features, which the caller guarantees; `split_q4_pair` reads the 32
-    // bytes at each `w[c]`, readable by this function's contract.
-    unsafe {
-        let mut v = [_mm256_setzero_si256(); PANEL];
-        for c in 0..PANEL {
-            let (lo, hi) = split_q4_pair(w[c]);
-            v[c] = P::dpbusd(P::dpbusd(_mm256_setzero_si256(), lo, a_even), hi, a_odd);
-        }
-        let lo = fold_epi64_lanes(fold_epi32_i32(v[0], v[1]), fold_epi32_i32(v[2], v[3]));
-        let hi = fold_epi64_lanes(fold_epi32_i32(v[4], v[5]), fold_epi32_i32(v[6], v[7]));
-        [
-            _mm256_permute2x128_si256::<0x20>(lo, hi),
-            _mm256_permute2x128_si256::<0x31>(lo, hi),
-        ]
-    }
-}
-
-/// Per 128 bits, i32 lanes: `[x0 + x2, y0 + y2, x1 + x3, y1 + y3]`.
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[inline(always)]
-unsafe fn fold_epi32_i32(x: __m256i, y: __m256i) -> __m256i {
-    // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
-    unsafe { _mm256_add_epi32(_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y)) }
-}
-
-/// Per 128 bits, i32 lanes: `[x0 + x2, x1 + x3, y0 + y2, y1 + y3]`.
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[inline(always)]
-unsafe fn fold_epi64_lanes(x: __m256i, y: __m256i) -> __m256i {
-    // SAFETY: register-only AVX2 intrinsics; the caller guarantees AVX2.
-    unsafe { _mm256_add_epi32(_mm256_unpacklo_epi64(x, y), _mm256_unpackhi_epi64(x, y)) }
 }
 
 /// `vpdpbusd` emulated exactly in AVX2 (bytes widened to i16, `vpmaddwd` on the even and the odd

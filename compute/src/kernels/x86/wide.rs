@@ -15,7 +15,9 @@
 //! every line but the `zmm` intrinsics runs on AVX2 machines against the oracles.
 
 use super::q4_few::split_nibbles;
-use super::q4_packed::{chunk, q4_packed_tile, PanelLanes, MAX_LANES, Q4_TILE_ROWS};
+use super::q4_packed::{
+    chunk, direct_group_regs, q4_packed_tile, PanelLanes, MAX_LANES, Q4_TILE_ROWS,
+};
 use crate::kernels::activations::SIMD_BYTES;
 use crate::kernels::q4_halves;
 use packs::quant::Q4_GROUP;
@@ -134,43 +136,16 @@ impl PanelLanes for Zmm {
         unsafe { vnni_group_dot::<Self>(wg, even, odd) }
     }
     /// # Safety
-    /// The CPU must support AVX-512 F; `h0` and `h1` must each point to 256 readable bytes.
+    /// The CPU must support AVX-512 F; `p` must point to 256 readable bytes.
     #[inline(always)]
-    unsafe fn pair_rows16(h0: *const u8, h1: *const u8) -> [__m512i; 8] {
-        // SAFETY: AVX-512 F, which the caller guarantees; load i reads bytes `64 (i % 4)..+64` of
-        // `h0` (i < 4) or `h1`, inside their 256 by this function's contract.
+    unsafe fn group_codes16(p: *const u8) -> [__m512i; 4] {
+        // SAFETY: AVX-512 F, which the caller guarantees; load t reads bytes `64 t..64 t + 64` at
+        // `p`, inside its 256 by this function's contract.
+        // (A loop, not `array::from_fn`: closures do not inherit the entry point's target features.)
         unsafe {
-            // Vector i holds rows 2i and 2i + 1: 128-bit blocks (row 2i: dwords 0..4, 4..8;
-            // row 2i + 1: dwords 0..4, 4..8). A 4 x 4 dword transpose inside the blocks of vectors
-            // 0..4 (rows 0..8) leaves in vector k, block by block, dword k of rows 0, 2, 4, 6,
-            // dword 4 + k of them, dword k of rows 1, 3, 5, 7, dword 4 + k of them; vectors 4..8
-            // the same for rows 8..16. One two-source permute per output then puts row r in lane r.
-            // 16 in-block unpacks and 8 permutes, where three rounds of permutes took 24 (the order
-            // is checked by `tests::few`'s bit-equality against the GEMV).
-            let mut z = [_mm512_setzero_si512(); 8];
-            for (i, zi) in z.iter_mut().enumerate() {
-                let h = if i < 4 { h0 } else { h1 };
-                *zi = _mm512_loadu_si512(h.add(64 * (i % 4)) as *const _);
-            }
-            let mut u = [_mm512_setzero_si512(); 8];
-            for q in 0..2 {
-                let z = &z[4 * q..4 * q + 4];
-                let a = _mm512_unpacklo_epi32(z[0], z[1]);
-                let b = _mm512_unpackhi_epi32(z[0], z[1]);
-                let c = _mm512_unpacklo_epi32(z[2], z[3]);
-                let d = _mm512_unpackhi_epi32(z[2], z[3]);
-                u[4 * q] = _mm512_unpacklo_epi64(a, c);
-                u[4 * q + 1] = _mm512_unpackhi_epi64(a, c);
-                u[4 * q + 2] = _mm512_unpacklo_epi64(b, d);
-                u[4 * q + 3] = _mm512_unpackhi_epi64(b, d);
-            }
-            let low = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 16, 24, 17, 25, 18, 26, 19, 27);
-            let high =
-                _mm512_setr_epi32(4, 12, 5, 13, 6, 14, 7, 15, 20, 28, 21, 29, 22, 30, 23, 31);
-            let mut v = [_mm512_setzero_si512(); 8];
-            for k in 0..4 {
-                v[k] = _mm512_permutex2var_epi32(u[k], low, u[4 + k]);
-                v[4 + k] = _mm512_permutex2var_epi32(u[k], high, u[4 + k]);
+            let mut v = [_mm512_setzero_si512(); 4];
+            for (t, vt) in v.iter_mut().enumerate() {
+                *vt = _mm512_loadu_si512(p.add(64 * t) as *const _);
             }
             v
         }
@@ -251,7 +226,8 @@ impl Lanes16 for Zmm {
 /// How a [`YmmPair`] takes the dot of one q4 group of a packed panel. Its methods need the CPU to
 /// support AVX2.
 pub(crate) trait PairGroupDot: Sized {
-    /// Whether the 4-row tile is [`maddubs16_tile4`] (else the generic `q4_packed_tile`).
+    /// Whether the 4-row tile is [`maddubs16_tile4`] (else the generic `q4_packed_tile`), and a
+    /// whole pack panel's group is [`maddubs16_direct_group`] (else the generic form).
     const ASM_TILE4: bool = false;
     /// [`PanelLanes::group_dot`] on the two halves.
     ///
@@ -474,6 +450,68 @@ unsafe fn maddubs16_tile4(
     done
 }
 
+/// Activation rows per pass of [`maddubs16_direct_group`]: 8 i16 accumulators, 4 nibble vectors
+/// and 2 broadcasts fill 14 of the 16 `ymm` registers.
+const DIRECT_ROWS: usize = 4;
+
+/// [`PanelLanes::direct_group`] on AVX2 for R <= [`DIRECT_ROWS`] rows, chunk by chunk: each of the
+/// group's 4 chunk vectors (two `ymm` halves) is split into nibbles, and every row broadcasts its
+/// even and odd 4 codes of that chunk against them into its two i16 accumulators (8 products a
+/// lane: at most 8 x 3810 = 30480 < 32767, see `x86/mod.rs`). The generic form keeps all 8 nibble
+/// vectors live, 16 `ymm` registers on their own, and spilled. Then per output the generic
+/// operations: `vpmaddwd` by ones, minus the correction, to f32, times the scale, added to the sum
+/// (exact integers, then the same float steps: the same bits).
+///
+/// # Safety
+/// The CPU must support AVX2; `p` must point to 256 readable bytes; `a`, `corr` and `sum` must
+/// hold at least R rows, each row of `a` and `corr` the codes and sum of group `g` of `groups`.
+#[inline(always)]
+unsafe fn maddubs16_direct_group<const R: usize>(
+    p: *const u8,
+    scale: [__m256; 2],
+    (g, groups): (usize, usize),
+    a: &[&[i8]],
+    corr: &[&[i32]],
+    sum: &mut [[__m256; 2]],
+) {
+    // SAFETY: AVX2, which the caller guarantees; chunk t's halves read bytes `64 t..64 t + 64` at
+    // `p`, inside its 256; each row's 4 even and 4 odd codes of chunk t lie inside its group
+    // (`q4_halves`), and its sum `g` inside `corr[r]`, all by this function's contract.
+    unsafe {
+        let (even, odd) = q4_halves(g, groups);
+        let mut acc = [[_mm256_setzero_si256(); 2]; R];
+        for t in 0..4 {
+            let mut lo = [_mm256_setzero_si256(); 2];
+            let mut hi = [_mm256_setzero_si256(); 2];
+            for h in 0..2 {
+                let v = _mm256_loadu_si256(p.add(64 * t + 32 * h) as *const __m256i);
+                (lo[h], hi[h]) = split_nibbles(v);
+            }
+            for r in 0..R {
+                let ar = a[r].as_ptr();
+                let be = _mm256_set1_epi32((ar.add(even + 4 * t) as *const i32).read_unaligned());
+                let bo = _mm256_set1_epi32((ar.add(odd + 4 * t) as *const i32).read_unaligned());
+                for h in 0..2 {
+                    let pair = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo[h], be),
+                        _mm256_maddubs_epi16(hi[h], bo),
+                    );
+                    acc[r][h] = _mm256_add_epi16(acc[r][h], pair);
+                }
+            }
+        }
+        let ones = _mm256_set1_epi16(1);
+        for r in 0..R {
+            let c = _mm256_set1_epi32(*corr[r].as_ptr().add(g));
+            for h in 0..2 {
+                let v = _mm256_sub_epi32(_mm256_madd_epi16(acc[r][h], ones), c);
+                sum[r][h] =
+                    _mm256_add_ps(sum[r][h], _mm256_mul_ps(_mm256_cvtepi32_ps(v), scale[h]));
+            }
+        }
+    }
+}
+
 /// `vpdpbusd` emulated exactly on the two halves (tests).
 #[cfg(test)]
 pub(crate) struct EmuDpbusd;
@@ -584,23 +622,19 @@ impl<G: PairGroupDot> PanelLanes for YmmPair<G> {
         unsafe { G::group_dot(wg, even, odd) }
     }
     /// # Safety
-    /// The CPU must support AVX2; `h0` and `h1` must each point to 256 readable bytes.
+    /// The CPU must support AVX2; `p` must point to 256 readable bytes.
     #[inline(always)]
-    unsafe fn pair_rows16(h0: *const u8, h1: *const u8) -> [Self::I; 8] {
-        // SAFETY: AVX2, which the caller guarantees; row c's load reads bytes `32 c..32 c + 32` of
-        // `h0` or `h1`, inside their 256 by this function's contract.
+    unsafe fn group_codes16(p: *const u8) -> [Self::I; 4] {
+        // SAFETY: AVX2, which the caller guarantees; chunk t's halves read bytes
+        // `64 t..64 t + 64` at `p`, inside its 256 by this function's contract.
         unsafe {
-            let mut rows = [[_mm256_setzero_ps(); 8]; 2];
-            for c in 0..8 {
-                rows[0][c] = _mm256_loadu_ps(h0.add(32 * c) as *const f32);
-                rows[1][c] = _mm256_loadu_ps(h1.add(32 * c) as *const f32);
+            let mut v = [[_mm256_setzero_si256(); 2]; 4];
+            for (t, vt) in v.iter_mut().enumerate() {
+                for (h, vh) in vt.iter_mut().enumerate() {
+                    *vh = _mm256_loadu_si256(p.add(64 * t + 32 * h) as *const __m256i);
+                }
             }
-            let (t0, t1) = (super::transpose8(rows[0]), super::transpose8(rows[1]));
-            let mut out = [[_mm256_setzero_si256(); 2]; 8];
-            for t in 0..8 {
-                out[t] = [_mm256_castps_si256(t0[t]), _mm256_castps_si256(t1[t])];
-            }
-            out
+            v
         }
     }
     /// # Safety
@@ -624,6 +658,36 @@ impl<G: PairGroupDot> PanelLanes for YmmPair<G> {
     ) -> Self::I {
         // SAFETY: `G::group_dot_regs`'s contract is this one.
         unsafe { G::group_dot_regs(w, from, even, odd) }
+    }
+    /// # Safety
+    /// As [`PanelLanes::direct_group`]: AVX2, and the lengths it reads unchecked.
+    #[inline(always)]
+    unsafe fn direct_group(
+        p: *const u8,
+        scale: Self::F,
+        span: (usize, usize),
+        a: &[&[i8]],
+        corr: &[&[i32]],
+        sum: &mut [Self::F],
+    ) {
+        // SAFETY: AVX2 and the reads, as this function requires of its caller.
+        unsafe {
+            if !G::ASM_TILE4 {
+                return direct_group_regs::<Self>(p, scale, span, a, corr, sum);
+            }
+            let mut r = 0;
+            while r < a.len() {
+                let n = (a.len() - r).min(DIRECT_ROWS);
+                let (ar, cr, sr) = (&a[r..], &corr[r..], &mut sum[r..]);
+                match n {
+                    1 => maddubs16_direct_group::<1>(p, scale, span, ar, cr, sr),
+                    2 => maddubs16_direct_group::<2>(p, scale, span, ar, cr, sr),
+                    3 => maddubs16_direct_group::<3>(p, scale, span, ar, cr, sr),
+                    _ => maddubs16_direct_group::<4>(p, scale, span, ar, cr, sr),
+                }
+                r += n;
+            }
+        }
     }
     /// # Safety
     /// As [`q4_packed_tile`]: AVX2, and the lengths it reads unchecked.

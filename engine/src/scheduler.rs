@@ -170,7 +170,16 @@ pub struct SchedulerAblation {
     /// A prefix copied from a running sequence misses its last row's K/V (the slot keeps what
     /// the cache held) while the sequence goes on as if it had it.
     pub copy_one_row_short: bool,
+    /// Prompts arriving together are admitted at once, each prefilling their shared prefix
+    /// beside the others, instead of waiting for the first to hold it.
+    pub no_prefix_wait: bool,
 }
+
+/// Fewest shared prompt rows a waiting prompt waits for a running sequence to prefill, to copy
+/// them instead of prefilling them beside it: two prefills of the same rows in one forward cost
+/// twice the GEMM rows, while the wait costs the waiting prompt little more than its own prefill
+/// of those rows would. A few shared template rows are not worth the wait.
+const PREFIX_WAIT_MIN_ROWS: usize = 16;
 
 impl Scheduler {
     /// Takes `session`'s model (decoder, tower, chat format), allocates `options.parallel` caches
@@ -267,12 +276,19 @@ impl Scheduler {
             while let Ok(s) = self.inbox.try_recv() {
                 self.waiting.push_back(s);
             }
-            // What fits starts; the rest waits for a cache (never one taken from a runner).
-            while !self.free.is_empty() {
-                let Some(s) = self.waiting.pop_front() else {
-                    break;
-                };
-                self.admit(s);
+            // What fits starts; the rest waits for a cache (never one taken from a runner). A
+            // prompt whose prefix a running sequence is still prefilling waits for it, keeping its
+            // place: later prompts start only on caches beyond those the waiting ones will need.
+            let mut held_back = 0;
+            let mut i = 0;
+            while i < self.waiting.len() && self.free.len() > held_back {
+                if self.waits_for_a_prefix(&self.waiting[i]) {
+                    held_back += 1;
+                    i += 1;
+                } else {
+                    let s = self.waiting.remove(i).expect("an index below the length");
+                    self.admit(s);
+                }
             }
             self.free_count.store(self.free.len(), Ordering::SeqCst);
             if !self.running.is_empty() {
@@ -372,6 +388,37 @@ impl Scheduler {
             decode_start: None,
             events: s.events,
         });
+    }
+
+    /// Whether a waiting prompt should wait for a running sequence still prefilling a prefix of
+    /// it (at least [`PREFIX_WAIT_MIN_ROWS`] rows) longer than any cache holds now: once that
+    /// sequence holds them, the prompt copies them (`admit`). For a recurrent (Qwen3.5) cache only the
+    /// state before the running prompt's last row is kept, so only a prompt that starts with the
+    /// whole running prompt waits. The wait ends when the runner's prompt is in or it leaves.
+    fn waits_for_a_prefix(&self, s: &Submission) -> bool {
+        if self.ablation.no_prefix_wait {
+            return false;
+        }
+        let keys = row_keys(&s.prompt);
+        let shared = |held: &[RowKey]| reuse_prefix(held, &keys, &s.prompt, |n| n);
+        let now = self
+            .free
+            .iter()
+            .map(|p| shared(&p.keys))
+            .chain(
+                self.longest_running_prefix(&keys, &s.prompt)
+                    .map(|(_, n)| n),
+            )
+            .max()
+            .unwrap_or(0);
+        self.running.iter().any(|r| {
+            let prefilling = r.fed < r.slices.len();
+            let mut rows = shared(&r.keys[..r.prompt_tokens.min(r.keys.len())]);
+            if r.cache.recurrent.is_some() && rows < r.prompt_tokens.saturating_sub(1) {
+                rows = 0;
+            }
+            prefilling && rows >= PREFIX_WAIT_MIN_ROWS && rows > now
+        })
     }
 
     /// The running sequence whose cache holds the longest prefix of a prompt's rows `keys`, and

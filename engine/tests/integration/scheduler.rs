@@ -510,6 +510,7 @@ fn a_prompt_starting_as_a_running_one_copies_its_rows_and_answers_the_same() {
     // Control: the same asks with copies one row short.
     let ablation = SchedulerAblation {
         copy_one_row_short: true,
+        ..SchedulerAblation::default()
     };
     let short = asked_beside_a_running_one(ablation, &holder, &asks);
     let caught: Vec<&str> = asks
@@ -520,4 +521,80 @@ fn a_prompt_starting_as_a_running_one_copies_its_rows_and_answers_the_same() {
         .collect();
     println!("a copy one row short changed: {caught:?}");
     assert!(!caught.is_empty(), "a copy one row short went unnoticed");
+}
+
+/// (ids, text, prompt rows prefilled) of `copies` clients sending `ask` at the same moment to a
+/// scheduler that prefills one row per step (so the first prompt is still prefilling when the
+/// others arrive).
+fn asked_together(
+    ablation: SchedulerAblation,
+    ask: &Conversation,
+    copies: usize,
+) -> Vec<(Vec<u32>, String, usize)> {
+    let options = SchedulerOptions {
+        parallel: copies,
+        prefill_chunk: 1,
+        drafts: 0,
+    };
+    let h = Scheduler::start_ablated(tower_session(), options, ablation)
+        .unwrap()
+        .0;
+    let barrier = Arc::new(Barrier::new(copies));
+    let got = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..copies)
+            .map(|_| {
+                let (h, barrier) = (h.clone(), barrier.clone());
+                scope.spawn(move || {
+                    barrier.wait();
+                    let g = h.generate(&ask.1, &ask.2, &mut |_| true).unwrap();
+                    (g.ids, g.text, g.timings.prefilled_tokens)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(h.free_caches(), copies, "every cache back in the pool");
+    got
+}
+
+/// The same picture and question from three clients at the same moment: one prefills the
+/// prompt, the other two wait for its rows and copy them (each prefills only the last row, which
+/// a prompt always computes), and every answer is the answer alone. Control: admitted at once
+/// without the wait, the others prefill the shared rows beside the first (more than one row each
+/// in some round).
+#[test]
+fn prompts_arriving_together_prefill_their_shared_rows_once() {
+    let (_, asks) = sharing_conversations();
+    let ask = &asks[0];
+    let want = alone(std::slice::from_ref(ask)).remove(0);
+    let rows = PromptBuilderRows::rows(&ask.1);
+    let got = asked_together(SchedulerAblation::default(), ask, 3);
+    let mut prefilled: Vec<usize> = got.iter().map(|g| g.2).collect();
+    prefilled.sort();
+    println!("prompt rows {rows}, prefilled {prefilled:?}");
+    for g in &got {
+        assert_eq!((&g.0, &g.1), (&want.0, &want.1));
+    }
+    assert_eq!(prefilled, [1, 1, rows], "one prefill, two copies");
+
+    // Control: without the wait (arrival is a race, so up to 3 rounds).
+    let ablation = SchedulerAblation {
+        no_prefix_wait: true,
+        ..SchedulerAblation::default()
+    };
+    let caught = (0..3).any(|_| {
+        let got = asked_together(ablation, ask, 3);
+        for g in &got {
+            assert_eq!((&g.0, &g.1), (&want.0, &want.1), "answers never change");
+        }
+        got.iter().filter(|g| g.2 > 1).count() > 1
+    });
+    assert!(
+        caught,
+        "prompts admitted at once never prefilled beside each other"
+    );
 }

@@ -497,62 +497,26 @@ PRESETS.update({
 # group); the model's experts per expert (save_pretrained), the head's fused (its own state_dict,
 # as hub checkpoints hold it). The head's gate_up [4, 64, 64] is square (transformers' rule reads
 # it as it is, the 5.x orientation it has); its down [4, 64, 32] tells the orientations apart.
-PRESETS.update({
-    "q35-moe-mtp": dict(
-        description="Qwen3.5 MoE with its MTP head: layers linear/full, every layer and the head's routed "
-        "(4 experts, top-2, expert intermediate 32) plus a shared expert (intermediate 32) behind its sigmoid "
-        "gate; full heads 2 / kv 1, head_dim 32 (rotary 8, mrope [2,1,1]), linear key heads 2 x 16, value heads "
-        "2 x 16; untied head, one image; bf16; the model's experts per expert, the head's fused",
-        model="qwen3_5_moe",
-        mtp=True,
-        seed=9209,
-        dtype="bfloat16",
-        config_spelling="5.x",
-        max_shard_size=None,
-        tie_word_embeddings=False,
-        text=dict(
-            vocab_size=192,
-            hidden_size=64,
-            num_hidden_layers=2,
-            layer_types=["linear_attention", "full_attention"],
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            head_dim=32,
-            linear_num_key_heads=2,
-            linear_num_value_heads=2,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            linear_conv_kernel_dim=4,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=32,
-            partial_rotary_factor=0.25,
-            rope_theta=10_000.0,
-            mrope_section=[2, 1, 1],
-            rms_norm_eps=1e-6,
-            initializer_range=0.1,
-        ),
-        vision=dict(
-            depth=1,
-            hidden_size=16,
-            intermediate_size=32,
-            num_heads=1,
-            num_position_embeddings=16,
-            patch_size=8,
-            initializer_range=0.1,
-        ),
-        images=[[64, 96]],
-        image_kinds=["checker"],
-        prompt=[10, "image", 8],
-        text_rows=9,
-        greedy=8,
-        min_margin=0.01,
-        min_margin_quant=0.02,
-        max_repeat=2,
-        max_attempts=200,
-    ),
-})
+PRESETS["q35-moe-mtp"] = {
+    **copy.deepcopy(PRESETS["q35-moe"]),
+    "description": "Qwen3.5 MoE with its MTP head: layers linear/full, every layer and the head's routed "
+    "(4 experts, top-2, expert intermediate 32) plus a shared expert (intermediate 32) behind its sigmoid "
+    "gate; full heads 2 / kv 1, head_dim 32 (rotary 8, mrope [2,1,1]), linear key heads 2 x 16, value heads "
+    "2 x 16; untied head, one image; bf16; the model's experts per expert, the head's fused",
+    "mtp": True,
+    "seed": 9209,
+    "max_shard_size": None,
+    "images": [[64, 96]],
+    "prompt": [10, "image", 8],
+    "text_rows": 9,
+}
+PRESETS["q35-moe-mtp"]["text"].update(
+    vocab_size=192, hidden_size=64, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+    num_attention_heads=2, head_dim=32, linear_num_value_heads=2, linear_key_head_dim=16,
+    linear_value_head_dim=16, num_experts=4, shared_expert_intermediate_size=32, rope_theta=10_000.0,
+    mrope_section=[2, 1, 1])
+PRESETS["q35-moe-mtp"]["vision"].update(depth=1, hidden_size=16, intermediate_size=32, num_heads=1,
+                                        num_position_embeddings=16, patch_size=8)
 Q35_COMMITTED = ["q35-odd", "q35-hd256", "q35-moe", "q35-moe-mtp"]
 
 

@@ -185,9 +185,7 @@ fn decoder_weights(sem: &Semantics) -> Vec<WeightPlan> {
     };
     // The routed MLP of the layer under `prefix` (a sparse decoder layer's, or the MTP layer's
     // in a MoE pack): the router, the shared expert and its gate, then every expert.
-    let routed_mlp = |prefix: &str,
-                      m: &crate::semantics::MoeSemantics,
-                      plan: &mut Vec<WeightPlan>| {
+    let routed_mlp = |prefix: &str, m: &moe::MoeSemantics, plan: &mut Vec<WeightPlan>| {
         // The router stays f32 whatever the pack's kind: routing picks experts by its logits.
         plan.push(plan_weight(
             moe::router_in(prefix),

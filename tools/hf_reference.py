@@ -492,7 +492,32 @@ PRESETS.update({
         max_attempts=200,
     ),
 })
-Q35_COMMITTED = ["q35-odd", "q35-hd256", "q35-moe"]
+# The MTP head of a MoE checkpoint (issue 35): its layer's MLP is routed like the model's. Small
+# (the committed files stay a few hundred KB): 2 layers, 4 experts top-2 (intermediate 32, q4's
+# group); the model's experts per expert (save_pretrained), the head's fused (its own state_dict,
+# as hub checkpoints hold it). The head's gate_up [4, 64, 64] is square (transformers' rule reads
+# it as it is, the 5.x orientation it has); its down [4, 64, 32] tells the orientations apart.
+PRESETS["q35-moe-mtp"] = {
+    **copy.deepcopy(PRESETS["q35-moe"]),
+    "description": "Qwen3.5 MoE with its MTP head: layers linear/full, every layer and the head's routed "
+    "(4 experts, top-2, expert intermediate 32) plus a shared expert (intermediate 32) behind its sigmoid "
+    "gate; full heads 2 / kv 1, head_dim 32 (rotary 8, mrope [2,1,1]), linear key heads 2 x 16, value heads "
+    "2 x 16; untied head, one image; bf16; the model's experts per expert, the head's fused",
+    "mtp": True,
+    "seed": 9209,
+    "max_shard_size": None,
+    "images": [[64, 96]],
+    "prompt": [10, "image", 8],
+    "text_rows": 9,
+}
+PRESETS["q35-moe-mtp"]["text"].update(
+    vocab_size=192, hidden_size=64, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+    num_attention_heads=2, head_dim=32, linear_num_value_heads=2, linear_key_head_dim=16,
+    linear_value_head_dim=16, num_experts=4, shared_expert_intermediate_size=32, rope_theta=10_000.0,
+    mrope_section=[2, 1, 1])
+PRESETS["q35-moe-mtp"]["vision"].update(depth=1, hidden_size=16, intermediate_size=32, num_heads=1,
+                                        num_position_embeddings=16, patch_size=8)
+Q35_COMMITTED = ["q35-odd", "q35-hd256", "q35-moe", "q35-moe-mtp"]
 
 
 def is_qwen3_5(spec: dict) -> bool:
@@ -1130,19 +1155,28 @@ class Mtp(torch.nn.Module):
     ignores it, vLLM's `Qwen3_5MultiTokenPredictor` runs it): for row j, the embedding of the next
     token and the model's final (normed) hidden state of row j, each RMS-normed (zero-centred),
     concatenated [embedding | hidden], `fc` to hidden, one full-attention decoder layer at row j's
-    positions, `norm`; the head gives the logits of the token after the next."""
+    positions, `norm`; the head gives the logits of the token after the next. The layer is the
+    model's own kind (vLLM builds it from the model's decoder layer): in a Qwen3.5-MoE model its
+    MLP is transformers' `Qwen3_5MoeSparseMoeBlock` (router, experts, shared expert behind its
+    sigmoid gate), whose experts `state_dict` gives fused as `mlp.experts.gate_up_proj` [E, 2I, H]
+    and `mlp.experts.down_proj` [E, H, I] (the hub's MTP layout; vLLM loads them untransposed)."""
 
     def __init__(self, text_config):
         super().__init__()
-        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm
+        if text_config.model_type == "qwen3_5_moe_text":
+            from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (
+                Qwen3_5MoeDecoderLayer as DecoderLayer, Qwen3_5MoeRMSNorm as RMSNorm)
+        else:
+            from transformers.models.qwen3_5.modeling_qwen3_5 import (
+                Qwen3_5DecoderLayer as DecoderLayer, Qwen3_5RMSNorm as RMSNorm)
 
         h, eps = text_config.hidden_size, text_config.rms_norm_eps
         full = text_config.layer_types.index("full_attention")
         self.fc = torch.nn.Linear(2 * h, h, bias=False)
-        self.pre_fc_norm_embedding = Qwen3_5RMSNorm(h, eps=eps)
-        self.pre_fc_norm_hidden = Qwen3_5RMSNorm(h, eps=eps)
-        self.layers = torch.nn.ModuleList([Qwen3_5DecoderLayer(text_config, full)])
-        self.norm = Qwen3_5RMSNorm(h, eps=eps)
+        self.pre_fc_norm_embedding = RMSNorm(h, eps=eps)
+        self.pre_fc_norm_hidden = RMSNorm(h, eps=eps)
+        self.layers = torch.nn.ModuleList([DecoderLayer(text_config, full)])
+        self.norm = RMSNorm(h, eps=eps)
 
     def randomize(self, gen: torch.Generator, std: float) -> None:
         with torch.no_grad():

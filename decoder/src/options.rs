@@ -32,6 +32,8 @@ pub struct Ablation {
     pub attend_other_sequence: bool,
     /// Break routing ties by the lower expert index instead of torch.topk's order.
     pub moe_ties_lower_index: bool,
+    /// Qwen3.5-MoE: add the shared expert's output without its sigmoid gate.
+    pub moe_skip_shared_gate: bool,
     /// Qwen3.5: the zero-centred norms as plain weights (w instead of 1 + w).
     pub norm_without_one: bool,
     /// Qwen3.5: full attention without its sigmoid output gate.

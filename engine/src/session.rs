@@ -243,8 +243,8 @@ impl Session {
             }
             DraftSource::Mtp => {
                 return Err(EngineError::Sampling(format!(
-                    "--drafts mtp: {} has no MTP head (mtp.*: Qwen3.5 checkpoints carry one, \
-                     packs build keeps it for dense models); use --drafts N (prompt lookup)",
+                    "--drafts mtp: {} has no MTP head (mtp.*: Qwen3.5 and Qwen3.5-MoE \
+                     checkpoints carry one, packs build keeps it); use --drafts N (prompt lookup)",
                     pack.path().display()
                 )))
             }

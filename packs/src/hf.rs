@@ -926,14 +926,10 @@ impl Checkpoint {
             .and_then(Value::as_bool)
             .unwrap_or(false);
         if let Some(d) = semantics.delta_net.as_mut() {
+            // A MoE checkpoint's head routes its MLP like the decoder layers (its experts are
+            // read below with theirs); a head missing any tensor is refused by that tensor's name.
             if find(names::mtp::FC).is_ok() {
-                if semantics.moe.is_some() {
-                    warnings.push(format!(
-                        "{}: the mtp.* head of a MoE checkpoint is left out (MTP drafts run on \
-                         dense Qwen3.5 packs only); decoding is unchanged",
-                        dir.display()
-                    ));
-                } else if mtp_own_embeddings {
+                if mtp_own_embeddings {
                     warnings.push(format!(
                         "{}: mtp_use_dedicated_embeddings is true: the MTP head reads \
                          embeddings of its own, which packs do not carry, so it is left out; \
@@ -1062,18 +1058,27 @@ impl Checkpoint {
                 },
             );
         }
-        // Each sparse layer's fused expert tensors, in either orientation transformers loads.
+        // Each routed MLP's experts (the sparse layers', then the MTP layer's when the pack
+        // carries it), per expert or fused in either orientation transformers loads.
         if let Some(m) = &semantics.moe {
+            let mut prefixes: Vec<String> = m
+                .sparse_layers
+                .iter()
+                .map(|&l| names::layer_prefix(l))
+                .collect();
+            if semantics.delta_net.as_ref().is_some_and(|d| d.mtp) {
+                prefixes.push(names::mtp::LAYER.to_string());
+            }
             let (e, h, inter) = (
                 m.num_experts,
                 semantics.hidden_size,
                 m.moe_intermediate_size,
             );
-            for &layer in &m.sparse_layers {
+            for prefix in &prefixes {
                 // transformers 5's save_pretrained writes Qwen3.5-MoE's experts one tensor each
                 // (`mlp.experts.{e}.gate_proj.weight`, the pack's own names), as the hub does.
-                let fused_name = source_name(&moe::fused_gate_up(layer));
-                let per_expert = source_name(&moe::expert(layer, 0, ExpertProj::Gate));
+                let fused_name = source_name(&moe::fused_gate_up_in(prefix));
+                let per_expert = source_name(&moe::expert_in(prefix, 0, ExpertProj::Gate));
                 if find(&fused_name).is_err() && find(&per_expert).is_ok() {
                     for ex in 0..e {
                         for (p, rows, cols) in [
@@ -1081,7 +1086,7 @@ impl Checkpoint {
                             (ExpertProj::Up, inter, h),
                             (ExpertProj::Down, h, inter),
                         ] {
-                            let pack_name = moe::expert(layer, ex, p);
+                            let pack_name = moe::expert_in(prefix, ex, p);
                             let name = source_name(&pack_name);
                             let (shard, entry) = find(&name)?;
                             let path = &shards[shard].path;
@@ -1114,8 +1119,8 @@ impl Checkpoint {
                     continue;
                 }
                 for (pack_name, n, k) in [
-                    (moe::fused_gate_up(layer), 2 * inter, h),
-                    (moe::fused_down(layer), h, inter),
+                    (moe::fused_gate_up_in(prefix), 2 * inter, h),
+                    (moe::fused_down_in(prefix), h, inter),
                 ] {
                     let name = source_name(&pack_name);
                     let (shard, entry) = find(&name)?;

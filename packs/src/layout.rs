@@ -183,6 +183,48 @@ fn decoder_weights(sem: &Semantics) -> Vec<WeightPlan> {
             }
         }
     };
+    // The routed MLP of the layer under `prefix` (a sparse decoder layer's, or the MTP layer's
+    // in a MoE pack): the router, the shared expert and its gate, then every expert.
+    let routed_mlp = |prefix: &str, m: &moe::MoeSemantics, plan: &mut Vec<WeightPlan>| {
+        // The router stays f32 whatever the pack's kind: routing picks experts by its logits.
+        plan.push(plan_weight(
+            moe::router_in(prefix),
+            WeightRole::Linear,
+            m.num_experts,
+            h,
+            QuantKind::F32,
+        ));
+        if let Some(shared) = m.shared_expert_intermediate_size {
+            // Qwen3.5-MoE's shared expert (the pack's kind) and its gate (f32, as the router).
+            for (p, rows, cols) in [
+                (ExpertProj::Gate, shared, h),
+                (ExpertProj::Up, shared, h),
+                (ExpertProj::Down, h, shared),
+            ] {
+                plan.push(linear(moe::shared_expert_in(prefix, p), rows, cols));
+            }
+            plan.push(plan_weight(
+                moe::shared_expert_gate_in(prefix),
+                WeightRole::Linear,
+                1,
+                h,
+                QuantKind::F32,
+            ));
+        }
+        let inter = m.moe_intermediate_size;
+        for e in 0..m.num_experts {
+            for proj in ExpertProj::ALL {
+                let (source, rows, cols) = match proj {
+                    ExpertProj::Gate | ExpertProj::Up => (moe::fused_gate_up_in(prefix), inter, h),
+                    ExpertProj::Down => (moe::fused_down_in(prefix), h, inter),
+                };
+                let mut w = linear(moe::expert_in(prefix, e, proj), rows, cols);
+                w.source = source;
+                w.slice = Some(ExpertSlice { expert: e, proj });
+                plan.push(w);
+            }
+        }
+    };
     let mut plan = vec![weight(
         EMBED.to_string(),
         WeightRole::Embedding,
@@ -197,57 +239,26 @@ fn decoder_weights(sem: &Semantics) -> Vec<WeightPlan> {
             plan.push(norm(names::norm(layer, Norm::PostAttention), h));
         }
         let attention = !sem.is_linear_attention(layer);
-        projections(&names::layer_prefix(layer), attention, !sparse, &mut plan);
+        let prefix = names::layer_prefix(layer);
+        projections(&prefix, attention, !sparse, &mut plan);
         if let Some(m) = sem.moe.as_ref().filter(|_| sparse) {
-            // The router stays f32 whatever the pack's kind: routing picks experts by its logits.
-            plan.push(plan_weight(
-                moe::router(layer),
-                WeightRole::Linear,
-                m.num_experts,
-                h,
-                QuantKind::F32,
-            ));
-            if let Some(shared) = m.shared_expert_intermediate_size {
-                // Qwen3.5-MoE's shared expert (the pack's kind) and its gate (f32, as the router).
-                for (p, rows, cols) in [
-                    (ExpertProj::Gate, shared, h),
-                    (ExpertProj::Up, shared, h),
-                    (ExpertProj::Down, h, shared),
-                ] {
-                    plan.push(linear(moe::shared_expert(layer, p), rows, cols));
-                }
-                plan.push(plan_weight(
-                    moe::shared_expert_gate(layer),
-                    WeightRole::Linear,
-                    1,
-                    h,
-                    QuantKind::F32,
-                ));
-            }
-            let inter = m.moe_intermediate_size;
-            for e in 0..m.num_experts {
-                for proj in ExpertProj::ALL {
-                    let (source, rows, cols) = match proj {
-                        ExpertProj::Gate | ExpertProj::Up => (moe::fused_gate_up(layer), inter, h),
-                        ExpertProj::Down => (moe::fused_down(layer), h, inter),
-                    };
-                    let mut w = linear(moe::expert(layer, e, proj), rows, cols);
-                    w.source = source;
-                    w.slice = Some(ExpertSlice { expert: e, proj });
-                    plan.push(w);
-                }
-            }
+            routed_mlp(&prefix, m, &mut plan);
         }
     }
     plan.push(norm(FINAL_NORM.to_string(), h));
     if sem.delta_net.as_ref().is_some_and(|d| d.mtp) {
-        // Qwen3.5's MTP head: its norms zero-centred like the model's, one full-attention layer.
+        // Qwen3.5's MTP head: its norms zero-centred like the model's, one full-attention layer
+        // whose MLP is dense, or routed like every layer of a Qwen3.5-MoE model (vLLM builds it
+        // as a decoder layer of the model's own kind).
         use names::mtp;
         plan.push(norm(mtp::NORM_EMBEDDING.to_string(), h));
         plan.push(norm(mtp::NORM_HIDDEN.to_string(), h));
         plan.push(linear(mtp::FC.to_string(), h, 2 * h));
         plan.push(norm(names::norm_in(mtp::LAYER, Norm::Input), h));
-        projections(mtp::LAYER, true, true, &mut plan);
+        projections(mtp::LAYER, true, sem.moe.is_none(), &mut plan);
+        if let Some(m) = &sem.moe {
+            routed_mlp(mtp::LAYER, m, &mut plan);
+        }
         plan.push(norm(mtp::NORM.to_string(), h));
     }
     if head_is_stored(sem) {

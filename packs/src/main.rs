@@ -316,6 +316,18 @@ fn inspect(path: &Path, as_json: bool) -> CliResult {
             m.sparse_layers, m.decoder_sparse_step, m.mlp_only_layers, dense
         );
     }
+    if sem.delta_net.as_ref().is_some_and(|d| d.mtp) {
+        let mlp = match &sem.moe {
+            Some(m) => format!(
+                "routed MLP ({} experts, top-{}, shared expert)",
+                m.num_experts, m.top_k
+            ),
+            None => format!("dense MLP (intermediate {})", sem.intermediate_size),
+        };
+        println!(
+            "mtp         one full-attention layer, {mlp} (mtp.*): a draft source (--drafts mtp)"
+        );
+    }
     let id = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
     println!(
         "token ids   image {}  video {}  vision start {}  vision end {}",

@@ -72,46 +72,68 @@ impl FusedOrientation {
 /// `model.language_model.layers.{layer}.mlp.gate.weight`: the router `[experts, hidden]`, f32 in
 /// every pack.
 pub fn router(layer: usize) -> String {
-    format!("{}.mlp.gate.weight", names::layer_prefix(layer))
+    router_in(&names::layer_prefix(layer))
 }
 
 /// `...layers.{layer}.mlp.experts.gate_up_proj`: the checkpoint's fused gate/up tensor.
 pub fn fused_gate_up(layer: usize) -> String {
-    format!("{}.mlp.experts.gate_up_proj", names::layer_prefix(layer))
+    fused_gate_up_in(&names::layer_prefix(layer))
 }
 
 /// `...layers.{layer}.mlp.experts.down_proj`: the checkpoint's fused down tensor.
 pub fn fused_down(layer: usize) -> String {
-    format!("{}.mlp.experts.down_proj", names::layer_prefix(layer))
+    fused_down_in(&names::layer_prefix(layer))
 }
 
 /// `...layers.{layer}.mlp.shared_expert.gate_proj.weight` (up_proj, down_proj): Qwen3.5-MoE's
 /// shared expert, which every row runs beside its routed ones.
 pub fn shared_expert(layer: usize, p: ExpertProj) -> String {
-    format!(
-        "{}.mlp.shared_expert.{}.weight",
-        names::layer_prefix(layer),
-        p.file_name()
-    )
+    shared_expert_in(&names::layer_prefix(layer), p)
 }
 
 /// `...layers.{layer}.mlp.shared_expert_gate.weight`: `[1, hidden]`, the shared expert's output
 /// is scaled by sigmoid of this row's dot product.
 pub fn shared_expert_gate(layer: usize) -> String {
-    format!(
-        "{}.mlp.shared_expert_gate.weight",
-        names::layer_prefix(layer)
-    )
+    shared_expert_gate_in(&names::layer_prefix(layer))
 }
 
 /// `...layers.{layer}.mlp.experts.{expert}.gate_proj.weight` (up_proj, down_proj): one expert's
 /// linear in a pack (the per-expert name the original Qwen MoE checkpoints used).
 pub fn expert(layer: usize, expert: usize, p: ExpertProj) -> String {
-    format!(
-        "{}.mlp.experts.{expert}.{}.weight",
-        names::layer_prefix(layer),
-        p.file_name()
-    )
+    expert_in(&names::layer_prefix(layer), expert, p)
+}
+
+// The same names under any layer's prefix: a decoder layer's (`names::layer_prefix`) or the MTP
+// head's layer (`names::mtp::LAYER`), whose MLP is routed too in a MoE checkpoint.
+
+/// `{prefix}.mlp.gate.weight`: the router.
+pub fn router_in(prefix: &str) -> String {
+    format!("{prefix}.mlp.gate.weight")
+}
+
+/// `{prefix}.mlp.experts.gate_up_proj`.
+pub fn fused_gate_up_in(prefix: &str) -> String {
+    format!("{prefix}.mlp.experts.gate_up_proj")
+}
+
+/// `{prefix}.mlp.experts.down_proj`.
+pub fn fused_down_in(prefix: &str) -> String {
+    format!("{prefix}.mlp.experts.down_proj")
+}
+
+/// `{prefix}.mlp.shared_expert.gate_proj.weight` (up_proj, down_proj).
+pub fn shared_expert_in(prefix: &str, p: ExpertProj) -> String {
+    format!("{prefix}.mlp.shared_expert.{}.weight", p.file_name())
+}
+
+/// `{prefix}.mlp.shared_expert_gate.weight`.
+pub fn shared_expert_gate_in(prefix: &str) -> String {
+    format!("{prefix}.mlp.shared_expert_gate.weight")
+}
+
+/// `{prefix}.mlp.experts.{expert}.gate_proj.weight` (up_proj, down_proj).
+pub fn expert_in(prefix: &str, expert: usize, p: ExpertProj) -> String {
+    format!("{prefix}.mlp.experts.{expert}.{}.weight", p.file_name())
 }
 
 #[cfg(test)]
@@ -128,6 +150,19 @@ mod tests {
         assert_eq!(
             expert(1, 7, ExpertProj::Down),
             "model.language_model.layers.1.mlp.experts.7.down_proj.weight"
+        );
+        // The MTP head's layer: the hub's names under its prefix.
+        assert_eq!(
+            expert_in(names::mtp::LAYER, 3, ExpertProj::Up),
+            "mtp.layers.0.mlp.experts.3.up_proj.weight"
+        );
+        assert_eq!(
+            fused_down_in(names::mtp::LAYER),
+            "mtp.layers.0.mlp.experts.down_proj"
+        );
+        assert_eq!(
+            shared_expert_gate_in(names::mtp::LAYER),
+            "mtp.layers.0.mlp.shared_expert_gate.weight"
         );
         assert_eq!(MoeSemantics::sparse_layers_of(4, 8, 1, &[1]), [0, 2, 3]);
         assert_eq!(MoeSemantics::sparse_layers_of(4, 8, 2, &[]), [1, 3]);

@@ -294,7 +294,8 @@ fn mtp_inputs(case: &Case, f: &mut Decoder) -> (Vec<f32>, Vec<f32>, decoder::Hyb
 #[test]
 fn the_mtp_head_matches_its_reference_whole_and_row_by_row() {
     let mut checked = 0;
-    for case in qwen3_5_cases() {
+    // Every case with a head: the dense Qwen3.5 ones and the MoE one (qwen3_5_moe).
+    for case in cases().iter().map(|n| Case::new(n)) {
         let path = case.dir.join("reference-mtp.safetensors");
         if !path.exists() {
             continue;
@@ -343,5 +344,123 @@ fn the_mtp_head_matches_its_reference_whole_and_row_by_row() {
         assert!(max_abs_diff(wrong, &expected) > 10.0 * EXACT);
         checked += 1;
     }
-    assert!(checked >= 2, "no MTP fixtures");
+    // q35-odd and q35-hd256 (dense), q35-moe-mtp (the head's MLP routed).
+    assert!(checked >= 3, "an MTP fixture is missing");
+}
+
+/// The head's logits over `hidden` / `embeds` (all rows, a fresh head cache).
+fn mtp_logits(
+    f: &mut Decoder,
+    hidden: &[f32],
+    embeds: &[f32],
+    hybrid: &decoder::HybridInputs,
+) -> Vec<f32> {
+    let mut cache = f.new_mtp_cache(256, decoder::KvDtype::F32);
+    f.mtp_step(&mut cache, hidden, embeds, hybrid, Logits::AllRows)
+        .unwrap()
+        .to_vec()
+}
+
+/// A copy of `case`'s checkpoint with rows `a` and `b` of its tensor `name` swapped (in whichever
+/// safetensors file holds it).
+fn checkpoint_with_rows_swapped(case: &Case, name: &str, a: usize, b: usize) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let mut swapped = false;
+    for entry in std::fs::read_dir(case.checkpoint()).unwrap() {
+        let path = entry.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        if path.extension().and_then(|e| e.to_str()) == Some("safetensors") {
+            let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+            if let Some(e) = header.get(name) {
+                let [start, end] = [0, 1].map(|i| e["data_offsets"][i].as_u64().unwrap() as usize);
+                let rows = e["shape"][0].as_u64().unwrap() as usize;
+                let row = (end - start) / rows;
+                let data = &mut bytes[8 + n + start..8 + n + end];
+                for i in 0..row {
+                    data.swap(a * row + i, b * row + i);
+                }
+                swapped = true;
+            }
+        }
+        std::fs::write(dir.path().join(path.file_name().unwrap()), bytes).unwrap();
+    }
+    assert!(swapped, "{name} is not in {}", case.checkpoint().display());
+    dir
+}
+
+/// A MoE checkpoint's MTP head (issue 35): its layer's MLP routes like the model's layers (router,
+/// top-k experts, the shared expert behind its sigmoid gate), read from the head's fused experts
+/// while the model's are per expert. Controls, each on the clean model's inputs so that only the
+/// head's layer can differ: the shared expert's gate skipped, the experts' gate and up swapped,
+/// the top-k weights not renormalized, and the head's router rows 0 and 1 swapped in the
+/// checkpoint (its rows routed to the wrong experts; the model's hidden states unchanged).
+#[test]
+fn the_moe_mtp_head_routes_its_mlp_and_each_routing_mistake_is_caught() {
+    let case = Case::new("q35-moe-mtp");
+    let st = packs::stfile::StFile::open(case.dir.join("reference-mtp.safetensors")).unwrap();
+    let (expected, _) = st.f32("mtp_logits", 2).unwrap();
+    let (_dir, pack) = case.pack(QuantKind::F32);
+    assert!(pack.semantics().moe.is_some(), "the case is not a MoE pack");
+    let mut f = forward(&pack, options());
+    assert!(f.has_mtp(), "the MoE pack left the MTP head out");
+    let (hidden, embeds, hybrid) = mtp_inputs(&case, &mut f);
+    let clean = max_abs_diff(&mtp_logits(&mut f, &hidden, &embeds, &hybrid), &expected);
+    println!("{}: MoE MTP logits max |Δ| {clean:.3e}", case.name);
+    assert!(clean <= EXACT, "clean run {clean}");
+    let mistakes: [(&str, Ablation); 3] = [
+        (
+            "shared expert without its gate",
+            Ablation {
+                moe_skip_shared_gate: true,
+                ..Ablation::default()
+            },
+        ),
+        (
+            "experts' gate and up swapped",
+            Ablation {
+                moe_swap_gate_up: true,
+                ..Ablation::default()
+            },
+        ),
+        (
+            "top-k weights not renormalized",
+            Ablation {
+                moe_skip_renormalize: true,
+                ..Ablation::default()
+            },
+        ),
+    ];
+    for (what, ablation) in mistakes {
+        let mut g = forward(
+            &pack,
+            DecoderOptions {
+                ablation,
+                ..options()
+            },
+        );
+        let d = max_abs_diff(&mtp_logits(&mut g, &hidden, &embeds, &hybrid), &expected);
+        println!("{}: {what}: max |Δ| {d:.3e}", case.name);
+        assert!(d > 10.0 * EXACT, "{what} went unnoticed ({d})");
+    }
+    let router = packs::moe::router_in(packs::names::mtp::LAYER);
+    let dir = checkpoint_with_rows_swapped(&case, &router, 0, 1);
+    let out = tempfile::tempdir().unwrap();
+    let path = out.path().join("swapped.pack");
+    packs::build::build_from_hf(
+        dir.path(),
+        &path,
+        &packs::build::BuildOptions::new(QuantKind::F32),
+    )
+    .unwrap();
+    let swapped = std::sync::Arc::new(packs::Pack::open(&path).unwrap());
+    let mut g = forward(&swapped, options());
+    let (hidden_g, _, _) = mtp_inputs(&case, &mut g);
+    assert_eq!(hidden_g, hidden, "the swap reached the model's layers");
+    let d = max_abs_diff(&mtp_logits(&mut g, &hidden, &embeds, &hybrid), &expected);
+    println!(
+        "{}: head's rows routed to swapped experts: max |Δ| {d:.3e}",
+        case.name
+    );
+    assert!(d > 10.0 * EXACT, "the wrong experts went unnoticed ({d})");
 }

@@ -1,5 +1,6 @@
 //! One Qwen3.5 decoder layer (`Qwen3_5DecoderLayer`): input norm, the token mixer (Gated
-//! DeltaNet or gated full attention), residual; post-attention norm, the dense MLP, residual.
+//! DeltaNet or gated full attention), residual; post-attention norm, the MLP (dense, or routed
+//! with a shared expert in Qwen3.5-MoE), residual.
 
 use std::borrow::Cow;
 
@@ -7,7 +8,7 @@ use compute::ops::mathf::sigmoid;
 use compute::ops::norm::rmsnorm;
 use compute::ops::rows::{add_rows, for_rows, grow};
 use compute::{GemmBackend, LinearHandle, PackLinear, Runtime, WeightRef};
-use packs::moe::ExpertProj;
+use packs::moe::{self, ExpertProj};
 use packs::names::{self, Norm, Proj};
 use packs::{LinearIndex, NormIndex, Pack};
 
@@ -73,27 +74,35 @@ impl Layer {
                 kv_layer,
             }
         };
-        Layer::with_mixer(pack, runtime, l, &names::layer_prefix(l), mixer)
+        Layer::with_mixer(
+            pack,
+            runtime,
+            &names::layer_prefix(l),
+            sem.is_sparse(l),
+            mixer,
+        )
     }
 
     /// The MTP head's one layer (`mtp.layers.0`): full attention over its own one-layer cache
-    /// and a dense MLP.
+    /// and the MLP of the model's kind (vLLM builds it as a decoder layer of the model): dense,
+    /// or routed with a shared expert in a Qwen3.5-MoE pack.
     pub fn resolve_mtp(pack: &Pack, runtime: &Runtime) -> Result<Layer, DecoderError> {
         let prefix = names::mtp::LAYER;
         let mixer = Mixer::Attention {
             attn: GatedAttention::resolve(pack, runtime, prefix)?,
             kv_layer: 0,
         };
-        Layer::with_mixer(pack, runtime, usize::MAX, prefix, mixer)
+        let sparse = pack.semantics().moe.is_some();
+        Layer::with_mixer(pack, runtime, prefix, sparse, mixer)
     }
 
-    /// The layer at `prefix` (decoder layer `l`, or `usize::MAX` for the MTP layer) with its
-    /// mixer: the norms and the MLP.
+    /// The layer at `prefix` (a decoder layer's or the MTP layer's) with its mixer: the norms
+    /// and the MLP, routed when `sparse`.
     fn with_mixer(
         pack: &Pack,
         runtime: &Runtime,
-        l: usize,
         prefix: &str,
+        sparse: bool,
         mixer: Mixer,
     ) -> Result<Layer, DecoderError> {
         let sem = pack.semantics();
@@ -105,7 +114,7 @@ impl Layer {
             up: h[1],
             down: h[2],
         };
-        let mlp = match sem.moe.as_ref().filter(|_| sem.is_sparse(l)) {
+        let mlp = match sem.moe.as_ref().filter(|_| sparse) {
             None => {
                 let linears = [Proj::Gate, Proj::Up, Proj::Down]
                     .map(|p| table(&names::proj_in(prefix, p)))
@@ -122,15 +131,15 @@ impl Layer {
                 };
                 let mut linears = Vec::with_capacity(3 * (m.num_experts + 1));
                 for p in ExpertProj::ALL {
-                    linears.push(table(&packs::moe::shared_expert(l, p))?);
+                    linears.push(table(&moe::shared_expert_in(prefix, p))?);
                 }
                 for e in 0..m.num_experts {
                     for p in ExpertProj::ALL {
-                        linears.push(table(&packs::moe::expert(l, e, p))?);
+                        linears.push(table(&moe::expert_in(prefix, e, p))?);
                     }
                 }
-                let router = pack.linear_index(&packs::moe::router(l))?;
-                let shared_gate = pack.linear_index(&packs::moe::shared_expert_gate(l))?;
+                let router = pack.linear_index(&moe::router_in(prefix))?;
+                let shared_gate = pack.linear_index(&moe::shared_expert_gate_in(prefix))?;
                 let h = runtime.register(pack, &linears)?;
                 Mlp::Sparse {
                     router,
@@ -211,8 +220,9 @@ impl Layer {
                     grow(&mut s.shared_gate, rows),
                 )?;
                 let (shared, g) = (&s.shared, &s.shared_gate);
+                let skip_gate = step.ablation.moe_skip_shared_gate;
                 for_rows(pool, &mut s.proj[..rows * hidden], hidden, |r, row| {
-                    let w = sigmoid(g[r]);
+                    let w = if skip_gate { 1.0 } else { sigmoid(g[r]) };
                     for (p, &v) in row.iter_mut().zip(&shared[r * hidden..(r + 1) * hidden]) {
                         *p += w * v;
                     }

@@ -2,7 +2,8 @@
 //! `Qwen3_5MultiTokenPredictor`), a draft source for verified windows. For row j it reads the
 //! model's final (normed) hidden state of row j and the embedding fed at row j + 1:
 //! `fc([norm_e(embedding) | norm_h(hidden)])`, one full-attention layer over its own one-layer
-//! cache at row j's positions, `norm`, then the model's head: the logits of the token after the
+//! cache at row j's positions (its MLP dense, or routed with a shared expert in a Qwen3.5-MoE
+//! pack, as the model's layers), `norm`, then the model's head: the logits of the token after the
 //! next. Its output rows chain: a second draft reads the first draft's embedding and the head's
 //! own output row.
 
@@ -54,6 +55,8 @@ impl Mtp {
         out: &mut Vec<f32>,
     ) -> Result<(), DecoderError> {
         let (pool, rows, h, eps) = (step.pool, step.rows, step.hidden, step.eps);
+        // The routes trace holds the last step's routing: this step's, the MTP layer's alone.
+        st.routes_trace.clear();
         let (w_e, w_h) = (
             norm_weights(step, self.norm_embedding),
             norm_weights(step, self.norm_hidden),

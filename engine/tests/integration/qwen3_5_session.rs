@@ -332,3 +332,107 @@ fn a_prompt_starting_as_a_running_one_copies_up_to_its_prompt_state() {
     }
     assert_eq!(copied, vec![rows - 1, 0]);
 }
+
+/// Greedy ids after a text prompt on a Qwen3.5 pack, decoded in verified windows with up to
+/// `drafts` MTP drafts per window (none: one row per forward), and how many drafts were proposed
+/// and kept. With `keep_rejected`, a window whose draft was rejected keeps that row (the control).
+fn greedy_with_mtp_drafts(
+    pack: &Arc<packs::Pack>,
+    prompt: &[u32],
+    n: usize,
+    drafts: usize,
+    keep_rejected: bool,
+) -> (Vec<u32>, usize, usize) {
+    use decoder::{Decoder, DecoderOptions, HybridInputs, KvDtype, Logits};
+    let runtime = compute::Runtime::host(2).unwrap();
+    let capacity = 128;
+    let mut f = Decoder::new(
+        pack,
+        &runtime,
+        DecoderOptions {
+            capacity,
+            ..DecoderOptions::default()
+        },
+    )
+    .unwrap();
+    f.keep_last_hidden(true);
+    let mut head = engine::mtp_drafts::MtpDrafter::new(&f, capacity, KvDtype::F32);
+    let h = f.semantics().hidden_size;
+    let vocab = f.semantics().vocab_size;
+    let embeds = |f: &Decoder, ids: &[u32]| {
+        let mut out = vec![0.0; ids.len() * h];
+        for (row, &id) in out.chunks_exact_mut(h).zip(ids) {
+            f.embed_row(id, row);
+        }
+        out
+    };
+    let argmax = |x: &[f32]| (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b }) as u32;
+    let logits = f.step_batch(prompt, 0, 0, Logits::LastRow).unwrap();
+    let mut ids = vec![argmax(logits)];
+    let e = embeds(&f, prompt);
+    head.ran(0, &f, &e, &HybridInputs::text(0), &[]);
+    let (mut pos, mut proposed, mut kept_drafts) = (prompt.len() as i64, 0, 0);
+    while ids.len() < n {
+        let token = *ids.last().unwrap();
+        let d = head.propose(&mut f, token, drafts).unwrap();
+        proposed += d.len();
+        let slot = f.next_slot();
+        let mut rows = vec![token];
+        rows.extend_from_slice(&d);
+        let window = f
+            .step_batch(&rows, pos, slot, Logits::AllRows)
+            .unwrap()
+            .to_vec();
+        let e = embeds(&f, &rows);
+        head.ran(slot, &f, &e, &HybridInputs::text(pos), &[]);
+        // Row r's argmax follows rows[..=r]; the draft after it stands while it equals it.
+        let mut r = 0;
+        loop {
+            let next = argmax(&window[r * vocab..(r + 1) * vocab]);
+            ids.push(next);
+            if r < d.len() && d[r] == next && ids.len() < n {
+                r += 1;
+                kept_drafts += 1;
+            } else {
+                break;
+            }
+        }
+        let mut keep = slot + r + 1;
+        if keep_rejected && keep < f.next_slot() {
+            keep += 1;
+        }
+        if keep < f.next_slot() {
+            assert_eq!(f.truncate(keep), keep);
+            head.truncate(keep);
+        }
+        pos += (keep - slot) as i64;
+    }
+    ids.truncate(n);
+    (ids, proposed, kept_drafts)
+}
+
+/// A Qwen3.5-MoE pack's MTP head (tests/fixtures/q35-moe-mtp: its layer's MLP routed) drafts for
+/// verified windows: greedy ids with 1 and 3 drafts per window equal the ids without drafts.
+/// Control: windows that keep a rejected draft's row give other ids.
+#[test]
+fn moe_mtp_drafts_leave_greedy_ids_unchanged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("q35-moe-mtp.pack");
+    let checkpoint = fixtures().join("q35-moe-mtp/checkpoint");
+    let opts = packs::build::BuildOptions::new(packs::QuantKind::F32);
+    packs::build::build_from_hf(&checkpoint, &path, &opts).unwrap();
+    let pack = Arc::new(packs::Pack::open(&path).unwrap());
+    assert!(pack.semantics().moe.is_some() && pack.semantics().delta_net.as_ref().unwrap().mtp);
+    let prompt = [3, 17, 42, 5, 99, 120, 7, 64, 11, 150, 31, 8];
+    let n = 24;
+    let (plain, proposed, _) = greedy_with_mtp_drafts(&pack, &prompt, n, 0, false);
+    assert_eq!(proposed, 0);
+    for drafts in [1, 3] {
+        let (ids, proposed, kept) = greedy_with_mtp_drafts(&pack, &prompt, n, drafts, false);
+        println!("{drafts} MTP drafts per window: {proposed} proposed, {kept} kept");
+        assert!(proposed > 0, "the head proposed nothing");
+        assert_eq!(ids, plain, "{drafts} drafts per window");
+    }
+    let (ids, _, _) = greedy_with_mtp_drafts(&pack, &prompt, n, 3, true);
+    assert_ne!(ids, plain, "a kept rejected row went unnoticed");
+}

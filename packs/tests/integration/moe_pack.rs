@@ -79,7 +79,7 @@ fn build_cli(dir: &Path) -> (i32, String, bool) {
 }
 
 /// The f32 values of a 3-D tensor of a single-file or sharded checkpoint, as stored.
-fn checkpoint_tensor(dir: &Path, name: &str) -> (Vec<f32>, Vec<usize>) {
+pub(crate) fn checkpoint_tensor(dir: &Path, name: &str) -> (Vec<f32>, Vec<usize>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().and_then(|e| e.to_str()) != Some("safetensors") {

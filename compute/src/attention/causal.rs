@@ -65,7 +65,7 @@ impl CacheValue for f32 {
         if simd && AttnPath::Avx2.is_available() {
             // SAFETY: the CPU has AVX2 (checked); keys hold w rows of d, kt d x KEY_TILE floats
             // and w <= KEY_TILE (asserted).
-            unsafe { super::x86::transpose_keys_f32(keys, d, w, kt) };
+            unsafe { super::x86::transpose_keys_f32(keys, (d, d), w, kt) };
             return;
         }
         let _ = simd;

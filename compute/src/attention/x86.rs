@@ -678,16 +678,17 @@ unsafe fn causal_rows<V: Vf, E: Elem, const CK: usize, const CV: usize>(
     }
 }
 
-/// Keys `keys` (`w` rows of `d`, row-major, widened by `widen8`) into `kt` (`[d][KEY_TILE]`, key j
-/// in column j): 8 x 8 blocks transposed in ymm registers, the keys and columns past the last
-/// whole block one by one. A copy, so any order of it gives the same tile.
+/// Keys `keys` (`w` rows of `d`, `stride` values apart, widened by `widen8`) into `kt`
+/// (`[d][KEY_TILE]`, key j in column j): 8 x 8 blocks transposed in ymm registers, the keys and
+/// columns past the last whole block one by one. A copy, so any order of it gives the same tile.
 ///
 /// # Safety
 /// AVX2; `kt` writable for `d x KEY_TILE` floats; `widen8(i)` reads 8 values of `keys` at value
-/// `i` and returns them as f32 for every `i = j·d + c` with `j + 8 <= w`, `c + 8 <= d`.
+/// `i` and returns them as f32 for every `i = j·stride + c` with `j + 8 <= w`, `c + 8 <= d`
+/// (`widen1(i)` one value, for `j < w`, `c < d`).
 #[inline(always)]
 unsafe fn transpose_tile(
-    d: usize,
+    (d, stride): (usize, usize),
     w: usize,
     kt: *mut f32,
     widen8: impl Fn(usize) -> __m256,
@@ -699,7 +700,7 @@ unsafe fn transpose_tile(
     unsafe {
         for j0 in (0..wb).step_by(8) {
             for c0 in (0..db).step_by(8) {
-                let r: [__m256; 8] = std::array::from_fn(|i| widen8((j0 + i) * d + c0));
+                let r: [__m256; 8] = std::array::from_fn(|i| widen8((j0 + i) * stride + c0));
                 let cols = crate::kernels::transpose8(r);
                 for (i, col) in cols.into_iter().enumerate() {
                     _mm256_storeu_ps(kt.add((c0 + i) * KEY_TILE + j0), col);
@@ -707,30 +708,37 @@ unsafe fn transpose_tile(
             }
             for j in j0..j0 + 8 {
                 for c in db..d {
-                    *kt.add(c * KEY_TILE + j) = widen1(j * d + c);
+                    *kt.add(c * KEY_TILE + j) = widen1(j * stride + c);
                 }
             }
         }
         for j in wb..w {
             for c in 0..d {
-                *kt.add(c * KEY_TILE + j) = widen1(j * d + c);
+                *kt.add(c * KEY_TILE + j) = widen1(j * stride + c);
             }
         }
     }
 }
 
-/// [`transpose_tile`] of f32 keys.
+/// [`transpose_tile`] of f32 keys, `stride` values apart.
 ///
 /// # Safety
-/// AVX2; `keys` holds `w` rows of `d`; `kt` writable for `d x KEY_TILE` floats; `w <= KEY_TILE`.
+/// AVX2; `keys` holds `w` rows of `d` values `stride` apart (`(w − 1)·stride + d` values); `kt`
+/// writable for `d x KEY_TILE` floats; `1 <= w <= KEY_TILE`.
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn transpose_keys_f32(keys: &[f32], d: usize, w: usize, kt: &mut [f32]) {
+pub(super) unsafe fn transpose_keys_f32(
+    keys: &[f32],
+    (d, stride): (usize, usize),
+    w: usize,
+    kt: &mut [f32],
+) {
     let k = keys.as_ptr();
-    // SAFETY: AVX2 is enabled; every index the transposition reads is below w·d (its contract),
-    // inside `keys`; kt is d x KEY_TILE (this function's contract).
+    // SAFETY: AVX2 is enabled; every index the transposition reads is below
+    // (w − 1)·stride + d (its contract), inside `keys`; kt is d x KEY_TILE (this function's
+    // contract).
     unsafe {
         transpose_tile(
-            d,
+            (d, stride),
             w,
             kt.as_mut_ptr(),
             |i| _mm256_loadu_ps(k.add(i)),
@@ -750,7 +758,7 @@ pub(super) unsafe fn transpose_keys_bf16(keys: &[bf16], d: usize, w: usize, kt: 
     // inside `keys` (8 bf16 = 16 bytes per load); kt is d x KEY_TILE (this function's contract).
     unsafe {
         transpose_tile(
-            d,
+            (d, d),
             w,
             kt.as_mut_ptr(),
             |i| {

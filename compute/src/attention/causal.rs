@@ -13,9 +13,9 @@
 //! Keys stored as the kernels' tiles ([`Keys::Tiles`], the decoder's cache) and values whose head
 //! dim is a multiple of [`COLUMN_PAD`](super::COLUMN_PAD) are read in place, f32 or bf16 (a bf16
 //! widened exactly in registers as it is loaded: its bits the top half of an f32). Widening a
-//! bf16 cache's tiles into f32 buffers first made its decode attention twice the f32 cache's
-//! time for half the bytes (qwen3-vl-2b, ctx 2048, loaded machine: 50-54 ms a token against
-//! 21-24 read in place; PERF.md, "bf16 K/V read in registers"). Otherwise each tile is packed
+//! bf16 cache's tiles into f32 buffers first made its decode attention slower than the f32
+//! cache's for half the bytes (qwen3-vl-2b, ctx 2048, loaded machine: 45-57 ms a token against
+//! 20-26 read in place; PERF.md, "bf16 K/V read in registers"). Otherwise each tile is packed
 //! into f32 first (row-major K transposed into `[d][KEY_TILE]`, V padded to [`padded_dim`]); the
 //! tile's 32 KB (d = 128) then stay in L1 for the scores.
 

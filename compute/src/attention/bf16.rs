@@ -112,6 +112,7 @@ pub(crate) mod x86 {
     #![allow(clippy::needless_range_loop)]
 
     use super::super::oracle::greater;
+    use super::super::x86::{register_tiles, RegisterTile, Rows};
     use super::super::{BlockState, HeadShape, QueryBlock, KEY_TILE, MAX_TILE_ROWS, SUM_LANES};
     use super::PackedKvBf16;
     use crate::kernels::bf16_dot::x86::{dpbf16_zmm, to_bf16_zmm};
@@ -146,11 +147,6 @@ pub(crate) mod x86 {
             state.pb.resize(MAX_TILE_ROWS * KEY_TILE, bf16::ZERO);
         }
         let qb = state.qb.as_ptr();
-        let (m, l, o) = (
-            state.m.as_mut_ptr(),
-            state.l.as_mut_ptr(),
-            state.o.as_mut_ptr(),
-        );
         let (s, pb) = (state.p.as_mut_ptr(), state.pb.as_mut_ptr());
         let (kt_tile, v_tile) = super::tile_sizes(d);
         for (t, t0) in (0..kv.len).step_by(KEY_TILE).enumerate() {
@@ -162,45 +158,45 @@ pub(crate) mod x86 {
                     kv.v.as_ptr().add(t * v_tile),
                 )
             };
-            let mut r0 = 0;
-            while r0 < rows {
-                let n = (rows - r0).min(MAX_TILE_ROWS);
-                // SAFETY: rows r0 .. r0 + n < rows of the queries and the state (reset for
-                // `rows`); `s` and `pb` hold MAX_TILE_ROWS x KEY_TILE; the tile pointers above.
-                unsafe {
-                    let at = |i: usize| r0 + i.min(n - 1);
-                    let q: [*const bf16; MAX_TILE_ROWS] =
-                        std::array::from_fn(|i| qb.add(at(i) * d));
-                    let ms: [*mut f32; MAX_TILE_ROWS] = std::array::from_fn(|i| m.add(at(i)));
-                    let ls: [*mut f32; MAX_TILE_ROWS] =
-                        std::array::from_fn(|i| l.add(at(i) * SUM_LANES));
-                    let os: [*mut f32; MAX_TILE_ROWS] = std::array::from_fn(|i| o.add(at(i) * dp));
-                    macro_rules! tile {
-                        ($r:literal) => {
-                            tile::<$r>(
-                                std::array::from_fn(|i| q[i]),
-                                std::array::from_fn(|i| ms[i]),
-                                std::array::from_fn(|i| ls[i]),
-                                std::array::from_fn(|i| os[i]),
-                                (kt, v, w),
-                                (d, dp, shape.scale),
-                                (s, pb),
-                            )
-                        };
-                    }
-                    match n {
-                        4 => tile!(4),
-                        3 => tile!(3),
-                        2 => tile!(2),
-                        _ => tile!(1),
-                    }
-                }
-                r0 += n;
-            }
+            let tile = PackedTile {
+                kt,
+                v,
+                d,
+                dp,
+                scale: shape.scale,
+                s,
+                pb,
+            };
+            // SAFETY: the rows are the block's (their bf16 queries `d` apart in `qb`), each
+            // reading the tile's w keys; `s` and `pb` hold MAX_TILE_ROWS x KEY_TILE values.
+            unsafe { register_tiles(&tile, state, dp, (0, rows), |r| qb.add(r * d), |_| w) }
         }
     }
 
-    /// One register tile of R rows against one packed tile of `w` keys.
+    /// A packed key and value tile, and a register tile's scores `s` and probabilities `pb`.
+    #[derive(Clone, Copy)]
+    struct PackedTile {
+        kt: *const bf16,
+        v: *const bf16,
+        d: usize,
+        dp: usize,
+        scale: f32,
+        s: *mut f32,
+        pb: *mut bf16,
+    }
+
+    impl RegisterTile for PackedTile {
+        type Q = bf16;
+        /// # Safety
+        /// As [`tile`].
+        #[inline(always)]
+        unsafe fn run<const R: usize>(&self, rows: Rows<bf16, R>) {
+            // SAFETY: this method's contract is `tile`'s.
+            unsafe { tile::<R>(rows, self) }
+        }
+    }
+
+    /// One register tile of R rows against one packed tile of `w` keys (every row's `w`).
     ///
     /// # Safety
     /// AVX-512 F, BW and BF16; each q readable for `d` bf16, m for 1, l for [`SUM_LANES`], o
@@ -208,15 +204,18 @@ pub(crate) mod x86 {
     /// writable for `R x KEY_TILE`; `1 <= w <= KEY_TILE`; `d` even; `dp` a multiple of 64 or
     /// of 16.
     #[inline(always)]
-    unsafe fn tile<const R: usize>(
-        q: [*const bf16; R],
-        m: [*mut f32; R],
-        l: [*mut f32; R],
-        o: [*mut f32; R],
-        (kt, v, w): (*const bf16, *const bf16, usize),
-        (d, dp, scale): (usize, usize, f32),
-        (s, pb): (*mut f32, *mut bf16),
-    ) {
+    unsafe fn tile<const R: usize>(rows: Rows<bf16, R>, tile: &PackedTile) {
+        let Rows { q, m, l, o, w } = rows;
+        let w = w[0];
+        let PackedTile {
+            kt,
+            v,
+            d,
+            dp,
+            scale,
+            s,
+            pb,
+        } = *tile;
         // SAFETY: the features (contract). Scores: pair u < d/2 of each row's q, K pairs
         // `kt + u·2·KEY_TILE + 32·i` for i < 4 (inside the tile); stores into row r's `s`.
         // Softmax: row r's s, pb, m, l. p·V: V pair rows u < ceil(w/2) <= KEY_TILE/2 at columns

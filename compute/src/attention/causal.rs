@@ -1,5 +1,5 @@
-//! The causal mask over a KV cache stored row-major per slot (the decoder's: one KV head's K is
-//! `slots x d` values, slot after slot, and its V the same): position i of a block of query
+//! The causal mask over a KV cache (one KV head's V is `slots x d` values, slot after slot, and
+//! its K the same or stored as the kernels' key tiles, [`Keys`]): position i of a block of query
 //! positions reads keys `0 .. first_len + i`, its own included. The query heads of a GQA group
 //! read one KV head, so a block's rows are its (position, head) pairs, and they share each key
 //! tile from L1.
@@ -10,23 +10,36 @@
 //! another sequence or alone in a decode step. That is what keeps batched prefill, stepwise
 //! decode, sequences side by side and drafts on the same bits.
 //!
-//! Per tile the keys are packed for the kernels (K transposed into `[d][KEY_TILE]`); V is read in
-//! place from an f32 cache whose head dim is a multiple of [`COLUMN_PAD`](super::COLUMN_PAD), else widened (bf16 to
-//! f32 is exact) and padded to [`padded_dim`]. The tile's packing is the only pass over K that
-//! decode adds: the tile's 32 KB (d = 128) stay in L1 for the scores.
+//! Keys stored as the kernels' tiles ([`Keys::Tiles`], the decoder's cache) and values whose head
+//! dim is a multiple of [`COLUMN_PAD`](super::COLUMN_PAD) are read in place, f32 or bf16 (a bf16
+//! widened exactly in registers as it is loaded: its bits the top half of an f32). Widening a
+//! bf16 cache's tiles into f32 buffers first made its decode attention slower than the f32
+//! cache's for half the bytes (qwen3-vl-2b, ctx 2048, loaded machine: 45-57 ms a token against
+//! 20-26 read in place; PERF.md, "bf16 K/V read in registers"). Otherwise each tile is packed
+//! into f32 first (row-major K transposed into `[d][KEY_TILE]`, V padded to [`padded_dim`]); the
+//! tile's 32 KB (d = 128) then stay in L1 for the scores.
 
-use super::{oracle, padded_dim, AttnPath, BlockState, HeadShape, Planted, KEY_TILE, SUM_LANES};
+use super::{
+    oracle, padded_dim, AttnPath, BlockState, Elem, HeadShape, Planted, KEY_TILE, SUM_LANES,
+};
 use half::bf16;
 
-/// A value a KV cache holds: f32, or bf16 (widened exactly to f32 for the kernels).
+/// A value a KV cache holds: f32, or bf16 (widened exactly to f32 for the arithmetic).
 pub trait CacheValue: Copy + Send + Sync + 'static {
     fn widen(self) -> f32;
-    /// The values themselves when they are f32 (read in place).
-    fn as_f32(values: &[Self]) -> Option<&[f32]>;
+    /// Keys and values of the cache as the kernels read them in place.
+    fn in_place<'a>(k: &'a [Self], v: &'a [Self]) -> InPlace<'a>;
     /// `w` keys of `d` values (`keys`, row-major) widened into `kt` (`[d][KEY_TILE]`, key j in
     /// column j), in 8 x 8 register blocks when `simd` (the CPU runs AVX2): a copy, the same
     /// floats either way.
     fn transpose_keys(keys: &[Self], d: usize, w: usize, kt: &mut [f32], simd: bool);
+}
+
+/// A KV head's key tiles and value rows of one type, for the kernels to read in place.
+#[derive(Clone, Copy)]
+pub enum InPlace<'a> {
+    F32 { k: &'a [f32], v: &'a [f32] },
+    Bf16 { k: &'a [bf16], v: &'a [bf16] },
 }
 
 /// [`CacheValue::transpose_keys`] one value at a time.
@@ -43,8 +56,8 @@ impl CacheValue for f32 {
     fn widen(self) -> f32 {
         self
     }
-    fn as_f32(values: &[f32]) -> Option<&[f32]> {
-        Some(values)
+    fn in_place<'a>(k: &'a [f32], v: &'a [f32]) -> InPlace<'a> {
+        InPlace::F32 { k, v }
     }
     fn transpose_keys(keys: &[f32], d: usize, w: usize, kt: &mut [f32], simd: bool) {
         assert!(keys.len() >= w * d && kt.len() >= d * KEY_TILE && w <= KEY_TILE);
@@ -52,7 +65,7 @@ impl CacheValue for f32 {
         if simd && AttnPath::Avx2.is_available() {
             // SAFETY: the CPU has AVX2 (checked); keys hold w rows of d, kt d x KEY_TILE floats
             // and w <= KEY_TILE (asserted).
-            unsafe { super::x86::transpose_keys_f32(keys, d, w, kt) };
+            unsafe { super::x86::transpose_keys_f32(keys, (d, d), w, kt) };
             return;
         }
         let _ = simd;
@@ -61,14 +74,12 @@ impl CacheValue for f32 {
 }
 
 impl CacheValue for bf16 {
-    /// The bf16's bits as the top half of an f32 (exact; `half`'s `to_f32` also quiets a
-    /// signalling NaN, a select in the loop that widens a tile's values).
     #[inline(always)]
     fn widen(self) -> f32 {
-        f32::from_bits(u32::from(self.to_bits()) << 16)
+        Elem::widen(self)
     }
-    fn as_f32(_: &[bf16]) -> Option<&[f32]> {
-        None
+    fn in_place<'a>(k: &'a [bf16], v: &'a [bf16]) -> InPlace<'a> {
+        InPlace::Bf16 { k, v }
     }
     fn transpose_keys(keys: &[bf16], d: usize, w: usize, kt: &mut [f32], simd: bool) {
         assert!(keys.len() >= w * d && kt.len() >= d * KEY_TILE && w <= KEY_TILE);
@@ -129,8 +140,8 @@ impl CausalBlock<'_> {
 /// Where one KV head's keys are: row-major (`d` values a slot, slot after slot), or stored as the
 /// kernels read them, tiles of [`KEY_TILE`] slots each transposed (`[tile][d][KEY_TILE]`, slot
 /// `t·KEY_TILE + j`'s value c at `t·d·KEY_TILE + c·KEY_TILE + j`; the decoder's cache). Tiles need
-/// no packing per call: an f32 tile is read in place, a bf16 one widened in order, where row-major
-/// keys are transposed tile by tile (in a one-row decode step that costs more than the dots).
+/// no packing per call: f32 or bf16, they are read in place, where row-major keys are transposed
+/// tile by tile (in a one-row decode step that costs more than the dots).
 #[derive(Clone, Copy)]
 pub enum Keys<'a, T> {
     RowMajor(&'a [T]),
@@ -208,80 +219,28 @@ pub(crate) fn attend_causal_on<T: CacheValue>(
     let rows = block.positions * block.heads;
     let CausalScratch { state, kt, v: vp } = scratch;
     state.reset(rows, dp);
-    if kt.len() < d * KEY_TILE {
-        kt.resize(d * KEY_TILE, 0.0);
-    }
-    // V in place: an f32 cache whose rows are already `dp` apart.
-    let v_in_place = T::as_f32(v).filter(|_| dp == d);
-    if v_in_place.is_none() && vp.len() < KEY_TILE * dp {
-        vp.resize(KEY_TILE * dp, 0.0);
-    }
-    let simd = path != AttnPath::Scalar && path.is_available();
-    for (t, t0) in (0..keys).step_by(KEY_TILE).enumerate() {
-        if planted.skip_tile == Some(t) {
-            continue;
-        }
-        let w = (keys - t0).min(KEY_TILE);
-        // The first position that reads a key of this tile (len = first_len + i > t0).
-        let i0 = (t0 + 1).saturating_sub(block.first_len);
-        // The keys past `w` keep an earlier tile's (finite or not) values: their scores are
-        // replaced by −∞ before the maximum, as every row's keys past its own count are.
-        let kt: &[f32] = match k {
-            Keys::RowMajor(k) => {
-                let kt = &mut kt[..d * KEY_TILE];
-                T::transpose_keys(&k[t0 * d..(t0 + w) * d], d, w, kt, simd);
-                kt
+    let walk = Walk {
+        path,
+        simd: path != AttnPath::Scalar && path.is_available(),
+        shape,
+        planted,
+    };
+    match k {
+        // In place: the cache's key tiles, and value rows already `dp` apart.
+        Keys::Tiles(k) if dp == d => match T::in_place(k, v) {
+            InPlace::F32 { k, v } => walk.tiles(&block, state, &mut Stored { k, v }),
+            InPlace::Bf16 { k, v } => walk.tiles(&block, state, &mut Stored { k, v }),
+        },
+        k => {
+            if kt.len() < d * KEY_TILE {
+                kt.resize(d * KEY_TILE, 0.0);
             }
-            Keys::Tiles(k) => {
-                let tile = &k[t * d * KEY_TILE..(t + 1) * d * KEY_TILE];
-                match T::as_f32(tile) {
-                    Some(tile) => tile,
-                    None => {
-                        let kt = &mut kt[..d * KEY_TILE];
-                        for (y, &x) in kt.iter_mut().zip(tile) {
-                            *y = x.widen();
-                        }
-                        kt
-                    }
-                }
+            if vp.len() < KEY_TILE * dp {
+                vp.resize(KEY_TILE * dp, 0.0);
             }
-        };
-        let vt: &[f32] = match v_in_place {
-            Some(v) => &v[t0 * d..(t0 + w) * d],
-            None => {
-                let vp = &mut vp[..w * dp];
-                for (row, x) in vp
-                    .chunks_exact_mut(dp)
-                    .zip(v[t0 * d..(t0 + w) * d].chunks_exact(d))
-                {
-                    for (y, &x) in row.iter_mut().zip(x) {
-                        *y = x.widen();
-                    }
-                    row[d..].fill(0.0);
-                }
-                vp
-            }
-        };
-        if simd {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the CPU runs the path (checked above); kt holds d x KEY_TILE floats, vt
-            // the tile's w rows of dp; the block was checked and i0 is its first position
-            // reading past t0; the state was reset for its rows.
-            unsafe {
-                super::x86::causal_tile(path, shape, &block, (t0, i0), kt, vt, state)
-            };
-            continue;
-        }
-        let mut p = [0f32; KEY_TILE];
-        for r in i0 * block.heads..rows {
-            let (i, h) = (r / block.heads, r % block.heads);
-            let q = &block.q[i * block.q_stride + h * d..][..d];
-            let w_r = (block.first_len + i - t0).min(KEY_TILE);
-            let l: &mut [f32; SUM_LANES] = (&mut state.l[r * SUM_LANES..][..SUM_LANES])
-                .try_into()
-                .expect("SUM_LANES lanes");
-            let o = &mut state.o[r * dp..][..d];
-            oracle::tile_step(shape, q, kt, vt, w_r, (&mut state.m[r], l, o), &mut p);
+            let simd = walk.simd;
+            let packed = &mut Packed { k, v, kt, vp, simd };
+            walk.tiles(&block, state, packed)
         }
     }
     for r in 0..rows {
@@ -289,6 +248,127 @@ pub(crate) fn attend_causal_on<T: CacheValue>(
         let out = &mut block.out[i * block.out_stride + h * d..][..d];
         out.copy_from_slice(&state.o[r * dp..][..d]);
         oracle::finish_row(&state.l[r * SUM_LANES..][..SUM_LANES], out);
+    }
+}
+
+/// Where the kernels read key tile t (keys `t0 .. t0 + w`).
+trait TileSource<E> {
+    /// Tile `at = (t, t0, w)`'s keys (`[d][KEY_TILE]`, key j in column j) and its `w` value
+    /// rows (`dp` apart).
+    fn tile(&mut self, d: usize, at: (usize, usize, usize)) -> (&[E], &[E]);
+}
+
+/// The cache's own key tiles and value rows (`dp = d`), read in place.
+struct Stored<'a, E> {
+    k: &'a [E],
+    v: &'a [E],
+}
+
+impl<E> TileSource<E> for Stored<'_, E> {
+    fn tile(&mut self, d: usize, (t, t0, w): (usize, usize, usize)) -> (&[E], &[E]) {
+        (
+            &self.k[t * d * KEY_TILE..(t + 1) * d * KEY_TILE],
+            &self.v[t0 * d..(t0 + w) * d],
+        )
+    }
+}
+
+/// Each tile packed into f32 buffers: row-major keys transposed (and widened), stored tiles
+/// widened, value rows widened and padded to `dp`.
+struct Packed<'a, T> {
+    k: Keys<'a, T>,
+    v: &'a [T],
+    kt: &'a mut [f32],
+    vp: &'a mut [f32],
+    simd: bool,
+}
+
+impl<T: CacheValue> TileSource<f32> for Packed<'_, T> {
+    fn tile(&mut self, d: usize, (t, t0, w): (usize, usize, usize)) -> (&[f32], &[f32]) {
+        let dp = padded_dim(d);
+        // The keys past `w` keep an earlier tile's (finite or not) values: their scores are
+        // replaced by −∞ before the maximum, as every row's keys past its own count are.
+        let kt = &mut self.kt[..d * KEY_TILE];
+        match self.k {
+            Keys::RowMajor(k) => T::transpose_keys(&k[t0 * d..(t0 + w) * d], d, w, kt, self.simd),
+            Keys::Tiles(k) => {
+                let tile = &k[t * d * KEY_TILE..(t + 1) * d * KEY_TILE];
+                for (y, &x) in kt.iter_mut().zip(tile) {
+                    *y = x.widen();
+                }
+            }
+        }
+        let vp = &mut self.vp[..w * dp];
+        for (row, x) in vp
+            .chunks_exact_mut(dp)
+            .zip(self.v[t0 * d..(t0 + w) * d].chunks_exact(d))
+        {
+            for (y, &x) in row.iter_mut().zip(x) {
+                *y = x.widen();
+            }
+            row[d..].fill(0.0);
+        }
+        (kt, vp)
+    }
+}
+
+/// How a call walks its key tiles.
+#[derive(Clone, Copy)]
+struct Walk {
+    path: AttnPath,
+    /// Whether `path` is a SIMD path this CPU runs (else the oracle's arithmetic).
+    simd: bool,
+    shape: HeadShape,
+    planted: Planted,
+}
+
+impl Walk {
+    /// Every key tile the block reads, from `src`, into `state` (reset for the block's rows).
+    fn tiles<E: Elem>(
+        self,
+        block: &CausalBlock<'_>,
+        state: &mut BlockState,
+        src: &mut impl TileSource<E>,
+    ) {
+        let Walk {
+            path,
+            simd,
+            shape,
+            planted,
+        } = self;
+        let (d, dp) = (shape.d, padded_dim(shape.d));
+        let (keys, rows) = (block.last_len(), block.positions * block.heads);
+        for (t, t0) in (0..keys).step_by(KEY_TILE).enumerate() {
+            if planted.skip_tile == Some(t) {
+                continue;
+            }
+            let w = (keys - t0).min(KEY_TILE);
+            // The first position that reads a key of this tile (len = first_len + i > t0).
+            let i0 = (t0 + 1).saturating_sub(block.first_len);
+            let (kt, vt) = src.tile(d, (t, t0, w));
+            if simd {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the CPU runs the path (checked by the caller); kt holds d x KEY_TILE
+                // values, vt the tile's w rows of dp; the block was checked and i0 is its first
+                // position reading past t0; the state was reset for its rows.
+                unsafe {
+                    super::x86::causal_tile(path, shape, block, (t0, i0), kt, vt, state)
+                };
+                continue;
+            }
+            let mut p = [0f32; KEY_TILE];
+            for r in i0 * block.heads..rows {
+                let (i, h) = (r / block.heads, r % block.heads);
+                let q = &block.q[i * block.q_stride + h * d..][..d];
+                let w_r = (block.first_len + i - t0).min(KEY_TILE);
+                let l: &mut [f32; SUM_LANES] = (&mut state.l[r * SUM_LANES..][..SUM_LANES])
+                    .try_into()
+                    .expect("SUM_LANES lanes");
+                let o = &mut state.o[r * dp..][..d];
+                oracle::tile_step(shape, q, kt, vt, w_r, (&mut state.m[r], l, o), &mut p);
+            }
+        }
+        let _ = path;
     }
 }
 

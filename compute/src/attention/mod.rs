@@ -22,7 +22,7 @@
 //!
 //! Masks: [`segments`] (every row of a segment attends all rows of it: the vision tower's images,
 //! transformers' `cu_seqlens`) and [`causal`] (a row attends the cache slots up to its own, over
-//! the decoder's row-major KV cache, f32 or bf16, the tiles at absolute slots: prefill, decode,
+//! the decoder's KV cache, f32 or bf16 read in place, the tiles at absolute slots: prefill, decode,
 //! draft windows and sequences side by side on the same bits).
 
 // Every unsafe operation inside an `unsafe fn` sits in an `unsafe` block with a `// SAFETY:` reason.
@@ -54,6 +54,46 @@ pub const COLUMN_PAD: usize = 16;
 /// The head dim rounded up to [`COLUMN_PAD`].
 pub fn padded_dim(d: usize) -> usize {
     d.div_ceil(COLUMN_PAD) * COLUMN_PAD
+}
+
+/// A value the f32 tile kernels read K and V as: f32, or bf16 widened exactly in registers (its
+/// bits the top half of an f32), so a bf16 cache's tiles are read in place at half the bytes.
+pub(crate) trait Elem: Copy + Send + Sync + 'static {
+    fn widen(self) -> f32;
+    /// `V::LANES` values from `p`, widened.
+    ///
+    /// # Safety
+    /// `V`'s CPU features; `p` readable for `V::LANES` values.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load<V: x86::Vf>(p: *const Self) -> V;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load<V: x86::Vf>(p: *const f32) -> V {
+        // SAFETY: the features and the readable floats are this function's contract.
+        unsafe { V::load(p) }
+    }
+}
+
+impl Elem for half::bf16 {
+    /// The bf16's bits as the top half of an f32 (exact; `half`'s `to_f32` also quiets a
+    /// signalling NaN, a select in the loops that read a tile).
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load<V: x86::Vf>(p: *const half::bf16) -> V {
+        // SAFETY: the features and the readable values are this function's contract.
+        unsafe { V::load_bf16(p) }
+    }
 }
 
 /// A path the attention kernels run on.

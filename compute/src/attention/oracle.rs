@@ -1,7 +1,7 @@
 //! The arithmetic of one query row, written out plainly (the module docs of `attention` state
 //! it): the portable path, and the oracle every SIMD path is tested bit-equal to.
 
-use super::{HeadShape, PackedKv, KEY_TILE, SUM_LANES};
+use super::{Elem, HeadShape, PackedKv, KEY_TILE, SUM_LANES};
 use crate::ops::mathf::exp;
 
 /// `a` if it is greater than `b`, else `b` (the `vmaxps` rule, element first).
@@ -44,13 +44,13 @@ pub fn attend_row(shape: HeadShape, q: &[f32], kv: PackedKv<'_>, out: &mut [f32]
 }
 
 /// One key tile of `w` keys (`kt`: `[d][KEY_TILE]`, key j in column j; `v`: `w` rows of
-/// `padded_dim(d)`) into one row's running state `(m, l, o)` (`o`: `d` values), as the module
-/// docs fix it; `p` is scratch.
-pub(crate) fn tile_step(
+/// `padded_dim(d)`; f32 or bf16, each value widened exactly as it is read) into one row's running
+/// state `(m, l, o)` (`o`: `d` values), as the module docs fix it; `p` is scratch.
+pub(crate) fn tile_step<E: Elem>(
     shape: HeadShape,
     q: &[f32],
-    kt: &[f32],
-    v: &[f32],
+    kt: &[E],
+    v: &[E],
     w: usize,
     (m, l, o): (&mut f32, &mut [f32; SUM_LANES], &mut [f32]),
     p: &mut [f32; KEY_TILE],
@@ -62,7 +62,7 @@ pub(crate) fn tile_step(
     for (j, pj) in p[..w].iter_mut().enumerate() {
         let mut acc = 0f32;
         for (c, &qc) in q.iter().enumerate() {
-            acc = qc.mul_add(kt[c * KEY_TILE + j], acc);
+            acc = qc.mul_add(kt[c * KEY_TILE + j].widen(), acc);
         }
         *pj = acc * shape.scale;
         tile_max = greater(*pj, tile_max);
@@ -81,7 +81,7 @@ pub(crate) fn tile_step(
     for (c, oc) in o[..d].iter_mut().enumerate() {
         let mut a = *oc * alpha;
         for (j, &pj) in p[..w].iter().enumerate() {
-            a = pj.mul_add(v[j * dp + c], a);
+            a = pj.mul_add(v[j * dp + c].widen(), a);
         }
         *oc = a;
     }

@@ -145,6 +145,7 @@ pub(crate) fn attend_planned(
         &mut kb[..heads * bf16_sizes.0],
         &mut vb[..heads * bf16_sizes.1],
     );
+    let simd = plan.path != AttnPath::Scalar && AttnPath::Avx2.is_available();
     match operands {
         Operands::F32 => kt
             .par_chunks_mut(kt_head.max(1))
@@ -156,18 +157,9 @@ pub(crate) fn attend_planned(
                         &mut kt[before * tile_floats..][..len.div_ceil(KEY_TILE) * tile_floats];
                     for (t, tile) in seg.chunks_exact_mut(tile_floats).enumerate() {
                         let w = (len - t * KEY_TILE).min(KEY_TILE);
-                        for j in 0..KEY_TILE {
-                            if j < w {
-                                let k = element(start + t * KEY_TILE + j, 1, h);
-                                for (c, &x) in k.iter().enumerate() {
-                                    tile[c * KEY_TILE + j] = x;
-                                }
-                            } else {
-                                for c in 0..d {
-                                    tile[c * KEY_TILE + j] = 0.0;
-                                }
-                            }
-                        }
+                        let at = (start + t * KEY_TILE) * 3 * hidden + hidden + h * d;
+                        let keys = &qkv[at..][..(w - 1) * 3 * hidden + d];
+                        pack_key_tile(keys, (d, 3 * hidden), w, tile, simd);
                     }
                 }
                 for (r, row) in v.chunks_exact_mut(dp).enumerate() {
@@ -262,4 +254,35 @@ pub(crate) fn attend_planned(
             oc.copy_from_slice(&oh[(h * rows + r) * d..][..d]);
         }
     });
+}
+
+/// `w` keys of `d` values, `stride` values apart in `keys`, into `kt` (`[d][KEY_TILE]`, key j in
+/// column j; the columns past `w` zero): 8 x 8 blocks transposed in ymm registers when `simd` (the
+/// CPU runs AVX2), where one value at a time, a store every 256 bytes, took about 5% of the tower's
+/// f32 attention (PERF.md, "bf16 K/V read in registers"). A copy: the same floats either way.
+fn pack_key_tile(keys: &[f32], (d, stride): (usize, usize), w: usize, kt: &mut [f32], simd: bool) {
+    assert!(
+        (1..=KEY_TILE).contains(&w)
+            && keys.len() >= (w - 1) * stride + d
+            && kt.len() >= d * KEY_TILE,
+        "pack_key_tile: {w} keys of {d}, {stride} apart, from {} values into {}",
+        keys.len(),
+        kt.len()
+    );
+    for col in kt[..d * KEY_TILE].chunks_exact_mut(KEY_TILE) {
+        col[w..].fill(0.0);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: the caller's `simd` says the CPU has AVX2; keys hold w rows of d values
+        // `stride` apart and kt d x KEY_TILE floats, 1 <= w <= KEY_TILE (asserted).
+        unsafe { super::x86::transpose_keys_f32(keys, (d, stride), w, kt) };
+        return;
+    }
+    let _ = simd;
+    for j in 0..w {
+        for (c, &x) in keys[j * stride..][..d].iter().enumerate() {
+            kt[c * KEY_TILE + j] = x;
+        }
+    }
 }

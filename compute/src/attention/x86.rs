@@ -14,7 +14,7 @@
 use super::causal::CausalBlock;
 use super::oracle::greater;
 use super::{
-    AttnPath, BlockState, HeadShape, PackedKv, Planted, QueryBlock, KEY_TILE, MAX_TILE_ROWS,
+    AttnPath, BlockState, Elem, HeadShape, PackedKv, Planted, QueryBlock, KEY_TILE, MAX_TILE_ROWS,
     SUM_LANES,
 };
 use crate::ops::mathf::{self, simd::exp16, simd::exp8};
@@ -23,7 +23,7 @@ use std::arch::x86_64::*;
 
 /// An f32 vector of `LANES` lanes. Every method needs the CPU features of its implementation
 /// (the callers are compiled with them and inline these).
-trait Vf: Copy {
+pub(crate) trait Vf: Copy {
     const LANES: usize;
     /// # Safety
     /// The implementation's CPU features.
@@ -34,6 +34,11 @@ trait Vf: Copy {
     /// # Safety
     /// The implementation's CPU features; `p` readable for `LANES` floats.
     unsafe fn load(p: *const f32) -> Self;
+    /// `LANES` bf16 widened exactly: each one's 16 bits shifted into the top half of a lane.
+    ///
+    /// # Safety
+    /// The implementation's CPU features; `p` readable for `LANES` bf16.
+    unsafe fn load_bf16(p: *const bf16) -> Self;
     /// # Safety
     /// The implementation's CPU features; `p` writable for `LANES` floats.
     unsafe fn store(self, p: *mut f32);
@@ -88,6 +93,13 @@ impl Vf for Ymm {
     unsafe fn load(p: *const f32) -> Self {
         // SAFETY: AVX and 8 readable floats at `p`, which the caller guarantees.
         Ymm(unsafe { _mm256_loadu_ps(p) })
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const bf16) -> Self {
+        // SAFETY: AVX2 and 8 readable bf16 (16 bytes) at `p`, which the caller guarantees.
+        let x = unsafe { _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast())) };
+        // SAFETY: AVX2, which the caller guarantees; register-only.
+        Ymm(unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x)) })
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
@@ -158,6 +170,13 @@ impl Vf for Zmm {
     unsafe fn load(p: *const f32) -> Self {
         // SAFETY: AVX-512 F and 16 readable floats at `p`, which the caller guarantees.
         Zmm(unsafe { _mm512_loadu_ps(p) })
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const bf16) -> Self {
+        // SAFETY: AVX-512 F and 16 readable bf16 (32 bytes) at `p`, which the caller guarantees.
+        let x = unsafe { _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast())) };
+        // SAFETY: AVX-512 F, which the caller guarantees; register-only.
+        Zmm(unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x)) })
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
@@ -254,15 +273,129 @@ unsafe fn block_avx2(
     unsafe { walk_tiles::<Ymm, 2, 2>(shape, kv, block, state, planted) }
 }
 
-/// Where one register tile's rows read and write.
+/// Where one register tile's rows read and write, and how many keys of the tile each reads.
 #[derive(Clone, Copy)]
-struct Rows<const R: usize> {
-    /// Each row's query (`d` floats).
-    q: [*const f32; R],
+pub(super) struct Rows<Q, const R: usize> {
+    /// Each row's query (`d` values).
+    pub q: [*const Q; R],
     /// Each row's m (1 float), l ([`SUM_LANES`]) and o (`dp`).
-    m: [*mut f32; R],
-    l: [*mut f32; R],
-    o: [*mut f32; R],
+    pub m: [*mut f32; R],
+    pub l: [*mut f32; R],
+    pub o: [*mut f32; R],
+    /// Each row's keys of the tile (1 ..= [`KEY_TILE`]).
+    pub w: [usize; R],
+}
+
+/// One register tile's work on a key tile, for any count of rows R in 1 ..= [`MAX_TILE_ROWS`]
+/// (a constant to the kernel, which keeps its accumulators in registers).
+pub(super) trait RegisterTile {
+    /// The queries' element.
+    type Q;
+    /// # Safety
+    /// The implementation's CPU features and contract for `rows`.
+    unsafe fn run<const R: usize>(&self, rows: Rows<Self::Q, R>);
+}
+
+/// Block rows `r0 .. rows` through `tile`, [`MAX_TILE_ROWS`] at a time (the last register tile
+/// the rest): row r reads its query at `q(r)` and `w(r)` keys of the tile, its running state is
+/// row r of `state`. The one place the row count becomes the kernels' constant R.
+///
+/// # Safety
+/// `tile`'s CPU features and contract for every such row; `q(r)` and `w(r)` valid for
+/// `r0 <= r < rows`; `state` reset for at least `rows` rows of `dp` outputs.
+#[inline(always)]
+pub(super) unsafe fn register_tiles<T: RegisterTile>(
+    tile: &T,
+    state: &mut BlockState,
+    dp: usize,
+    (r0, rows): (usize, usize),
+    q: impl Fn(usize) -> *const T::Q,
+    w: impl Fn(usize) -> usize,
+) {
+    let (m, l, o) = (
+        state.m.as_mut_ptr(),
+        state.l.as_mut_ptr(),
+        state.o.as_mut_ptr(),
+    );
+    /// Rows `r0 .. r0 + R`.
+    ///
+    /// # Safety
+    /// `r0 + R <= rows` of the state behind `m`, `l` and `o`.
+    #[inline(always)]
+    unsafe fn at<Q, const R: usize>(
+        r0: usize,
+        (m, l, o, dp): (*mut f32, *mut f32, *mut f32, usize),
+        q: &impl Fn(usize) -> *const Q,
+        w: &impl Fn(usize) -> usize,
+    ) -> Rows<Q, R> {
+        // SAFETY: row r0 + i < rows of the state (contract).
+        unsafe {
+            Rows {
+                q: std::array::from_fn(|i| q(r0 + i)),
+                m: std::array::from_fn(|i| m.add(r0 + i)),
+                l: std::array::from_fn(|i| l.add((r0 + i) * SUM_LANES)),
+                o: std::array::from_fn(|i| o.add((r0 + i) * dp)),
+                w: std::array::from_fn(|i| w(r0 + i)),
+            }
+        }
+    }
+    let ptrs = (m, l, o, dp);
+    let mut r0 = r0;
+    while r0 < rows {
+        let n = (rows - r0).min(MAX_TILE_ROWS);
+        // SAFETY: the register tile's rows are r0 .. r0 + n <= rows, in the state and valid
+        // for `q` and `w` (contract); `tile`'s contract is this function's.
+        unsafe {
+            match n {
+                4 => tile.run(at::<_, 4>(r0, ptrs, &q, &w)),
+                3 => tile.run(at::<_, 3>(r0, ptrs, &q, &w)),
+                2 => tile.run(at::<_, 2>(r0, ptrs, &q, &w)),
+                _ => tile.run(at::<_, 1>(r0, ptrs, &q, &w)),
+            }
+        }
+        r0 += n;
+    }
+}
+
+/// The f32 kernel's key tile (`kt`: `[d][KEY_TILE]`; `v`: the tile's first value row, rows of
+/// `dp`; f32 or bf16), for `V` vectors, `CK` key vectors and `CV` column vectors a step.
+struct KeyTile<V, E, const CK: usize, const CV: usize> {
+    kt: *const E,
+    v: *const E,
+    d: usize,
+    dp: usize,
+    scale: f32,
+    /// A register tile's probabilities (`MAX_TILE_ROWS x KEY_TILE`).
+    p: *mut f32,
+    vf: std::marker::PhantomData<V>,
+}
+
+impl<V: Vf, E: Elem, const CK: usize, const CV: usize> KeyTile<V, E, CK, CV> {
+    fn new(kt: *const E, v: *const E, shape: HeadShape, p: *mut f32) -> Self {
+        let (d, dp, scale) = (shape.d, shape.dp(), shape.scale);
+        let vf = std::marker::PhantomData;
+        KeyTile {
+            kt,
+            v,
+            d,
+            dp,
+            scale,
+            p,
+            vf,
+        }
+    }
+}
+
+impl<V: Vf, E: Elem, const CK: usize, const CV: usize> RegisterTile for KeyTile<V, E, CK, CV> {
+    type Q = f32;
+    /// # Safety
+    /// `V`'s CPU features; the rows as [`tile`] reads them, `kt` and `v` holding the tile and
+    /// `p` a register tile's probabilities.
+    #[inline(always)]
+    unsafe fn run<const R: usize>(&self, rows: Rows<f32, R>) {
+        // SAFETY: this method's contract is `tile`'s.
+        unsafe { tile::<V, E, R, CK, CV>(rows, self) }
+    }
 }
 
 /// Every key tile against every register tile of rows (tile outer, so the tile's K and V stay
@@ -279,29 +412,8 @@ unsafe fn walk_tiles<V: Vf, const CK: usize, const CV: usize>(
     planted: Planted,
 ) {
     let (d, dp) = (shape.d, shape.dp());
-    let rows = block.rows;
     let q = block.q.as_ptr();
-    let (m, l, o) = (
-        state.m.as_mut_ptr(),
-        state.l.as_mut_ptr(),
-        state.o.as_mut_ptr(),
-    );
     let p = state.p.as_mut_ptr();
-    // Every pointer below is inside its slice by this function's contract: row r < rows of q,
-    // m, l, o; tile t < tiles of kt; keys t·KEY_TILE + j < len of v.
-    // SAFETY (for `rows_at`): called with r0 + R <= rows only.
-    let rows_at = |r0: usize, n: usize| -> Rows<MAX_TILE_ROWS> {
-        let at = |i: usize| r0 + i.min(n - 1);
-        // SAFETY: at(i) < r0 + n <= rows: inside the block's q and the state (contract).
-        unsafe {
-            Rows {
-                q: std::array::from_fn(|i| q.add(at(i) * block.q_stride)),
-                m: std::array::from_fn(|i| m.add(at(i))),
-                l: std::array::from_fn(|i| l.add(at(i) * SUM_LANES)),
-                o: std::array::from_fn(|i| o.add(at(i) * dp)),
-            }
-        }
-    };
     for (t, t0) in (0..kv.len).step_by(KEY_TILE).enumerate() {
         if planted.skip_tile == Some(t) {
             continue;
@@ -314,37 +426,24 @@ unsafe fn walk_tiles<V: Vf, const CK: usize, const CV: usize>(
                 kv.v.as_ptr().add(t0 * dp),
             )
         };
-        let mut r0 = 0;
-        while r0 < rows {
-            let n = (rows - r0).min(MAX_TILE_ROWS);
-            let all = rows_at(r0, n);
-            macro_rules! tile {
-                ($r:literal) => {{
-                    let rs = Rows::<$r> {
-                        q: std::array::from_fn(|i| all.q[i]),
-                        m: std::array::from_fn(|i| all.m[i]),
-                        l: std::array::from_fn(|i| all.l[i]),
-                        o: std::array::from_fn(|i| all.o[i]),
-                    };
-                    // SAFETY: the rows are the block's r0 .. r0 + n; kt, v and w the tile's;
-                    // `p` holds MAX_TILE_ROWS x KEY_TILE floats (`reset`).
-                    unsafe { tile::<V, $r, CK, CV>(rs, [w; $r], kt, v, d, dp, shape.scale, p) }
-                }};
-            }
-            match n {
-                4 => tile!(4),
-                3 => tile!(3),
-                2 => tile!(2),
-                _ => tile!(1),
-            }
-            r0 += n;
+        let tile = KeyTile::<V, f32, CK, CV>::new(kt, v, shape, p);
+        // SAFETY: the rows are the block's (their queries inside `q`, contract), each reading
+        // the tile's w keys; `p` holds MAX_TILE_ROWS x KEY_TILE floats (`reset`).
+        unsafe {
+            register_tiles(
+                &tile,
+                state,
+                dp,
+                (0, block.rows),
+                |r| q.add(r * block.q_stride),
+                |_| w,
+            )
         }
     }
 }
 
-/// One register tile of R rows against one key tile, row r reading its first `w[r]` keys
-/// (`kt`: `[d][KEY_TILE]`, `v`: the tile's first value row, rows of `dp`): scores, the online
-/// softmax update, `p · V`.
+/// One register tile of R rows against one key tile, row r reading its first `w[r]` keys: scores,
+/// the online softmax update, `p · V`.
 ///
 /// Rows of one tile may read different key counts (the causal mask's diagonal tile): `p · V`
 /// runs to the largest, and a row's keys past its own count weigh `p = +0`, which leaves its
@@ -353,21 +452,15 @@ unsafe fn walk_tiles<V: Vf, const CK: usize, const CV: usize>(
 ///
 /// # Safety
 /// `V`'s CPU features; each row's q readable for `d` floats, m for 1, l for [`SUM_LANES`], o for
-/// `dp` (and writable); `kt` readable for `d x KEY_TILE`, `v` for `max(w)` rows of `dp`; `p`
-/// writable for `R x KEY_TILE`; `1 <= w[r] <= KEY_TILE`; `dp` a multiple of `V::LANES` (it is
-/// one of `COLUMN_PAD`).
+/// `dp` (and writable); `kt` readable for `d x KEY_TILE` values, `v` for `max(w)` rows of `dp`;
+/// `p` writable for `R x KEY_TILE`; `1 <= w[r] <= KEY_TILE`; `dp` a multiple of `V::LANES` (it
+/// is one of `COLUMN_PAD`).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile<V: Vf, const R: usize, const CK: usize, const CV: usize>(
-    rows: Rows<R>,
-    w: [usize; R],
-    kt: *const f32,
-    v: *const f32,
-    d: usize,
-    dp: usize,
-    scale: f32,
-    p: *mut f32,
+unsafe fn tile<V: Vf, E: Elem, const R: usize, const CK: usize, const CV: usize>(
+    rows: Rows<f32, R>,
+    kv: &KeyTile<V, E, CK, CV>,
 ) {
+    let (kt, d, p) = (kv.kt, kv.d, kv.p);
     let lanes = V::LANES;
     let nk = KEY_TILE / lanes;
     // SAFETY: `V`'s features (contract). Scores: K loads at `kt + c·KEY_TILE + (g + i)·lanes`
@@ -375,13 +468,13 @@ unsafe fn tile<V: Vf, const R: usize, const CK: usize, const CV: usize>(
     // row r's `p + r·KEY_TILE ..+ KEY_TILE`. Softmax: row r's p, m, l. p·V: V rows j < w at
     // columns below dp, o columns below dp.
     unsafe {
-        let sc = V::splat(scale);
+        let sc = V::splat(kv.scale);
         let mut g = 0;
         while g < nk {
             let mut acc = [[V::zero(); CK]; R];
             for c in 0..d {
                 let kp = kt.add(c * KEY_TILE + g * lanes);
-                let k: [V; CK] = std::array::from_fn(|i| V::load(kp.add(i * lanes)));
+                let k: [V; CK] = std::array::from_fn(|i| E::load(kp.add(i * lanes)));
                 for r in 0..R {
                     let qc = V::splat(*rows.q[r].add(c));
                     for i in 0..CK {
@@ -401,7 +494,7 @@ unsafe fn tile<V: Vf, const R: usize, const CK: usize, const CV: usize>(
         let mut alpha = [0f32; R];
         for r in 0..R {
             let pr = p.add(r * KEY_TILE);
-            for j in w[r]..KEY_TILE {
+            for j in rows.w[r]..KEY_TILE {
                 *pr.add(j) = f32::NEG_INFINITY;
             }
             let mut mx = V::load(pr);
@@ -422,7 +515,7 @@ unsafe fn tile<V: Vf, const R: usize, const CK: usize, const CV: usize>(
                 let at = pr.add(i * lanes);
                 V::load(at).sub(mv).exp().store(at);
             }
-            for j in w[r]..KEY_TILE {
+            for j in rows.w[r]..KEY_TILE {
                 *pr.add(j) = 0.0;
             }
             let av = V::splat(alpha[r]);
@@ -435,15 +528,15 @@ unsafe fn tile<V: Vf, const R: usize, const CK: usize, const CV: usize>(
                 acc.store(lp);
             }
         }
-        let w = w.into_iter().max().unwrap_or(0);
-        let nv = dp / lanes;
+        let w = rows.w.into_iter().max().unwrap_or(0);
+        let nv = kv.dp / lanes;
         let mut cv = 0;
         while cv + CV <= nv {
-            pv::<V, R, CV>(rows, &alpha, v, w, dp, cv * lanes, p);
+            pv::<V, E, R, CV>(rows, &alpha, kv.v, w, kv.dp, cv * lanes, p);
             cv += CV;
         }
         while cv < nv {
-            pv::<V, R, 1>(rows, &alpha, v, w, dp, cv * lanes, p);
+            pv::<V, E, R, 1>(rows, &alpha, kv.v, w, kv.dp, cv * lanes, p);
             cv += 1;
         }
     }
@@ -456,10 +549,10 @@ unsafe fn tile<V: Vf, const R: usize, const CK: usize, const CV: usize>(
 /// `V`'s CPU features; `c0 + CV·V::LANES <= dp`; each row's o readable and writable for `dp`
 /// floats; `v` readable for `w` rows of `dp`; `p` readable for `R x KEY_TILE`.
 #[inline(always)]
-unsafe fn pv<V: Vf, const R: usize, const CV: usize>(
-    rows: Rows<R>,
+unsafe fn pv<V: Vf, E: Elem, const R: usize, const CV: usize>(
+    rows: Rows<f32, R>,
     alpha: &[f32; R],
-    v: *const f32,
+    v: *const E,
     w: usize,
     dp: usize,
     c0: usize,
@@ -478,7 +571,7 @@ unsafe fn pv<V: Vf, const R: usize, const CV: usize>(
         }
         for j in 0..w {
             let vp = v.add(j * dp + c0);
-            let x: [V; CV] = std::array::from_fn(|i| V::load(vp.add(i * lanes)));
+            let x: [V; CV] = std::array::from_fn(|i| E::load(vp.add(i * lanes)));
             for r in 0..R {
                 let pj = V::splat(*p.add(r * KEY_TILE + j));
                 for i in 0..CV {
@@ -500,17 +593,17 @@ unsafe fn pv<V: Vf, const R: usize, const CV: usize>(
 ///
 /// # Safety
 /// The CPU must run `path` (AVX2 + FMA, or AVX-512 F on top of them). `kt` must hold
-/// `d x KEY_TILE` floats and `v` the tile's keys (`min(first_len + positions − 1 − t0,
+/// `d x KEY_TILE` values and `v` the tile's keys (`min(first_len + positions − 1 − t0,
 /// KEY_TILE)` of them) in rows of `dp = padded_dim(d)`; `block` checked
 /// ([`super::causal::CausalBlock`]'s check) with `t0 < first_len + i0`; `state` reset for
 /// `positions · heads` rows.
-pub(super) unsafe fn causal_tile(
+pub(super) unsafe fn causal_tile<E: Elem>(
     path: AttnPath,
     shape: HeadShape,
     block: &CausalBlock<'_>,
     (t0, i0): (usize, usize),
-    kt: &[f32],
-    v: &[f32],
+    kt: &[E],
+    v: &[E],
     state: &mut BlockState,
 ) {
     // SAFETY: the CPU runs `path`, as this function's contract requires; the rest is passed on.
@@ -525,31 +618,31 @@ pub(super) unsafe fn causal_tile(
 /// # Safety
 /// As [`causal_tile`], on a CPU with AVX-512 F, AVX2 and FMA.
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn causal_avx512(
+unsafe fn causal_avx512<E: Elem>(
     shape: HeadShape,
     block: &CausalBlock<'_>,
     at: (usize, usize),
-    kt: &[f32],
-    v: &[f32],
+    kt: &[E],
+    v: &[E],
     state: &mut BlockState,
 ) {
     // SAFETY: the features are enabled here; the rest is this function's contract.
-    unsafe { causal_rows::<Zmm, 4, 4>(shape, block, at, kt, v, state) }
+    unsafe { causal_rows::<Zmm, E, 4, 4>(shape, block, at, kt, v, state) }
 }
 
 /// # Safety
 /// As [`causal_tile`], on a CPU with AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn causal_avx2(
+unsafe fn causal_avx2<E: Elem>(
     shape: HeadShape,
     block: &CausalBlock<'_>,
     at: (usize, usize),
-    kt: &[f32],
-    v: &[f32],
+    kt: &[E],
+    v: &[E],
     state: &mut BlockState,
 ) {
     // SAFETY: the features are enabled here; the rest is this function's contract.
-    unsafe { causal_rows::<Ymm, 2, 2>(shape, block, at, kt, v, state) }
+    unsafe { causal_rows::<Ymm, E, 2, 2>(shape, block, at, kt, v, state) }
 }
 
 /// The register tiles of [`causal_tile`]'s rows.
@@ -557,79 +650,45 @@ unsafe fn causal_avx2(
 /// # Safety
 /// `V`'s CPU features; the rest as [`causal_tile`].
 #[inline(always)]
-unsafe fn causal_rows<V: Vf, const CK: usize, const CV: usize>(
+unsafe fn causal_rows<V: Vf, E: Elem, const CK: usize, const CV: usize>(
     shape: HeadShape,
     block: &CausalBlock<'_>,
     (t0, i0): (usize, usize),
-    kt: &[f32],
-    v: &[f32],
+    kt: &[E],
+    v: &[E],
     state: &mut BlockState,
 ) {
-    let (d, dp, heads) = (shape.d, shape.dp(), block.heads);
-    let rows = block.positions * heads;
+    let (d, heads) = (shape.d, block.heads);
     let q = block.q.as_ptr();
-    let (m, l, o) = (
-        state.m.as_mut_ptr(),
-        state.l.as_mut_ptr(),
-        state.o.as_mut_ptr(),
-    );
-    let p = state.p.as_mut_ptr();
-    let (kt, v) = (kt.as_ptr(), v.as_ptr());
-    let mut r0 = i0 * heads;
-    while r0 < rows {
-        let n = (rows - r0).min(MAX_TILE_ROWS);
-        let at = |i: usize| r0 + i.min(n - 1);
-        // Row r's query is position r / heads's head r % heads.
-        // SAFETY: at(i) < rows: position < positions and head < heads, inside the block's q
-        // (checked) and the state (reset for `rows`).
-        let all = unsafe {
-            Rows::<MAX_TILE_ROWS> {
-                q: std::array::from_fn(|i| {
-                    q.add((at(i) / heads) * block.q_stride + (at(i) % heads) * d)
-                }),
-                m: std::array::from_fn(|i| m.add(at(i))),
-                l: std::array::from_fn(|i| l.add(at(i) * SUM_LANES)),
-                o: std::array::from_fn(|i| o.add(at(i) * dp)),
-            }
-        };
-        // Position i reads keys 0 .. first_len + i; from position i0 on that is past t0.
-        let w: [usize; MAX_TILE_ROWS] =
-            std::array::from_fn(|i| (block.first_len + at(i) / heads - t0).min(KEY_TILE));
-        macro_rules! tile {
-            ($r:literal) => {{
-                let rs = Rows::<$r> {
-                    q: std::array::from_fn(|i| all.q[i]),
-                    m: std::array::from_fn(|i| all.m[i]),
-                    l: std::array::from_fn(|i| all.l[i]),
-                    o: std::array::from_fn(|i| all.o[i]),
-                };
-                let ws: [usize; $r] = std::array::from_fn(|i| w[i]);
-                // SAFETY: the rows are the block's r0 .. r0 + n, each reading 1 ..= KEY_TILE
-                // keys of the tile, at most the tile's keys in `v`; `p` holds
-                // MAX_TILE_ROWS x KEY_TILE floats (`reset`).
-                unsafe { tile::<V, $r, CK, CV>(rs, ws, kt, v, d, dp, shape.scale, p) }
-            }};
-        }
-        match n {
-            4 => tile!(4),
-            3 => tile!(3),
-            2 => tile!(2),
-            _ => tile!(1),
-        }
-        r0 += n;
+    let tile = KeyTile::<V, E, CK, CV>::new(kt.as_ptr(), v.as_ptr(), shape, state.p.as_mut_ptr());
+    // Row r's query is position r / heads's head r % heads; position i reads keys
+    // 0 .. first_len + i, from position i0 on past t0.
+    // SAFETY: rows i0·heads .. positions·heads: position < positions and head < heads, inside
+    // the block's q (checked) and the state (reset for them), each reading 1 ..= KEY_TILE keys
+    // of the tile, at most the tile's keys in `v`; `p` holds MAX_TILE_ROWS x KEY_TILE floats.
+    unsafe {
+        register_tiles(
+            &tile,
+            state,
+            shape.dp(),
+            (i0 * heads, block.positions * heads),
+            |r| q.add((r / heads) * block.q_stride + (r % heads) * d),
+            |r| (block.first_len + r / heads - t0).min(KEY_TILE),
+        )
     }
 }
 
-/// Keys `keys` (`w` rows of `d`, row-major, widened by `widen8`) into `kt` (`[d][KEY_TILE]`, key j
-/// in column j): 8 x 8 blocks transposed in ymm registers, the keys and columns past the last
-/// whole block one by one. A copy, so any order of it gives the same tile.
+/// Keys `keys` (`w` rows of `d`, `stride` values apart, widened by `widen8`) into `kt`
+/// (`[d][KEY_TILE]`, key j in column j): 8 x 8 blocks transposed in ymm registers, the keys and
+/// columns past the last whole block one by one. A copy, so any order of it gives the same tile.
 ///
 /// # Safety
 /// AVX2; `kt` writable for `d x KEY_TILE` floats; `widen8(i)` reads 8 values of `keys` at value
-/// `i` and returns them as f32 for every `i = j·d + c` with `j + 8 <= w`, `c + 8 <= d`.
+/// `i` and returns them as f32 for every `i = j·stride + c` with `j + 8 <= w`, `c + 8 <= d`
+/// (`widen1(i)` one value, for `j < w`, `c < d`).
 #[inline(always)]
 unsafe fn transpose_tile(
-    d: usize,
+    (d, stride): (usize, usize),
     w: usize,
     kt: *mut f32,
     widen8: impl Fn(usize) -> __m256,
@@ -641,7 +700,7 @@ unsafe fn transpose_tile(
     unsafe {
         for j0 in (0..wb).step_by(8) {
             for c0 in (0..db).step_by(8) {
-                let r: [__m256; 8] = std::array::from_fn(|i| widen8((j0 + i) * d + c0));
+                let r: [__m256; 8] = std::array::from_fn(|i| widen8((j0 + i) * stride + c0));
                 let cols = crate::kernels::transpose8(r);
                 for (i, col) in cols.into_iter().enumerate() {
                     _mm256_storeu_ps(kt.add((c0 + i) * KEY_TILE + j0), col);
@@ -649,30 +708,37 @@ unsafe fn transpose_tile(
             }
             for j in j0..j0 + 8 {
                 for c in db..d {
-                    *kt.add(c * KEY_TILE + j) = widen1(j * d + c);
+                    *kt.add(c * KEY_TILE + j) = widen1(j * stride + c);
                 }
             }
         }
         for j in wb..w {
             for c in 0..d {
-                *kt.add(c * KEY_TILE + j) = widen1(j * d + c);
+                *kt.add(c * KEY_TILE + j) = widen1(j * stride + c);
             }
         }
     }
 }
 
-/// [`transpose_tile`] of f32 keys.
+/// [`transpose_tile`] of f32 keys, `stride` values apart.
 ///
 /// # Safety
-/// AVX2; `keys` holds `w` rows of `d`; `kt` writable for `d x KEY_TILE` floats; `w <= KEY_TILE`.
+/// AVX2; `keys` holds `w` rows of `d` values `stride` apart (`(w − 1)·stride + d` values); `kt`
+/// writable for `d x KEY_TILE` floats; `1 <= w <= KEY_TILE`.
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn transpose_keys_f32(keys: &[f32], d: usize, w: usize, kt: &mut [f32]) {
+pub(super) unsafe fn transpose_keys_f32(
+    keys: &[f32],
+    (d, stride): (usize, usize),
+    w: usize,
+    kt: &mut [f32],
+) {
     let k = keys.as_ptr();
-    // SAFETY: AVX2 is enabled; every index the transposition reads is below w·d (its contract),
-    // inside `keys`; kt is d x KEY_TILE (this function's contract).
+    // SAFETY: AVX2 is enabled; every index the transposition reads is below
+    // (w − 1)·stride + d (its contract), inside `keys`; kt is d x KEY_TILE (this function's
+    // contract).
     unsafe {
         transpose_tile(
-            d,
+            (d, stride),
             w,
             kt.as_mut_ptr(),
             |i| _mm256_loadu_ps(k.add(i)),
@@ -692,7 +758,7 @@ pub(super) unsafe fn transpose_keys_bf16(keys: &[bf16], d: usize, w: usize, kt: 
     // inside `keys` (8 bf16 = 16 bytes per load); kt is d x KEY_TILE (this function's contract).
     unsafe {
         transpose_tile(
-            d,
+            (d, d),
             w,
             kt.as_mut_ptr(),
             |i| {

@@ -159,10 +159,14 @@ fn check_paths<T: CacheValue>(narrow: fn(f32) -> T, label: &str) {
                     "{label} {path}, d {d}, {heads} heads: first {first}, {positions} positions"
                 );
                 // The same keys stored as the cache stores them (tiles, transposed; the slots
-                // past the last tile's keys NaN): the same bits. Control: tiles built one slot
-                // off (slot j's values in column j + 1) do not give them.
-                for (shift, same) in [(0, true), (1, false)] {
+                // past the last tile's keys NaN): the same bits, read in place when d is a
+                // multiple of COLUMN_PAD (128, 64), packed per tile otherwise (20, 72).
+                // Controls: tiles built one slot off (slot j's values in column j + 1), and
+                // the values read one slot late, do not give them.
+                for (shift, v_late, same) in [(0, 0, true), (1, 0, false), (0, 1, false)] {
                     let tiles = to_tiles(&k[..keys * d], d, shift, narrow(f32::NAN));
+                    // The late values are finite: only their order differs.
+                    let vs = if v_late == 0 { &v[..] } else { &vc[d..] };
                     let got = run(
                         path,
                         d,
@@ -170,14 +174,14 @@ fn check_paths<T: CacheValue>(narrow: fn(f32) -> T, label: &str) {
                         first,
                         &q,
                         Keys::Tiles(&tiles),
-                        &v,
+                        vs,
                         Planted::default(),
                         &mut scratch,
                     );
                     assert_eq!(
                         bits(&got) == bits(&want),
                         same,
-                        "{label} {path}, d {d}: tiled keys shifted by {shift}"
+                        "{label} {path}, d {d}: tiled keys shifted by {shift}, values {v_late} late"
                     );
                 }
                 if keys > KEY_TILE {

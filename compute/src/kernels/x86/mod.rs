@@ -79,11 +79,11 @@ pub(super) fn has_avx512_vnni() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
-/// How far ahead (bytes of weight codes, in address order) the q4 and i8 GEMVs prefetch at least;
-/// they prefetch one whole panel ahead (16 rows, `16 * K / 2` bytes, for q4; 8 rows, `PANEL * K`,
-/// for i8) when that is more: the pack's panel layout makes each panel one address-ordered stream for
-/// the prefetch to run ahead of. A panel ahead measured well faster than a fixed 8 KB (q4 GEMV, when
-/// its codes were still row-major).
+/// How far ahead (bytes of weight codes, in address order) the GEMVs prefetch. The i8 GEMV
+/// prefetches one whole panel ahead (8 rows, `PANEL * K` bytes) when that is more: each panel is
+/// one address-ordered stream for the prefetch to run ahead of, and a panel ahead measured well
+/// faster than a fixed 8 KB (the q4 GEMV, when its codes were still row-major). The q4 kernels of
+/// 16-row chunk-major panels prefetch exactly this far (`q4_few.rs`).
 const GEMV_PREFETCH_MIN: usize = 8192;
 
 /// The integer dot primitive of an instruction set. Every method accumulates, per 32-bit lane, the

@@ -217,8 +217,10 @@ pub(super) unsafe fn q4_block_few_from<V: PanelLanes>(
     // The buffers leave the thread-local while the kernel runs: no SIMD code inside a closure.
     let (mut ss, mut wp, mut sp) = FEW_PANEL.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     ss.resize(groups * lanes, 0.0);
-    // One whole panel ahead: a panel is one address-ordered stream of `16 * K / 2` bytes.
-    let dist = GEMV_PREFETCH_MIN.max(lanes * k / 2);
+    // A fixed distance ahead in the panels' address order: a whole 16-row panel ahead (16 KB at
+    // K 2048, 48 KB at K 6144) decoded 5-15% slower than 2-12 KB, which all measured alike
+    // (PERF.md, "Chunk-major q4 panels").
+    let dist = GEMV_PREFETCH_MIN;
     let a: [&[i8]; FEW_MAX_ROWS] = std::array::from_fn(|r| acts.codes(src(r.min(rows - 1))));
     let corr: [&[i32]; FEW_MAX_ROWS] = std::array::from_fn(|r| acts.sums(src(r.min(rows - 1))));
     for j0 in (0..nb).step_by(lanes) {

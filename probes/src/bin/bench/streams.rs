@@ -15,6 +15,12 @@ use serde_json::{json, Map, Value};
 /// Prompt rows each stream holds before its decode steps are timed.
 const PROMPT: usize = 32;
 
+/// Timed decode steps per stream count in one round: the counts take turns, a round of each at a
+/// time, so that a slow spell of the machine (the one-stream step swung 38-53 ms between runs a
+/// minute apart, PERF.md "Chunk-major q4 panels") falls on every count alike instead of on the
+/// one measured then, and the ratios to one stream keep less of it.
+const ROUND_STEPS: usize = 4;
+
 /// Stream counts from `--streams`: positive, ascending, deduplicated.
 fn parse_streams(list: &[String]) -> Result<Vec<usize>, String> {
     let mut out = Vec::new();
@@ -47,7 +53,7 @@ pub fn run(
     let mut kinds_json = Map::new();
     if !c.json {
         println!(
-            "shape {}  threads {}  {steps} decode steps per stream count (median counts)  load {}",
+            "shape {}  threads {}  {steps} decode steps per stream count, {ROUND_STEPS} a turn (median counts)  load {}",
             shape.name,
             c.threads,
             load(load_avg())
@@ -71,22 +77,29 @@ pub fn run(
                 weight_bytes / 1e6
             );
         }
-        for &n in &counts {
-            // Each stream its own prompt, prefilled together; then `steps` timed decode steps.
-            let mut next = prefill_sequences(&mut f, &mut caches[..n], PROMPT);
-            let (mut times, mut reads) = (Vec::new(), Vec::new());
-            for step in 0..steps {
-                reads.push(probe.beside());
-                let pos = (PROMPT + step) as i64;
-                let (s, t, _) = decode_sequences(&mut f, &mut caches[..n], &next, pos, None);
-                times.push(s);
-                next = t;
+        // Per count: the step times and the read probe beside them, gathered round by round.
+        let mut timed: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); counts.len()];
+        let rounds = steps.div_ceil(ROUND_STEPS);
+        for round in 0..rounds {
+            let round_steps = ROUND_STEPS.min(steps - round * ROUND_STEPS);
+            for (&n, (times, reads)) in counts.iter().zip(timed.iter_mut()) {
+                // Each stream its own prompt, prefilled together; then the round's timed steps.
+                let mut next = prefill_sequences(&mut f, &mut caches[..n], PROMPT);
+                for step in 0..round_steps {
+                    reads.push(probe.beside());
+                    let pos = (PROMPT + step) as i64;
+                    let (s, t, _) = decode_sequences(&mut f, &mut caches[..n], &next, pos, None);
+                    times.push(s);
+                    next = t;
+                }
             }
+        }
+        for (&n, (times, reads)) in counts.iter().zip(timed) {
             let step_s = median(times.clone());
             let aggregate = n as f64 / step_s;
             let per_stream = 1.0 / step_s;
             // What one step reads: the weights once, each stream's KV rows so far.
-            let kv_bytes = n as f64 * (PROMPT + steps / 2) as f64 * kv_row;
+            let kv_bytes = n as f64 * (PROMPT + ROUND_STEPS / 2) as f64 * kv_row;
             let read = median(reads);
             let roofline = (weight_bytes + kv_bytes) / step_s / 1e9 / read;
             if n == 1 {

@@ -70,8 +70,8 @@ pub fn f32_to_bf16(dst: &mut [half::bf16], src: &[f32]) {
 pub const PANEL: usize = 8;
 
 /// Most activation rows the few-row kernels take (several decode streams in one forward, or a
-/// verified draft window): each weight panel is read from memory once and unpacked once for all of
-/// them. More rows take the prefill kernels.
+/// verified draft window): each weight panel is read from memory once for all of them. More rows
+/// take the prefill kernels.
 pub const FEW_MAX_ROWS: usize = 16;
 
 /// An instruction set the kernels can run on.

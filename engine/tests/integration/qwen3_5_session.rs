@@ -279,7 +279,7 @@ fn conversations_beside_each_other_answer_as_alone() {
 /// and is prefilled (nothing copied), with its answer alone.
 #[test]
 fn a_prompt_starting_as_a_running_one_copies_up_to_its_prompt_state() {
-    use engine::{Event, FinishReason, Scheduler, SchedulerOptions};
+    use engine::{Scheduler, SchedulerOptions};
     let runs = &answers()["runs"];
     let mut s = session_with(0, false);
     let holder = messages(&mut s, &runs["two_images"]);
@@ -296,10 +296,6 @@ fn a_prompt_starting_as_a_running_one_copies_up_to_its_prompt_state() {
         .collect();
     assert_eq!(alone[0], ids(&runs["two_images"]["greedy_ids"]));
     let rows = s.prompt(&asks[0]).unwrap().rows();
-    let long = SamplingParams {
-        max_tokens: 10_000,
-        ..SamplingParams::default()
-    };
     let options = SchedulerOptions {
         parallel: 2,
         prefill_chunk: 4,
@@ -309,22 +305,7 @@ fn a_prompt_starting_as_a_running_one_copies_up_to_its_prompt_state() {
     for (ask, want) in asks.iter().zip(&alone) {
         // A scheduler per ask: an earlier ask's finished cache would hold the prefix too.
         let h = Scheduler::start(session_with(0, false), options).unwrap().0;
-        let mut got = None;
-        let g = h
-            .generate(&holder, &long, &mut |e| {
-                if let Event::Text(_) = e {
-                    got = Some(h.generate(ask, &greedy(), &mut |_| true).unwrap());
-                    return false;
-                }
-                true
-            })
-            .unwrap();
-        assert_eq!(
-            g.finish,
-            FinishReason::Cancelled,
-            "the holder ran to its end"
-        );
-        let got = got.expect("the holder said something");
+        let got = crate::common::ask_beside(&h, &holder, (ask, &greedy()));
         assert_eq!(&got.ids, want);
         copied.push(got.timings.copied_tokens);
         std::thread::sleep(std::time::Duration::from_millis(50));

@@ -440,43 +440,13 @@ fn asked_beside_a_running_one(
             let h = Scheduler::start_ablated(tower_session(), options, ablation)
                 .unwrap()
                 .0;
-            let got = ask_beside(&h, holder, ask);
+            let g = ask_beside(&h, holder, (&ask.1, &ask.2));
+            let got = (g.ids, g.text, g.timings.copied_tokens);
             std::thread::sleep(Duration::from_millis(50));
             assert_eq!(h.free_caches(), 2, "every cache back in the pool");
             got
         })
         .collect()
-}
-
-/// `ask` answered while `holder` is being answered beside it (cancelled after).
-fn ask_beside(
-    h: &SchedulerHandle,
-    holder: &[Message],
-    (_, m, p): &(String, Vec<Message>, SamplingParams),
-) -> (Vec<u32>, String, usize) {
-    // The holder answers until its context runs out unless cancelled: it is still running
-    // when every ask is admitted (an ask is admitted within one step of its submission).
-    let long = SamplingParams {
-        max_tokens: 10_000,
-        ..SamplingParams::default()
-    };
-    let mut got = None;
-    let g = h
-        .generate(holder, &long, &mut |e| {
-            if let Event::Text(_) = e {
-                let g = h.generate(m, p, &mut |_| true).unwrap();
-                got = Some((g.ids, g.text, g.timings.copied_tokens));
-                return false; // the ask is answered: the holder leaves
-            }
-            true
-        })
-        .unwrap();
-    assert_eq!(
-        g.finish,
-        FinishReason::Cancelled,
-        "the holder ran to its end"
-    );
-    got.expect("the holder said something")
 }
 
 /// A prompt that starts as a running conversation does copies the running one's rows (K/V

@@ -218,8 +218,8 @@ pub(super) unsafe fn q4_block_few_from<V: PanelLanes>(
     let (mut ss, mut wp, mut sp) = FEW_PANEL.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     ss.resize(groups * lanes, 0.0);
     // A fixed distance ahead in the panels' address order: a whole 16-row panel ahead (16 KB at
-    // K 2048, 48 KB at K 6144) decoded 5-15% slower than 2-12 KB, which all measured alike
-    // (PERF.md, "Chunk-major q4 panels").
+    // K 2048, 48 KB at K 6144) decoded about 15% slower than 8 KB (46.6 / 51.2 against 40.3 /
+    // 44.7 ms/token), and 2-12 KB all measured alike (PERF.md, "Chunk-major q4 panels").
     let dist = GEMV_PREFETCH_MIN;
     let a: [&[i8]; FEW_MAX_ROWS] = std::array::from_fn(|r| acts.codes(src(r.min(rows - 1))));
     let corr: [&[i32]; FEW_MAX_ROWS] = std::array::from_fn(|r| acts.sums(src(r.min(rows - 1))));

@@ -8,7 +8,7 @@ use super::{copy_live, map_n, panel_rows, transpose8};
 use crate::kernels::row_blocks::{row_blocks, INT_BLOCK_BYTES};
 use crate::kernels::{q4_halves, Activations, Q4Codes, PANEL};
 use half::bf16;
-use packs::quant::Q4_GROUP;
+use packs::quant::{Q4_CHUNK, Q4_CHUNKS, Q4_GROUP};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
@@ -147,7 +147,7 @@ unsafe fn scales8x8(s: [*const bf16; PANEL]) -> [__m256; 8] {
 /// each, row-major) and `sp` at least `groups * 16` floats (its stores are unchecked).
 #[inline(always)]
 pub(super) unsafe fn panel_scales(scales: &[bf16], j0: usize, groups: usize, sp: &mut [f32]) {
-    const LANES: usize = 2 * PANEL;
+    const LANES: usize = MAX_LANES;
     assert!(scales.len() >= (j0 + LANES) * groups);
     debug_assert!(sp.len() >= groups * LANES);
     let blocks = groups / 8;
@@ -185,9 +185,9 @@ pub(super) unsafe fn panel_scales(scales: &[bf16], j0: usize, groups: usize, sp:
 /// unchecked).
 #[inline(always)]
 unsafe fn unpack_whole_panel(base: *const u8, groups: usize, wp: &mut [u8]) {
-    const LANES: usize = 2 * PANEL;
+    const LANES: usize = MAX_LANES;
     debug_assert!(wp.len() >= groups * 32 * LANES);
-    let chunks = Q4_GROUP / 2 / 4;
+    let chunks = Q4_CHUNKS;
     // SAFETY: AVX2, which the caller guarantees; group g < `groups` reads bytes
     // `256 g..256 (g + 1)` at `base` and writes bytes `512 g..512 (g + 1)` of `wp`, both inside by
     // this function's contract.
@@ -196,12 +196,12 @@ unsafe fn unpack_whole_panel(base: *const u8, groups: usize, wp: &mut [u8]) {
         for g in 0..groups {
             for t in 0..chunks {
                 for h in 0..2 {
-                    let at = base.add(4 * LANES * (chunks * g + t) + 32 * h);
+                    let at = base.add(Q4_CHUNK * LANES * (chunks * g + t) + 32 * h);
                     let (lo, hi) =
                         super::q4_few::split_nibbles(_mm256_loadu_si256(at as *const __m256i));
                     let w = to.add(32 * LANES * g + 32 * h);
-                    _mm256_storeu_si256(w.add(4 * LANES * t) as *mut __m256i, lo);
-                    _mm256_storeu_si256(w.add(4 * LANES * (chunks + t)) as *mut __m256i, hi);
+                    _mm256_storeu_si256(w.add(Q4_CHUNK * LANES * t) as *mut __m256i, lo);
+                    _mm256_storeu_si256(w.add(Q4_CHUNK * LANES * (chunks + t)) as *mut __m256i, hi);
                 }
             }
         }

@@ -220,3 +220,35 @@ pub fn tower_session() -> engine::Session {
     // No encoder set: the session runs the pack's tower.
     engine::Session::new(&pack(), &assets(), &options).unwrap()
 }
+
+/// `ask` (messages, sampling) answered by `h` while `holder` is being answered beside it, which
+/// leaves once the ask is answered: (the ask's generation, with its timings). The holder
+/// answers until its context runs out unless cancelled, so it is still running when the ask is
+/// admitted (within one step of its submission).
+pub fn ask_beside(
+    h: &engine::SchedulerHandle,
+    holder: &[Message],
+    (m, p): (&[Message], &engine::SamplingParams),
+) -> engine::Generation {
+    use engine::{Event, FinishReason, SamplingParams};
+    let long = SamplingParams {
+        max_tokens: 10_000,
+        ..SamplingParams::default()
+    };
+    let mut got = None;
+    let g = h
+        .generate(holder, &long, &mut |e| {
+            if let Event::Text(_) = e {
+                got = Some(h.generate(m, p, &mut |_| true).unwrap());
+                return false; // the ask is answered: the holder leaves
+            }
+            true
+        })
+        .unwrap();
+    assert_eq!(
+        g.finish,
+        FinishReason::Cancelled,
+        "the holder ran to its end"
+    );
+    got.expect("the holder said something")
+}

@@ -7,6 +7,7 @@ mod common;
 mod constraint;
 
 mod drafts;
+mod hub_templates;
 mod prompt_fixtures;
 mod qwen3_5_session;
 mod scheduler;

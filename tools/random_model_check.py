@@ -53,6 +53,18 @@ SHAPE_2B = dict(
     tie=True, vocab=151936)
 
 
+# Qwen3.5-2B's geometry as bench's qwen3.5-2b shape has it (packs/src/shapes.rs; text from the
+# hub config, the tower Qwen3-VL-2B's without DeepStack), for --family qwen3.5 --shape 2b.
+SHAPE_Q35_2B = dict(
+    text=dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
+              layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(24)],
+              num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+              linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+              linear_conv_kernel_dim=4, partial_rotary_factor=0.25, mrope_section=[11, 11, 10]),
+    vision=dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, num_position_embeddings=2304),
+    tie=True, vocab=248320, mix="interval")
+
+
 def draw_geometry(rng: np.random.Generator) -> dict:
     head_dim = int(rng.choice([8, 16, 32, 64]))
     kv = int(rng.choice([1, 2, 3]))
@@ -72,6 +84,74 @@ def draw_geometry(rng: np.random.Generator) -> dict:
                     num_heads=v_heads, num_position_embeddings=int(rng.choice([16, 36, 64, 100])),
                     deepstack_visual_indexes=sorted(rng.choice(depth, size=sets, replace=False).tolist())),
         tie=bool(rng.random() < 0.5), vocab=int(rng.choice([512, 640])))
+
+
+def draw_qwen35_geometry(rng: np.random.Generator, moe: bool) -> dict:
+    """A Qwen3.5 (or, with `moe`, Qwen3.5-MoE / Qwen3.6) geometry: a random mix of Gated DeltaNet
+    and full-attention layers (any order, either kind first and last, or full attention only),
+    odd head counts, rotary over a quarter of head_dim with a random MRoPE split of it, the linear
+    layers' key heads and value heads (a multiple of them), routed experts with a shared one."""
+    head_dim = int(rng.choice([32, 64, 128, 256]))
+    half = head_dim // 8  # partial_rotary_factor 0.25: rotary head_dim / 4, mrope over its halves
+    cut = sorted(rng.choice(np.arange(1, half), size=2, replace=False).tolist())
+    section = [cut[0], cut[1] - cut[0], half - cut[1]]
+    kv = int(rng.choice([1, 2, 3]))
+    layers = int(rng.integers(1, 6))
+    # No "linear only": transformers' generate needs an attention layer (its cache's mask sizes).
+    mix = str(rng.choice(["random", "interval", "full only"], p=[0.65, 0.25, 0.1]))
+    if mix == "interval":
+        layers = max(layers, 4)  # every 4th layer full: at least one
+        types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
+    elif mix == "full only":
+        types = ["full_attention"] * layers
+    else:
+        types = [str(rng.choice(["linear_attention", "full_attention"])) for _ in range(layers)]
+        if "full_attention" not in types:
+            types[int(rng.integers(0, layers))] = "full_attention"
+    k_heads = int(rng.choice([1, 2, 3]))
+    text = dict(hidden_size=int(rng.choice([32, 48, 64, 96])), num_hidden_layers=layers, layer_types=types,
+                num_attention_heads=kv * int(rng.choice([1, 2, 3])), num_key_value_heads=kv, head_dim=head_dim,
+                linear_num_key_heads=k_heads, linear_num_value_heads=k_heads * int(rng.choice([1, 2, 3])),
+                linear_key_head_dim=int(rng.choice([8, 16, 32])), linear_value_head_dim=int(rng.choice([8, 16, 32])),
+                linear_conv_kernel_dim=4, partial_rotary_factor=0.25, mrope_section=section)
+    if moe:
+        experts = int(rng.integers(2, 9))
+        text.update(num_experts=experts, num_experts_per_tok=int(rng.integers(1, min(4, experts) + 1)),
+                    moe_intermediate_size=int(rng.choice([16, 32, 48])),
+                    shared_expert_intermediate_size=int(rng.choice([16, 32, 64])))
+    else:
+        text["intermediate_size"] = int(rng.choice([64, 96, 160]))
+    v_heads = int(rng.choice([1, 2, 4]))
+    vision = dict(depth=int(rng.integers(1, 4)), hidden_size=v_heads * int(rng.choice([8, 16])),
+                  intermediate_size=int(rng.choice([32, 64, 96])), num_heads=v_heads,
+                  num_position_embeddings=int(rng.choice([16, 36, 64, 100])))
+    return dict(text=text, vision=vision, tie=bool(rng.random() < 0.5), vocab=int(rng.choice([512, 640])),
+                mix=mix)
+
+
+def describe(geo: dict) -> str:
+    t, v = geo["text"], geo["vision"]
+    if "layer_types" in t:
+        kinds = "".join("L" if k == "linear_attention" else "F" for k in t["layer_types"])
+        moe = (f", {t['num_experts']} experts top-{t['num_experts_per_tok']} (shared {t['shared_expert_intermediate_size']})"
+               if "num_experts" in t else "")
+        return (f"layers {kinds} ({geo['mix']}), heads {t['num_attention_heads']}/{t['num_key_value_heads']} "
+                f"head_dim {t['head_dim']} mrope {t['mrope_section']}, linear heads {t['linear_num_key_heads']}x"
+                f"{t['linear_key_head_dim']} / {t['linear_num_value_heads']}x{t['linear_value_head_dim']}{moe}, "
+                f"vision depth {v['depth']}, {'tied' if geo['tie'] else 'untied'}, vocab {geo['vocab']}")
+    return (f"heads {t['num_attention_heads']}/{t['num_key_value_heads']} head_dim {t['head_dim']} mrope "
+            f"{t['mrope_section']} layers {t['num_hidden_layers']}, vision depth {v['depth']} deepstack "
+            f"{v['deepstack_visual_indexes']}, {'tied' if geo['tie'] else 'untied'}, vocab {geo['vocab']}")
+
+
+def model_class(family: str):
+    if family == "qwen3.5":
+        from transformers import Qwen3_5ForConditionalGeneration as cls
+    elif family == "qwen3.5-moe":
+        from transformers import Qwen3_5MoeForConditionalGeneration as cls
+    else:
+        from transformers import Qwen3VLForConditionalGeneration as cls
+    return cls
 
 
 def draw_pictures(rng: np.random.Generator, out: str) -> list[str]:
@@ -105,7 +185,14 @@ def draw_pictures(rng: np.random.Generator, out: str) -> list[str]:
 
 def run_one(index: int, seed: int, work: str, args) -> str:
     rng = np.random.default_rng([seed, index])
-    geo = draw_geometry(rng) if args.shape == "random" else SHAPE_2B
+    if args.family == "qwen3-vl":
+        geo = draw_geometry(rng) if args.shape == "random" else SHAPE_2B
+    elif args.shape == "2b":
+        if args.family != "qwen3.5":
+            raise SystemExit("--shape 2b: Qwen3-VL-2B's or Qwen3.5-2B's geometry (--family qwen3-vl or qwen3.5)")
+        geo = SHAPE_Q35_2B
+    else:
+        geo = draw_qwen35_geometry(rng, moe=args.family == "qwen3.5-moe")
     out = os.path.join(work, f"model-{index}")
     ck = os.path.join(out, "checkpoint")
     os.makedirs(ck)
@@ -118,21 +205,23 @@ def run_one(index: int, seed: int, work: str, args) -> str:
         json.dump(pre, f, indent=2)
     with open(os.path.join(CHAT, "config.json")) as f:
         chat = json.load(f)
-    spec = dict(dtype="bfloat16", config_spelling="5.x", max_shard_size="100KB" if args.shape == "random" else "1GB", tie_word_embeddings=geo["tie"],
+    model_kind = {"qwen3.5": "qwen3_5", "qwen3.5-moe": "qwen3_5_moe"}.get(args.family, "dense")
+    spelling = "interval" if geo.get("mix") == "interval" else "5.x"  # full_attention_interval, no layer_types
+    spec = dict(model=model_kind, dtype="bfloat16", config_spelling=spelling, max_shard_size="100KB" if args.shape == "random" else "1GB", tie_word_embeddings=geo["tie"],
                 text=dict(vocab_size=geo["vocab"], rope_theta=5_000_000.0, rms_norm_eps=1e-6, initializer_range=0.1,
                           **geo["text"]),
                 vision=dict(initializer_range=0.1, **geo["vision"]),
                 special_ids=dict(vision_start=chat["vision_start_token_id"], vision_end=chat["vision_end_token_id"],
                                  image=chat["image_token_id"], video=chat["video_token_id"]))
-    from transformers import Qwen3VLForConditionalGeneration
-
+    cls = model_class(args.family)
     torch.manual_seed(int(rng.integers(0, 2**31)))
-    model = Qwen3VLForConditionalGeneration(hr.build_config(spec)).eval()
+    model = cls(hr.build_config(spec)).eval()
     hr.randomize_norms(model, torch.Generator().manual_seed(int(rng.integers(0, 2**31))))
     hr.save_checkpoint(model, spec, ck)
     del model  # the 2B shape holds 8.5 GB of f32 weights: one copy at a time
     gc.collect()
-    model = hi.load_model(ck)  # f32 compute on the bf16 values, as the bf16 pack computes
+    # f32 compute on the bf16 values, as the bf16 pack computes
+    model = cls.from_pretrained(ck, dtype=torch.float32, attn_implementation=hr.ATTN_IMPLEMENTATION).eval()
     pictures = draw_pictures(rng, out)
     prompt = hi.encode(hi.load_processor(ck), hi.load_images(pictures), PROMPT)
     with torch.no_grad():
@@ -146,12 +235,8 @@ def run_one(index: int, seed: int, work: str, args) -> str:
     for p in pictures:
         cmd += ["--image", p]
     r = subprocess.run(cmd, capture_output=True, text=True)
-    what = (f"model {index}: heads {geo['text']['num_attention_heads']}/{geo['text']['num_key_value_heads']} "
-            f"head_dim {geo['text']['head_dim']} mrope {geo['text']['mrope_section']} layers "
-            f"{geo['text']['num_hidden_layers']}, vision depth {geo['vision']['depth']} deepstack "
-            f"{geo['vision']['deepstack_visual_indexes']}, {'tied' if geo['tie'] else 'untied'}, vocab {geo['vocab']}; "
-            f"{len(pictures)} pictures ({', '.join(os.path.basename(p) for p in pictures) or 'text only'}), "
-            f"{prompt.input_ids.shape[1]} prompt rows")
+    what = (f"model {index}: {describe(geo)}; {len(pictures)} pictures "
+            f"({', '.join(os.path.basename(p) for p in pictures) or 'text only'}), {prompt.input_ids.shape[1]} prompt rows")
     if r.returncode != 0:
         print(f"{what}\n  xdna-vl failed: {r.stderr.strip()}")
         return "failed"
@@ -174,7 +259,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--models", type=int, default=6, help="random models to check")
     ap.add_argument("--seed", type=int, default=1, help="draws every geometry, weight and picture")
     ap.add_argument("--shape", choices=["random", "2b"], default="random",
-                    help="random geometries, or Qwen3-VL-2B-Instruct's (about 4 GB of bf16 shards per model, minutes)")
+                    help="random geometries, or the 2B model's of the family (Qwen3-VL-2B-Instruct's, Qwen3.5-2B's: about 4 GB of bf16 shards per model, minutes)")
+    ap.add_argument("--family", choices=["qwen3-vl", "qwen3.5", "qwen3.5-moe"], default="qwen3-vl",
+                    help="Qwen3-VL, Qwen3.5 (hybrid Gated DeltaNet) or Qwen3.5-MoE / Qwen3.6 geometries")
     ap.add_argument("--steps", type=int, default=10, help="greedy steps to compare")
     ap.add_argument("--tie-gap", type=float, default=1e-3, help="a divergence under this top-2 gap is a near tie")
     ap.add_argument("--packs", default=os.path.join(ROOT, "target", "release", "packs"))

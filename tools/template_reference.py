@@ -55,7 +55,8 @@ def user(*items) -> dict:
 def cases() -> dict[str, dict]:
     think = "<think>\nThe user asks about colours.\n</think>\n\nRed and green."
     call = {"id": "call_1", "type": "function",
-            "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 3, "units": {"t": "C"}}}}
+            "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 3, "units": {"t": "C"},
+                                                          "metric": True, "ratio": 0.5, "hint": None, "tags": ["a", 1]}}}
     return {
         "text": dict(messages=[user("What is a pack?")]),
         "one_image": dict(messages=[user("<image>", "What is this?")]),

@@ -46,4 +46,4 @@ pub use session::{Event, FinishReason, Generation, Session, SessionOptions, Timi
 pub use stream::{StopFilter, TextStream};
 pub use template::ChatTemplate;
 pub use tokenizer::{SpecialIds, Tokenizer};
-pub use tool_calls::{CallSplitter, FunctionTool, Parsed, ParsedCall};
+pub use tool_calls::{CallForm, CallSplitter, FunctionTool, Parsed, ParsedCall};

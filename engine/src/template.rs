@@ -8,6 +8,7 @@ use minijinja::value::{Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 
 use crate::error::{EngineError, Result};
+use crate::tool_calls::CallForm;
 
 const NAME: &str = "chat_template";
 
@@ -18,6 +19,7 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     /// bos/eos/unk/pad strings, as the template sees them.
     special_tokens: Vec<(&'static str, String)>,
+    call_form: CallForm,
 }
 
 impl ChatTemplate {
@@ -54,7 +56,13 @@ impl ChatTemplate {
         Ok(ChatTemplate {
             env,
             special_tokens,
+            call_form: CallForm::of_template(source),
         })
+    }
+
+    /// The form this template has the model write tool calls in.
+    pub fn call_form(&self) -> CallForm {
+        self.call_form
     }
 
     /// The prompt text of `messages` (JSON as transformers' messages: role, content as a string or a

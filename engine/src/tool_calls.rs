@@ -1,9 +1,12 @@
-//! Tool calls as Qwen's chat templates ask for them (Hermes' format): each call is
-//! `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, several calls one after another
-//! separated by a newline. Here: the grammar that makes the model call (OpenAI's `tool_choice`
-//! `required` or a named function, by constrained decoding), the parser that reads calls out of
-//! an answer (all or nothing: any malformed call leaves the whole answer as text), and the
-//! stream splitter that shows text as it comes but holds back what may be a call.
+//! Tool calls as Qwen's chat templates ask for them, in the form the checkpoint's template
+//! teaches ([`CallForm`]): Hermes' JSON (Qwen3-VL), each call
+//! `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, or Qwen3.5 / Qwen3.6's
+//! `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function>\n</tool_call>`;
+//! several calls one after another separated by a newline. Here: the grammar that makes the model
+//! call (OpenAI's `tool_choice` `required` or a named function, by constrained decoding), the
+//! parser that reads calls of either form out of an answer (all or nothing: any malformed call
+//! leaves the whole answer as text), and the stream splitter that shows text as it comes but holds
+//! back what may be a call.
 
 use serde_json::{json, Value};
 
@@ -27,9 +30,50 @@ pub struct ParsedCall {
     pub arguments: String,
 }
 
+/// How a checkpoint's chat template has the model write a call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CallForm {
+    /// Hermes' JSON object (Qwen3-VL's and the earlier Qwen templates).
+    #[default]
+    Json,
+    /// `<function=NAME>` with a `<parameter=P>` block per argument (Qwen3.5 / Qwen3.6).
+    Xml,
+}
+
+impl CallForm {
+    /// The form a template's source teaches: XML when it writes `<function=` (Qwen3.5's hub
+    /// template does, in its tools prompt and its rendering of earlier calls), JSON otherwise.
+    pub fn of_template(source: &str) -> CallForm {
+        if source.contains(FUNCTION_OPEN) {
+            CallForm::Xml
+        } else {
+            CallForm::Json
+        }
+    }
+}
+
 /// The grammar of an answer that is only calls: one (`parallel` false) or more, each naming one
-/// of `tools` with arguments fitting that tool's parameters schema.
-pub fn calls_grammar(tools: &[FunctionTool], parallel: bool) -> Grammar {
+/// of `tools` with arguments fitting that tool's parameters schema, in `form`. The XML form
+/// refuses, by tool and parameter, what its raw values cannot hold (see [`xml_call_rules`]).
+pub fn calls_grammar(
+    tools: &[FunctionTool],
+    parallel: bool,
+    form: CallForm,
+) -> Result<Grammar, String> {
+    let start = if parallel {
+        "start: call (\"\\n\" call)*"
+    } else {
+        "start: call"
+    };
+    let call = match form {
+        CallForm::Json => json_call_rule(tools),
+        CallForm::Xml => xml_call_rules(tools)?,
+    };
+    Ok(Grammar::Lark(format!("{start}\n{call}")))
+}
+
+/// `call` in Hermes' JSON: one object naming a tool with its arguments.
+fn json_call_rule(tools: &[FunctionTool]) -> String {
     let one_of: Vec<Value> = tools
         .iter()
         .map(|t| {
@@ -47,14 +91,137 @@ pub fn calls_grammar(tools: &[FunctionTool], parallel: bool) -> Grammar {
         json!({"anyOf": one_of})
     };
     schema["x-guidance"] = json_options();
-    let start = if parallel {
-        "start: call (\"\\n\" call)*"
-    } else {
-        "start: call"
-    };
-    Grammar::Lark(format!(
-        "{start}\ncall: \"{CALL_OPEN}\\n\" %json{schema} \"\\n{CALL_CLOSE}\"\n"
+    format!("call: \"{CALL_OPEN}\\n\" %json{schema} \"\\n{CALL_CLOSE}\"\n")
+}
+
+/// String keywords a raw XML value cannot be held to (the value is written unquoted, so only
+/// the grammar's free text or an enum's literals describe it).
+const RAW_STRING_KEYWORDS: [&str; 4] = ["pattern", "format", "minLength", "maxLength"];
+
+/// `call` in Qwen3.5's XML form, as its template writes a call: `<function=NAME>\n`, then per
+/// argument `<parameter=P>\nVALUE\n</parameter>\n` in the order of the schema's `properties`
+/// (required ones always, the others optional), then `</function>\n`. A value is what the
+/// template writes: a string raw (free text up to the first `\n</parameter>\n`, or one of an
+/// enum's literals), a boolean or null as Python's `str()` writes it (`True`, `None`; the
+/// parser also takes `true`, `null`), anything else JSON (`tojson`) fitting its schema. Refused
+/// by name: names holding `>` or a newline, a string keyword a raw value cannot be held to, a
+/// type union with `string`.
+fn xml_call_rules(tools: &[FunctionTool]) -> Result<String, String> {
+    let lit = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let mut rules = String::new();
+    let mut alternatives = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        let plain = |what: &str, n: &str| {
+            if n.is_empty() || n.contains(['>', '\n']) {
+                Err(format!(
+                    "tool {:?}: {what} {n:?} cannot be written in the <function=...> call form \
+                     (a name there ends at '>')",
+                    t.name
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        plain("the name", &t.name)?;
+        let empty = serde_json::Map::new();
+        let properties = t.parameters["properties"].as_object().unwrap_or(&empty);
+        let required: Vec<&str> = t.parameters["required"]
+            .as_array()
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let mut body = vec![lit(&format!("{}>\n", t.name))];
+        for (j, (p, schema)) in properties.iter().enumerate() {
+            plain("parameter", p)?;
+            let value = xml_value(
+                schema,
+                &t.parameters,
+                &format!("tool {:?} parameter {p:?}", t.name),
+            )?;
+            let rule = format!("f{i}_p{j}");
+            rules.push_str(&format!(
+                "{rule}: {} {value}\n",
+                lit(&format!("<parameter={p}>\n"))
+            ));
+            body.push(if required.contains(&p.as_str()) {
+                rule
+            } else {
+                format!("{rule}?")
+            });
+        }
+        rules.push_str(&format!("f{i}: {}\n", body.join(" ")));
+        alternatives.push(format!("f{i}"));
+    }
+    Ok(format!(
+        "call: {} ({}) {}\n{rules}raw_value[lazy]: /(.|\\n)*\\n<\\/parameter>\\n/\n",
+        lit(&format!("{CALL_OPEN}\n{FUNCTION_OPEN}")),
+        alternatives.join(" | "),
+        lit(&format!("</function>\n{CALL_CLOSE}")),
     ))
+}
+
+/// The grammar of one XML argument's value and its closing `\n</parameter>\n` (see
+/// [`xml_call_rules`]); `root` lends its `$defs` / `definitions` to a JSON value's schema.
+fn xml_value(schema: &Value, root: &Value, what: &str) -> Result<String, String> {
+    let lit = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let close = lit("\n</parameter>\n");
+    let literals = |values: &[Value]| -> Option<String> {
+        let strings: Option<Vec<String>> = values.iter().map(|v| v.as_str().map(lit)).collect();
+        strings.map(|s| format!("({}) {close}", s.join(" | ")))
+    };
+    if let Some(v) = schema.get("const") {
+        if let Some(l) = literals(std::slice::from_ref(v)) {
+            return Ok(l);
+        }
+    }
+    if let Some(values) = schema.get("enum").and_then(Value::as_array) {
+        if let Some(l) = literals(values) {
+            return Ok(l);
+        }
+        if values.iter().any(Value::is_string) {
+            return Err(format!(
+                "{what}: an enum mixing strings with other values cannot be told apart in the \
+                 <function=...> call form (strings are written raw)"
+            ));
+        }
+    }
+    match schema.get("type") {
+        Some(Value::String(t)) if t == "string" => {
+            if let Some(k) = RAW_STRING_KEYWORDS
+                .iter()
+                .find(|k| schema.get(**k).is_some())
+            {
+                return Err(format!(
+                    "{what}: the string keyword {k:?} cannot be enforced in the <function=...> \
+                     call form (its values are written raw); drop it, or let the model choose \
+                     (tool_choice \"auto\")"
+                ));
+            }
+            return Ok("raw_value".into());
+        }
+        Some(Value::String(t)) if t == "boolean" => {
+            return Ok(format!(
+                "(\"True\" | \"False\" | \"true\" | \"false\") {close}"
+            ));
+        }
+        Some(Value::String(t)) if t == "null" => {
+            return Ok(format!("(\"None\" | \"null\") {close}"))
+        }
+        Some(Value::Array(types)) if types.iter().any(|t| t == "string") => {
+            return Err(format!(
+                "{what}: a type union with \"string\" cannot be told apart in the <function=...> \
+                 call form (strings are written raw)"
+            ))
+        }
+        _ => {}
+    }
+    let mut sub = schema.clone();
+    for defs in ["$defs", "definitions"] {
+        if let (Some(d), Some(obj)) = (root.get(defs), sub.as_object_mut()) {
+            obj.entry(defs).or_insert_with(|| d.clone());
+        }
+    }
+    sub["x-guidance"] = json_options();
+    Ok(format!("%json{sub} {close}"))
 }
 
 /// An answer split into text and calls.
@@ -128,7 +295,8 @@ const PARAMETER_OPEN: &str = "<parameter=";
 /// Qwen3.5 / Qwen3.6's call form (their templates render calls so, and the models write them so):
 /// `<function=NAME>` then `<parameter=P>\nVALUE\n</parameter>` per argument, `</function>`. A
 /// value that parses as JSON (a number, an object, ...) is that value (the template writes
-/// non-strings with `tojson`), anything else a string. Anything else in the body: not a call.
+/// mappings and lists with `tojson`), `True` / `False` / `None` the JSON literals (it writes
+/// those with Python's `str()`), anything else a string. Anything else in the body: not a call.
 fn parse_xml_call(body: &str, names: &[&str]) -> Option<ParsedCall> {
     let body = body.trim();
     let rest = body.strip_prefix(FUNCTION_OPEN)?;
@@ -144,9 +312,15 @@ fn parse_xml_call(body: &str, names: &[&str]) -> Option<ParsedCall> {
         let (value, after) = after.split_once("</parameter>")?;
         let value = value.strip_prefix('\n').unwrap_or(value);
         let value = value.strip_suffix('\n').unwrap_or(value);
-        let parsed = match serde_json::from_str::<Value>(value) {
-            Ok(v) if !v.is_string() => v,
-            _ => Value::String(value.to_string()),
+        // The template writes a boolean or null as Python's str() does.
+        let parsed = match value {
+            "True" => Value::Bool(true),
+            "False" => Value::Bool(false),
+            "None" => Value::Null,
+            _ => match serde_json::from_str::<Value>(value) {
+                Ok(v) if !v.is_string() => v,
+                _ => Value::String(value.to_string()),
+            },
         };
         arguments.insert(param.to_string(), parsed);
         rest = after.trim_start();
@@ -327,12 +501,12 @@ mod tests {
                 parameters: json!({"type": "object"}),
             },
         ];
-        let Grammar::Lark(one) = calls_grammar(&tools[..1], false) else {
+        let Ok(Grammar::Lark(one)) = calls_grammar(&tools[..1], false, CallForm::Json) else {
             panic!()
         };
         assert!(one.starts_with("start: call\n"), "{one}");
         assert!(one.contains(r#""name":{"const":"get_weather"}"#), "{one}");
-        let Grammar::Lark(many) = calls_grammar(&tools, true) else {
+        let Ok(Grammar::Lark(many)) = calls_grammar(&tools, true, CallForm::Json) else {
             panic!()
         };
         assert!(
@@ -340,5 +514,97 @@ mod tests {
             "{many}"
         );
         assert!(many.starts_with("start: call (\"\\n\" call)*"), "{many}");
+    }
+
+    #[test]
+    fn the_xml_grammar_writes_calls_as_qwen3_5s_template_does() {
+        let tools = [FunctionTool {
+            name: "get_weather".into(),
+            parameters: json!({"type": "object", "properties": {
+                "city": {"type": "string"}, "unit": {"enum": ["C", "F"]},
+                "days": {"type": "integer", "minimum": 1}, "metric": {"type": "boolean"}},
+                "required": ["city", "days"]}),
+        }];
+        let Ok(Grammar::Lark(g)) = calls_grammar(&tools, false, CallForm::Xml) else {
+            panic!()
+        };
+        assert!(
+            g.contains(r#"call: "<tool_call>\n<function=" (f0) "</function>\n</tool_call>""#),
+            "{g}"
+        );
+        // Schema order, required ones bare, the others optional.
+        assert!(
+            g.contains(r#"f0: "get_weather>\n" f0_p0 f0_p1? f0_p2 f0_p3?"#),
+            "{g}"
+        );
+        assert!(
+            g.contains(r#"f0_p0: "<parameter=city>\n" raw_value"#),
+            "{g}"
+        );
+        assert!(
+            g.contains(r#"f0_p1: "<parameter=unit>\n" ("C" | "F") "\n</parameter>\n""#),
+            "{g}"
+        );
+        assert!(g.contains(r#"%json{"type":"integer","minimum":1,"#), "{g}");
+        assert!(
+            g.contains(r#"("True" | "False" | "true" | "false")"#),
+            "{g}"
+        );
+        // What a raw value cannot be held to is refused by name (control: without it, accepted).
+        for (schema, refused) in [
+            (json!({"type": "string", "pattern": "^a"}), "\"pattern\""),
+            (json!({"type": ["string", "null"]}), "type union"),
+            (json!({"enum": ["a", 1]}), "enum mixing"),
+        ] {
+            let bad = FunctionTool {
+                name: "f".into(),
+                parameters: json!({"type": "object", "properties": {"x": schema}}),
+            };
+            let e = calls_grammar(&[bad], false, CallForm::Xml).unwrap_err();
+            assert!(e.contains(refused) && e.contains("parameter \"x\""), "{e}");
+            assert!(calls_grammar(
+                &[FunctionTool {
+                    name: "f".into(),
+                    parameters: json!({})
+                }],
+                false,
+                CallForm::Xml
+            )
+            .is_ok());
+        }
+        let bad_name = FunctionTool {
+            name: "a>b".into(),
+            parameters: json!({}),
+        };
+        assert!(calls_grammar(&[bad_name], false, CallForm::Xml).is_err());
+    }
+
+    #[test]
+    fn xml_values_take_pythons_literals_as_the_template_writes_them() {
+        let answer = "<tool_call>\n<function=f>\n<parameter=a>\nTrue\n</parameter>\n<parameter=b>\nNone\n</parameter>\n<parameter=c>\nfalse\n</parameter>\n<parameter=d>\nTrue story\n</parameter>\n</function>\n</tool_call>";
+        let p = parse(answer, &["f"]);
+        assert_eq!(
+            p.calls,
+            vec![call(
+                "f",
+                r#"{"a":true,"b":null,"c":false,"d":"True story"}"#
+            )]
+        );
+    }
+
+    #[test]
+    fn the_call_form_is_the_templates() {
+        let fixtures =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/engine");
+        let read = |f: &str| std::fs::read_to_string(fixtures.join(f)).unwrap();
+        assert_eq!(
+            CallForm::of_template(&read("qwen3_5-hub.chat_template.jinja")),
+            CallForm::Xml
+        );
+        // Control: Qwen3-VL's template teaches Hermes' JSON.
+        assert_eq!(
+            CallForm::of_template(&read("qwen3-vl-instruct.chat_template.jinja")),
+            CallForm::Json
+        );
     }
 }

@@ -5,7 +5,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use engine::tool_calls::{calls_grammar, CallSplitter, FunctionTool};
+use engine::tool_calls::{calls_grammar, CallForm, CallSplitter, FunctionTool};
 use engine::{
     Content, EngineError, FinishReason, Generation, Grammar, Message, Role, SamplingParams,
     Scheduler, SchedulerHandle, SchedulerOptions, Session, ToolCall,
@@ -23,6 +23,8 @@ use crate::cli::ServeArgs;
 trait Answerer: Send + 'static {
     fn image(&self, name: &str, bytes: &[u8]) -> engine::Result<engine::Image>;
     fn default_sampling(&self) -> SamplingParams;
+    /// The form the checkpoint's template has calls written in (what the calls grammar makes).
+    fn call_form(&self) -> CallForm;
     fn generate(
         &mut self,
         messages: &[Message],
@@ -38,6 +40,9 @@ impl Answerer for Session {
     }
     fn default_sampling(&self) -> SamplingParams {
         Session::default_sampling(self)
+    }
+    fn call_form(&self) -> CallForm {
+        self.format().template.call_form()
     }
     fn generate(
         &mut self,
@@ -62,6 +67,9 @@ impl Answerer for Parallel {
     }
     fn default_sampling(&self) -> SamplingParams {
         self.handle.default_sampling()
+    }
+    fn call_form(&self) -> CallForm {
+        self.handle.format().template.call_form()
     }
     fn generate(
         &mut self,
@@ -88,7 +96,7 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
     ) -> Result<Completion, api::EngineError> {
         let messages = self.messages(request).map_err(refusal)?;
         let mut params = sampling(self.answerer.default_sampling(), &request.sampling);
-        params.grammar = grammar(request);
+        params.grammar = grammar(request, self.answerer.call_form()).map_err(refusal)?;
         let tools = &request.tools;
         // tool_choice "none": the model is not told about the tools, so it calls none.
         let shown_tools: &[Value] = if tools.choice == ToolChoice::None {
@@ -157,12 +165,13 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
     }
 }
 
-/// The constraint a request asks for: its response format's, or the calls grammar of
-/// tool_choice "required" (any of the tools) or a named function (that one).
-fn grammar(request: &ChatRequest) -> Option<Grammar> {
+/// The constraint a request asks for: its response format's, or the calls grammar (in the
+/// template's `form`) of tool_choice "required" (any of the tools) or a named function (that
+/// one).
+fn grammar(request: &ChatRequest, form: CallForm) -> engine::Result<Option<Grammar>> {
     match &request.format {
-        ResponseFormat::JsonObject => return Some(Grammar::JsonObject),
-        ResponseFormat::JsonSchema(schema) => return Some(Grammar::JsonSchema(schema.clone())),
+        ResponseFormat::JsonObject => return Ok(Some(Grammar::JsonObject)),
+        ResponseFormat::JsonSchema(schema) => return Ok(Some(Grammar::JsonSchema(schema.clone()))),
         ResponseFormat::Text => {}
     }
     let tools = &request.tools;
@@ -176,7 +185,12 @@ fn grammar(request: &ChatRequest) -> Option<Grammar> {
         })
         .map(|(name, parameters)| FunctionTool { name, parameters })
         .collect();
-    (!functions.is_empty()).then(|| calls_grammar(&functions, tools.parallel))
+    if functions.is_empty() {
+        return Ok(None);
+    }
+    calls_grammar(&functions, tools.parallel, form)
+        .map(Some)
+        .map_err(EngineError::Grammar)
 }
 
 impl<A: Answerer> ServerEngine<A> {
@@ -402,6 +416,7 @@ mod tests {
     struct Scripted {
         pieces: Vec<String>,
         seen: Vec<(usize, Option<Grammar>)>,
+        form: CallForm,
     }
 
     impl Answerer for Scripted {
@@ -410,6 +425,9 @@ mod tests {
         }
         fn default_sampling(&self) -> SamplingParams {
             SamplingParams::default()
+        }
+        fn call_form(&self) -> CallForm {
+            self.form
         }
         fn generate(
             &mut self,
@@ -441,10 +459,21 @@ mod tests {
 
     /// (streamed text, completion) of `pieces` answered under `tools`.
     fn answer(pieces: &[&str], tools: Tools) -> (String, Completion, Scripted) {
+        let (streamed, c, s) = answer_in(CallForm::Json, pieces, tools);
+        (streamed, c.unwrap(), s)
+    }
+
+    /// `pieces` as the answer of a checkpoint whose template writes calls in `form`.
+    fn answer_in(
+        form: CallForm,
+        pieces: &[&str],
+        tools: Tools,
+    ) -> (String, Result<Completion, api::EngineError>, Scripted) {
         let mut engine = ServerEngine {
             answerer: Scripted {
                 pieces: pieces.iter().map(|p| p.to_string()).collect(),
                 seen: Vec::new(),
+                form,
             },
         };
         let request = ChatRequest {
@@ -456,14 +485,12 @@ mod tests {
             ..ChatRequest::default()
         };
         let mut streamed = String::new();
-        let c = engine
-            .complete(&request, &mut |e| {
-                if let api::Event::Text(t) = e {
-                    streamed.push_str(t);
-                }
-                true
-            })
-            .unwrap();
+        let c = engine.complete(&request, &mut |e| {
+            if let api::Event::Text(t) = e {
+                streamed.push_str(t);
+            }
+            true
+        });
         (streamed, c, engine.answerer)
     }
 
@@ -531,5 +558,49 @@ mod tests {
                 "{g}"
             );
         }
+    }
+
+    #[test]
+    fn forced_calls_take_the_form_of_the_checkpoints_template() {
+        let xml = "<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>";
+        let add = |parameters: serde_json::Value| Tools {
+            list: vec![serde_json::json!({"type": "function",
+                "function": {"name": "add", "parameters": parameters}})],
+            choice: ToolChoice::Required,
+            parallel: false,
+        };
+        let number =
+            serde_json::json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let (_, c, seen) = answer_in(CallForm::Xml, &[xml], add(number.clone()));
+        let c = c.unwrap();
+        assert_eq!(c.finish, Finish::ToolCalls);
+        assert_eq!(c.tool_calls[0].arguments, r#"{"a":1}"#);
+        let Some(Grammar::Lark(g)) = &seen.seen[0].1 else {
+            panic!("{:?}", seen.seen)
+        };
+        assert!(g.contains(r#""<tool_call>\n<function=" (f0)"#), "{g}");
+        // Control: a Qwen3-VL template's checkpoint gets Hermes' JSON form.
+        let (_, _, seen) = answer_in(CallForm::Json, &[CALL], add(number));
+        let Some(Grammar::Lark(g)) = &seen.seen[0].1 else {
+            panic!("{:?}", seen.seen)
+        };
+        assert!(
+            g.contains(r#"{"const":"add"}"#) && !g.contains("<function="),
+            "{g}"
+        );
+        // What the XML form cannot enforce is refused by name, before any generation.
+        let pattern = serde_json::json!({"type": "object",
+            "properties": {"a": {"type": "string", "pattern": "^[0-9]+$"}}});
+        let (_, c, seen) = answer_in(CallForm::Xml, &[xml], add(pattern));
+        match c {
+            Err(api::EngineError::Invalid(m)) => {
+                assert!(
+                    m.contains("parameter \"a\"") && m.contains("\"pattern\""),
+                    "{m}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(seen.seen.is_empty());
     }
 }

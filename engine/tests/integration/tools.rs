@@ -7,7 +7,7 @@
 use crate::common;
 
 use common::*;
-use engine::tool_calls::{calls_grammar, parse, FunctionTool};
+use engine::tool_calls::{calls_grammar, parse, CallForm, FunctionTool};
 use engine::{
     ChatTemplate, FinishReason, Message, PromptAblation, PromptBuilder, SamplingParams, ToolCall,
 };
@@ -90,7 +90,7 @@ fn the_calls_grammar_makes_random_weights_call_the_tool() {
             temperature,
             top_k: 40,
             seed,
-            grammar: Some(calls_grammar(&tools, false)),
+            grammar: Some(calls_grammar(&tools, false, CallForm::Json).unwrap()),
             ..SamplingParams::default()
         };
         s.reset();
@@ -124,4 +124,99 @@ fn the_calls_grammar_makes_random_weights_call_the_tool() {
             free.text
         );
     }
+}
+
+#[test]
+fn the_xml_calls_grammar_makes_random_weights_call_in_qwen3_5s_form() {
+    // Values the random model can close: an enum, an integer, a boolean, an object (a free
+    // string ends only at "\n</parameter>\n", which random weights rarely write: its rule is
+    // compiled below and its text checked in the unit tests).
+    let parameters = json!({"type": "object", "properties": {
+        "color": {"enum": ["red", "green"]},
+        "n": {"type": "integer", "minimum": 1, "maximum": 9},
+        "metric": {"type": "boolean"},
+        "at": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 3}},
+               "required": ["x"], "additionalProperties": false}},
+        "required": ["color", "n", "metric", "at"], "additionalProperties": false});
+    let tool = json!({"type": "function", "function": {"name": "paint", "parameters": parameters}});
+    let tools = [FunctionTool {
+        name: "paint".into(),
+        parameters,
+    }];
+    let grammar = calls_grammar(&tools, false, CallForm::Xml).unwrap();
+    let mut s = tower_session();
+    let question = vec![Message::user(Vec::new(), "Paint?")];
+    for (temperature, seed) in [(0.0, 0), (0.9, 1), (0.9, 2)] {
+        let p = SamplingParams {
+            max_tokens: 400,
+            temperature,
+            top_k: 40,
+            seed,
+            grammar: Some(grammar.clone()),
+            ..SamplingParams::default()
+        };
+        s.reset();
+        let g = s
+            .generate_with_tools(&question, std::slice::from_ref(&tool), &p, &mut |_| true)
+            .unwrap();
+        assert!(
+            matches!(g.finish, FinishReason::Eos(_)),
+            "{:?} {:?}",
+            g.finish,
+            g.text
+        );
+        assert!(
+            g.text
+                .starts_with("<tool_call>\n<function=paint>\n<parameter=color>\n"),
+            "{:?}",
+            g.text
+        );
+        let parsed = parse(&g.text, &["paint"]);
+        assert_eq!(parsed.calls.len(), 1, "{:?}", g.text);
+        let args: Value = serde_json::from_str(&parsed.calls[0].arguments).unwrap();
+        assert!(
+            matches!(args["color"].as_str(), Some("red" | "green")),
+            "{args}"
+        );
+        assert!(matches!(args["n"].as_i64(), Some(1..=9)), "{args}");
+        assert!(args["metric"].is_boolean(), "{args}");
+        assert!(matches!(args["at"]["x"].as_i64(), Some(0..=3)), "{args}");
+        // Control: the JSON form's grammar makes a Hermes call, not this one.
+        let mut json_form = p.clone();
+        json_form.grammar = Some(calls_grammar(&tools, false, CallForm::Json).unwrap());
+        s.reset();
+        let other = s
+            .generate_with_tools(
+                &question,
+                std::slice::from_ref(&tool),
+                &json_form,
+                &mut |_| true,
+            )
+            .unwrap();
+        assert!(
+            other.text.starts_with("<tool_call>\n{\"name\": \"paint\""),
+            "{:?}",
+            other.text
+        );
+    }
+    // A free string's lazy rule compiles (llguidance would refuse a malformed one by name).
+    let with_string = [FunctionTool {
+        name: "say".into(),
+        parameters: json!({"type": "object", "properties": {"text": {"type": "string"}}}),
+    }];
+    let p = SamplingParams {
+        max_tokens: 4,
+        grammar: Some(calls_grammar(&with_string, true, CallForm::Xml).unwrap()),
+        ..SamplingParams::default()
+    };
+    s.reset();
+    let g = s
+        .generate_with_tools(&question, &[], &p, &mut |_| true)
+        .unwrap();
+    assert!(
+        "<tool_call>\n<function=say>\n".starts_with(&g.text)
+            || g.text.starts_with("<tool_call>\n<function=say>\n"),
+        "{:?}",
+        g.text
+    );
 }

@@ -60,8 +60,49 @@ pub(crate) fn bad(message: String, param: &str) -> ApiError {
 
 /// Parses and checks a request body. `max_tokens_cap` is the server's `--max-tokens`: a request
 /// asking for more gets the cap, none asking gets the cap too.
+/// The body fields of `/v1/chat/completions` this server takes (the [`NOT_IMPLEMENTED`] ones are
+/// taken only when they ask for nothing; `user`, `metadata`, `store` and `service_tier` do not
+/// change the answer and are ignored). Any other field is refused by name: a client's
+/// `chat_template_kwargs` or llama-server's `grammar` would otherwise be silently dropped.
+const CHAT_FIELDS: [&str; 25] = [
+    "model",
+    "messages",
+    "n",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "seed",
+    "stop",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "modalities",
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+];
+
+/// A chat message's fields (`name` is taken: Qwen's templates do not render it).
+const MESSAGE_FIELDS: [&str; 5] = ["role", "content", "name", "tool_calls", "tool_call_id"];
+
 pub fn parse_chat_body(body: &[u8], max_tokens_cap: usize) -> Result<ChatBody, ApiError> {
     let obj = parse_object(body)?;
+    let known: Vec<&str> = CHAT_FIELDS
+        .iter()
+        .copied()
+        .chain(NOT_IMPLEMENTED.iter().map(|(k, _)| *k))
+        .collect();
+    only_fields(&obj, "", &known)?;
     let model = match obj.get("model") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
@@ -394,6 +435,32 @@ pub(crate) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> 
     }
 }
 
+/// Refuses a field of `obj` (at `at`, "" for the body) that is not one of `known`: a field this
+/// server does not know is refused by name, never ignored.
+pub(crate) fn only_fields(
+    obj: &Map<String, Value>,
+    at: &str,
+    known: &[&str],
+) -> Result<(), ApiError> {
+    match obj.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => {
+            let param = if at.is_empty() {
+                k.clone()
+            } else {
+                format!("{at}.{k}")
+            };
+            Err(bad(
+                format!(
+                    "{param} is not a field this server knows (known: {})",
+                    known.join(", ")
+                ),
+                &param,
+            ))
+        }
+        None => Ok(()),
+    }
+}
+
 pub(crate) fn kind_of(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -418,6 +485,7 @@ fn parse_message(i: usize, m: &Value) -> Result<RequestMessage, ApiError> {
     let Value::Object(m) = m else {
         return Err(bad(format!("{at} must be an object"), &at));
     };
+    only_fields(m, &at, &MESSAGE_FIELDS)?;
     let role = parse_role(m, &at)?;
     let tool_calls = match m.get("tool_calls") {
         None | Some(Value::Null) => Vec::new(),
@@ -975,6 +1043,19 @@ mod tests {
                 r#"{"messages":[{"role":"user","content":"x"}],"modalities":["text","audio"]}"#,
                 "modalities",
             ),
+            // Fields this server does not know, refused by name, not dropped.
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"enable_thinking":false}}"#,
+                "chat_template_kwargs",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"grammar":"root ::= \"a\""}"#,
+                "grammar",
+            ),
+            (
+                r#"{"messages":[{"role":"assistant","content":"x","reasoning_content":"y"},{"role":"user","content":"x"}]}"#,
+                "messages[0].reasoning_content",
+            ),
             (
                 r#"{"messages":[{"role":"user","content":5}]}"#,
                 "messages[0].content",
@@ -1028,9 +1109,9 @@ mod tests {
         // Control: a good body parses, and fields at values that ask for nothing are taken.
         parse(r#"{"messages":[{"role":"user","content":"x"}],"temperature":0}"#).unwrap();
         parse(
-            r#"{"messages":[{"role":"user","content":"x"}],"logprobs":false,"logit_bias":{},
+            r#"{"messages":[{"role":"user","content":"x","name":"ann"}],"logprobs":false,"logit_bias":{},
             "tools":[],"tool_choice":"auto","modalities":["text"],"response_format":{"type":"text"},
-            "user":"u","store":false}"#,
+            "user":"u","store":false,"metadata":{"k":"v"},"service_tier":"auto"}"#,
         )
         .unwrap();
     }

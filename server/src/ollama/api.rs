@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::http::StatusCode;
 use serde_json::{json, Map, Value};
 
-use crate::api::{self, bad, kind_of, RequestMessage, RequestPart};
+use crate::api::{self, bad, kind_of, only_fields, RequestMessage, RequestPart};
 use crate::chat::{Completion, ModelInfo, ResponseFormat, Role, Sampling};
 use crate::error::ApiError;
 
@@ -67,27 +67,6 @@ fn check_model(obj: &Map<String, Value>, key: &str, info: &ModelInfo) -> Result<
             format!("{key} must be a string, got {}", kind_of(v)),
             key,
         )),
-    }
-}
-
-/// Refuses the fields Ollama's route `route` does not have.
-fn only_fields(obj: &Map<String, Value>, at: &str, known: &[&str]) -> Result<(), ApiError> {
-    match obj.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(k) => {
-            let param = if at.is_empty() {
-                k.clone()
-            } else {
-                format!("{at}.{k}")
-            };
-            Err(bad(
-                format!(
-                    "{param} is not a field this server knows (known: {})",
-                    known.join(", ")
-                ),
-                &param,
-            ))
-        }
-        None => Ok(()),
     }
 }
 

@@ -9,7 +9,8 @@ use crate::common;
 use common::*;
 use engine::tool_calls::{calls_grammar, parse, CallForm, FunctionTool};
 use engine::{
-    ChatTemplate, FinishReason, Message, PromptAblation, PromptBuilder, SamplingParams, ToolCall,
+    ChatTemplate, FinishReason, Generation, Message, PromptAblation, PromptBuilder, SamplingParams,
+    Session, ToolCall,
 };
 use serde_json::{json, Value};
 
@@ -75,6 +76,26 @@ fn tools_calls_and_results_render_through_qwens_template() {
     assert!(plain.starts_with("<|im_start|>user\nWeather?"), "{plain}");
 }
 
+/// A fresh answer to `question` with `tool` shown, under `p` (its grammar), ended by the model.
+fn call_once(
+    s: &mut Session,
+    question: &[Message],
+    tool: &Value,
+    p: &SamplingParams,
+) -> Generation {
+    s.reset();
+    let g = s
+        .generate_with_tools(question, std::slice::from_ref(tool), p, &mut |_| true)
+        .unwrap();
+    assert!(
+        matches!(g.finish, FinishReason::Eos(_)),
+        "{:?} {:?}",
+        g.finish,
+        g.text
+    );
+    g
+}
+
 #[test]
 fn the_calls_grammar_makes_random_weights_call_the_tool() {
     let tool = weather_tool();
@@ -93,16 +114,7 @@ fn the_calls_grammar_makes_random_weights_call_the_tool() {
             grammar: Some(calls_grammar(&tools, false, CallForm::Json).unwrap()),
             ..SamplingParams::default()
         };
-        s.reset();
-        let g = s
-            .generate_with_tools(&question, std::slice::from_ref(&tool), &p, &mut |_| true)
-            .unwrap();
-        assert!(
-            matches!(g.finish, FinishReason::Eos(_)),
-            "{:?} {:?}",
-            g.finish,
-            g.text
-        );
+        let g = call_once(&mut s, &question, &tool, &p);
         let parsed = parse(&g.text, &["get_weather"]);
         assert_eq!(parsed.calls.len(), 1, "{:?}", g.text);
         assert_eq!(parsed.text, "");
@@ -155,16 +167,7 @@ fn the_xml_calls_grammar_makes_random_weights_call_in_qwen3_5s_form() {
             grammar: Some(grammar.clone()),
             ..SamplingParams::default()
         };
-        s.reset();
-        let g = s
-            .generate_with_tools(&question, std::slice::from_ref(&tool), &p, &mut |_| true)
-            .unwrap();
-        assert!(
-            matches!(g.finish, FinishReason::Eos(_)),
-            "{:?} {:?}",
-            g.finish,
-            g.text
-        );
+        let g = call_once(&mut s, &question, &tool, &p);
         assert!(
             g.text
                 .starts_with("<tool_call>\n<function=paint>\n<parameter=color>\n"),

@@ -53,15 +53,16 @@ SHAPE_2B = dict(
     tie=True, vocab=151936)
 
 
-# Qwen3.5-2B's geometry as bench's qwen3.5-2b shape has it (packs/src/shapes.rs; text from the
-# hub config, the tower Qwen3-VL-2B's without DeepStack), for --family qwen3.5 --shape 2b.
+# Qwen3.5-2B's geometry (the text as bench's qwen3.5-2b shape has it, packs/src/shapes.rs; the
+# tower at the hub's Qwen3.5 sizes: hidden 1152, depth 27, intermediate 4304, 16 heads of 72, no
+# DeepStack), for --family qwen3.5 --shape 2b.
 SHAPE_Q35_2B = dict(
     text=dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
               layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(24)],
               num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
               linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
               linear_conv_kernel_dim=4, partial_rotary_factor=0.25, mrope_section=[11, 11, 10]),
-    vision=dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, num_position_embeddings=2304),
+    vision=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, num_position_embeddings=2304),
     tie=True, vocab=248320, mix="interval")
 
 
@@ -122,8 +123,9 @@ def draw_qwen35_geometry(rng: np.random.Generator, moe: bool) -> dict:
     else:
         text["intermediate_size"] = int(rng.choice([64, 96, 160]))
     v_heads = int(rng.choice([1, 2, 4]))
-    vision = dict(depth=int(rng.integers(1, 4)), hidden_size=v_heads * int(rng.choice([8, 16])),
-                  intermediate_size=int(rng.choice([32, 64, 96])), num_heads=v_heads,
+    # Tower widths off the multiples of 32 too (the hub's Qwen3.5 tower: heads of 72, intermediate 4304).
+    vision = dict(depth=int(rng.integers(1, 4)), hidden_size=v_heads * int(rng.choice([8, 12, 16, 24])),
+                  intermediate_size=int(rng.choice([32, 40, 64, 72, 96])), num_heads=v_heads,
                   num_position_embeddings=int(rng.choice([16, 36, 64, 100])))
     return dict(text=text, vision=vision, tie=bool(rng.random() < 0.5), vocab=int(rng.choice([512, 640])),
                 mix=mix)

@@ -190,6 +190,9 @@ pub struct HeadShape {
     pub d: usize,
     /// `scale` of the scores (transformers' `head_dim^−½`).
     pub scale: f32,
+    /// `scale · log2(e)` rounded once (from f64): the bf16 variant's exponents are
+    /// `s·scale·log2(e)`, its `exp` a power of 2 (`oracle::pow2`).
+    pub log2e_scale: f32,
 }
 
 impl HeadShape {
@@ -197,6 +200,7 @@ impl HeadShape {
         HeadShape {
             d,
             scale: (d as f32).powf(-0.5),
+            log2e_scale: ((d as f64).powf(-0.5) * std::f64::consts::LOG2_E) as f32,
         }
     }
     fn dp(&self) -> usize {

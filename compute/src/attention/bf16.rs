@@ -2,8 +2,12 @@
 //! f32 as AVX-512 BF16's `vdpbf16ps` does it ([`crate::kernels::bf16_dot`] is the oracle of one
 //! lane). Per query row, over the f32 variant's tiles (module docs of `attention`):
 //! - `q' = to_bf16(q)`; keys and values were packed as `to_bf16(k)`, `to_bf16(v)`;
-//! - `s_j = bf16_dot::dot(0, q', k'_j) · scale` (pairs of elements ascending);
-//! - `m'`, `α` as the f32 variant; `p_j = to_bf16(exp(s_j − m'))`;
+//! - `s_j = bf16_dot::dot(0, q', k'_j)` (pairs of elements ascending; the scale comes below);
+//! - `m' = max(m, max_j s_j)`; with `c = scale·log2(e)` (`HeadShape::log2e_scale`) and
+//!   `μ = m'·c` (rounded): `α = pow2(fma(m, c, −μ))` (1 without a `pow2` when `m' = m`) and
+//!   `p_j = to_bf16(pow2(fma(s_j, c, −μ)))`, [`oracle::pow2`](super::oracle::pow2) a power of 2
+//!   by a 5-FMA polynomial and `vscalefps`: e^{(s_j − m')·scale}, about 10 vector operations per
+//!   16 keys where the f32 variant's `exp` of the scaled score takes about 27;
 //! - `l[i] = l[i]·α + p_i + p_{i+16} + …` (the rounded p, in f32);
 //! - `o_c = dot_pair(… dot_pair(o_c·α, [p_0, p_1], [v_0c, v_1c]) …)` over the tile's pairs of keys
 //!   ascending, an odd tile's last key paired with a zero key (p = 0, v = 0);
@@ -15,10 +19,9 @@
 //! `[d/2][KEY_TILE][2]` (key j's elements 2u, 2u + 1 together), a value tile
 //! `[KEY_TILE/2][dp][2]` (column c of keys 2u, 2u + 1 together); keys past `len` are zero.
 
-use super::oracle::{greater, sum_lanes};
+use super::oracle::{greater, pow2, sum_lanes};
 use super::{padded_dim, HeadShape, KEY_TILE, SUM_LANES};
 use crate::kernels::bf16_dot::{dot, dot_pair, to_bf16};
-use crate::ops::mathf::exp;
 use half::bf16;
 
 /// One head's keys and values over one segment, packed in bf16 (module docs).
@@ -48,6 +51,50 @@ pub(crate) fn value_at(dp: usize, j: usize, c: usize) -> usize {
     (j / KEY_TILE) * KEY_TILE * dp + ((j % KEY_TILE) / 2) * 2 * dp + c * 2 + j % 2
 }
 
+/// One tile of `w` keys and values (`d` values each, row j at `j·stride` of `keys` and of
+/// `values`) rounded to bf16 into a packed key tile `kt` and value tile `vt` (module docs), the
+/// keys past `w` zero; on AVX-512 BF16 when `simd` (the same bits: a copy of rounded values).
+pub(crate) fn pack_tile(
+    (keys, values): (&[f32], &[f32]),
+    (d, stride): (usize, usize),
+    w: usize,
+    (kt, vt): (&mut [bf16], &mut [bf16]),
+    simd: bool,
+) {
+    let (kt_tile, v_tile) = tile_sizes(d);
+    let dp = padded_dim(d);
+    assert!(
+        (1..=KEY_TILE).contains(&w)
+            && d.is_multiple_of(2)
+            && keys.len() >= (w - 1) * stride + d
+            && values.len() >= (w - 1) * stride + d
+            && kt.len() >= kt_tile
+            && vt.len() >= v_tile,
+        "bf16 pack_tile: {w} keys of {d}, {stride} apart, from {} / {} values into {} / {}",
+        keys.len(),
+        values.len(),
+        kt.len(),
+        vt.len()
+    );
+    let (kt, vt) = (&mut kt[..kt_tile], &mut vt[..v_tile]);
+    #[cfg(target_arch = "x86_64")]
+    if simd && super::Operands::Bf16.has_simd() {
+        // SAFETY: the CPU has AVX-512 F, BW and BF16 (`has_simd`); the sizes were checked.
+        unsafe { x86::pack_tile((keys, values), (d, stride), w, kt, vt) };
+        return;
+    }
+    let _ = simd;
+    kt.fill(bf16::ZERO);
+    vt.fill(bf16::ZERO);
+    for j in 0..w {
+        let (k, x) = (&keys[j * stride..][..d], &values[j * stride..][..d]);
+        for c in 0..d {
+            kt[key_at(d, j, c)] = to_bf16(k[c]);
+            vt[value_at(dp, j, c)] = to_bf16(x[c]);
+        }
+    }
+}
+
 /// The bf16 attention of the query `q` (`shape.d` f32 values, rounded here) over `kv`, into
 /// `out`, as the module docs fix it.
 pub fn attend_row(shape: HeadShape, q: &[f32], kv: PackedKvBf16<'_>, out: &mut [f32]) {
@@ -69,14 +116,19 @@ pub fn attend_row(shape: HeadShape, q: &[f32], kv: PackedKvBf16<'_>, out: &mut [
             for (c, kc) in k.iter_mut().enumerate() {
                 *kc = kv.kt[key_at(d, t0 + j, c)];
             }
-            *sj = dot(0.0, &q, &k) * shape.scale;
+            *sj = dot(0.0, &q, &k);
             tile_max = greater(*sj, tile_max);
         }
         let m_new = greater(tile_max, m);
-        let alpha = if m_new == m { 1.0 } else { exp(m - m_new) };
+        let (c, mu) = (shape.log2e_scale, m_new * shape.log2e_scale);
+        let alpha = if m_new == m {
+            1.0
+        } else {
+            pow2(m.mul_add(c, -mu))
+        };
         p.fill(bf16::ZERO);
         for (pj, &sj) in p[..w].iter_mut().zip(&s[..w]) {
-            *pj = to_bf16(exp(sj - m_new));
+            *pj = to_bf16(pow2(sj.mul_add(c, -mu)));
         }
         for (i, li) in l.iter_mut().enumerate() {
             *li *= alpha;
@@ -112,11 +164,13 @@ pub(crate) mod x86 {
     #![allow(clippy::needless_range_loop)]
 
     use super::super::oracle::greater;
+    use super::super::oracle::{pow2, POW2, POW2_MIN};
     use super::super::x86::{register_tiles, RegisterTile, Rows};
-    use super::super::{BlockState, HeadShape, QueryBlock, KEY_TILE, MAX_TILE_ROWS, SUM_LANES};
+    use super::super::{
+        BlockState, HeadShape, Planted, QueryBlock, KEY_TILE, MAX_TILE_ROWS, SUM_LANES,
+    };
     use super::PackedKvBf16;
     use crate::kernels::bf16_dot::x86::{dpbf16_zmm, to_bf16_zmm};
-    use crate::ops::mathf::{self, simd::exp16};
     use half::bf16;
     use std::arch::x86_64::*;
 
@@ -132,25 +186,25 @@ pub(crate) mod x86 {
         kv: PackedKvBf16<'_>,
         block: &QueryBlock<'_>,
         state: &mut BlockState,
+        planted: Planted,
     ) {
         let (d, dp) = (shape.d, shape.dp());
         let rows = block.rows;
         // The block's queries in bf16, `d` a row.
         state.qb.clear();
-        for r in 0..rows {
-            let q = &block.q[r * block.q_stride..][..d];
-            state
-                .qb
-                .extend(q.iter().map(|&x| crate::kernels::bf16_dot::to_bf16(x)));
+        state.qb.resize(rows * d, bf16::ZERO);
+        for (r, qb) in state.qb.chunks_exact_mut(d).enumerate() {
+            // SAFETY: the features (contract); `qb` holds the row's d values.
+            unsafe { round_row(&block.q[r * block.q_stride..][..d], qb) };
         }
         if state.pb.len() < MAX_TILE_ROWS * KEY_TILE {
             state.pb.resize(MAX_TILE_ROWS * KEY_TILE, bf16::ZERO);
         }
         let qb = state.qb.as_ptr();
-        let (s, pb) = (state.p.as_mut_ptr(), state.pb.as_mut_ptr());
+        let pb = state.pb.as_mut_ptr();
         let (kt_tile, v_tile) = super::tile_sizes(d);
         for (t, t0) in (0..kv.len).step_by(KEY_TILE).enumerate() {
-            let w = (kv.len - t0).min(KEY_TILE);
+            let w = planted.keys((kv.len - t0).min(KEY_TILE));
             // SAFETY: tile t < tiles of both packed buffers (contract).
             let (kt, v) = unsafe {
                 (
@@ -163,25 +217,166 @@ pub(crate) mod x86 {
                 v,
                 d,
                 dp,
-                scale: shape.scale,
-                s,
+                c: shape.log2e_scale,
                 pb,
             };
             // SAFETY: the rows are the block's (their bf16 queries `d` apart in `qb`), each
-            // reading the tile's w keys; `s` and `pb` hold MAX_TILE_ROWS x KEY_TILE values.
+            // reading the tile's w keys; `pb` holds MAX_TILE_ROWS x KEY_TILE values.
             unsafe { register_tiles(&tile, state, dp, (0, rows), |r| qb.add(r * d), |_| w) }
         }
     }
 
-    /// A packed key and value tile, and a register tile's scores `s` and probabilities `pb`.
+    /// [`pow2`] on 16 lanes.
+    ///
+    /// # Safety
+    /// AVX-512 F.
+    #[inline(always)]
+    unsafe fn pow2_zmm(t: __m512) -> __m512 {
+        // SAFETY: register-only AVX-512 F intrinsics; the caller guarantees AVX-512 F.
+        unsafe {
+            // `vmaxps` returns its second operand when either is NaN: a NaN stays.
+            let t = _mm512_max_ps(_mm512_set1_ps(POW2_MIN), t);
+            let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+            let f = _mm512_sub_ps(t, n);
+            let mut y = _mm512_set1_ps(POW2[0]);
+            for &c in &POW2[1..] {
+                y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(c));
+            }
+            let y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0));
+            _mm512_scalef_ps(y, n)
+        }
+    }
+
+    /// The lanes below `n` (at most 16).
+    #[inline(always)]
+    fn lanes16(n: usize) -> u16 {
+        if n >= 16 {
+            u16::MAX
+        } else {
+            (1u16 << n) - 1
+        }
+    }
+
+    /// `dst[i] = to_bf16(src[i])` for every value of `src` (`vcvtne2ps2bf16`, 32 a step, the
+    /// tail masked).
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and BF16; `dst` at least as long as `src`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(crate) unsafe fn round_row(src: &[f32], dst: &mut [bf16]) {
+        assert!(dst.len() >= src.len());
+        let (n, s, t) = (src.len(), src.as_ptr(), dst.as_mut_ptr());
+        let mut i = 0;
+        while i < n {
+            let left = n - i;
+            let store = if left >= 32 {
+                u32::MAX
+            } else {
+                (1u32 << left) - 1
+            };
+            // SAFETY: the features (contract); the masked loads read values i .. n of `src`
+            // and the masked store writes values i .. n of `dst` (a masked-off lane touches no
+            // memory; the pointers are formed with `wrapping_add`).
+            unsafe {
+                let lo = _mm512_maskz_loadu_ps(lanes16(left), s.wrapping_add(i));
+                let hi =
+                    _mm512_maskz_loadu_ps(lanes16(left.saturating_sub(16)), s.wrapping_add(i + 16));
+                _mm512_mask_storeu_epi16(t.wrapping_add(i).cast(), store, to_bf16_zmm(lo, hi));
+            }
+            i += 32;
+        }
+    }
+
+    /// [`super::pack_tile`] on AVX-512 BF16: keys rounded 32 values a step and scattered to
+    /// their pairs' rows; values of two keys rounded together and interleaved column by column.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and BF16; as [`super::pack_tile`], whose checks hold.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(crate) unsafe fn pack_tile(
+        (keys, values): (&[f32], &[f32]),
+        (d, stride): (usize, usize),
+        w: usize,
+        kt: &mut [bf16],
+        vt: &mut [bf16],
+    ) {
+        let dp = super::padded_dim(d);
+        let (k, x) = (keys.as_ptr(), values.as_ptr());
+        let (kp, vp) = (kt.as_mut_ptr(), vt.as_mut_ptr());
+        /// Column j of the interleave: value j / 2 of the first key (j even), of the second (odd).
+        const INTERLEAVE: [u16; 32] = {
+            let mut t = [0u16; 32];
+            let mut j = 0;
+            while j < 32 {
+                t[j] = (j / 2 + (j % 2) * 16) as u16;
+                j += 1;
+            }
+            t
+        };
+        if w < KEY_TILE {
+            kt.fill(bf16::ZERO);
+        }
+        // SAFETY: the features (contract). Keys: masked loads of values 2·u0 .. d of key j < w
+        // (inside `keys`: (w − 1)·stride + d values); the scatter writes pair u0 + i < d/2 of
+        // key j, `2·((u0 + i)·KEY_TILE + j)` bf16 into `kt` (d·KEY_TILE). Values: masked loads
+        // of values c0 .. d of keys 2u, 2u + 1 < w; the stores write pair row u < KEY_TILE/2 at
+        // columns c0 .. c0 + 16 <= dp (`vt`: KEY_TILE·dp).
+        unsafe {
+            let pair_rows = _mm512_mullo_epi32(
+                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                _mm512_set1_epi32(KEY_TILE as i32),
+            );
+            for j in 0..w {
+                let row = k.add(j * stride);
+                let mut u0 = 0;
+                while u0 < d / 2 {
+                    let left = d - 2 * u0;
+                    let lo = _mm512_maskz_loadu_ps(lanes16(left), row.wrapping_add(2 * u0));
+                    let hi = _mm512_maskz_loadu_ps(
+                        lanes16(left.saturating_sub(16)),
+                        row.wrapping_add(2 * u0 + 16),
+                    );
+                    _mm512_mask_i32scatter_epi32::<4>(
+                        kp.add(2 * (u0 * KEY_TILE + j)).cast(),
+                        lanes16(d / 2 - u0),
+                        pair_rows,
+                        to_bf16_zmm(lo, hi),
+                    );
+                    u0 += 16;
+                }
+            }
+            let interleave = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
+            for u in 0..KEY_TILE / 2 {
+                let out = vp.add(u * 2 * dp);
+                let (j0, j1) = (2 * u, 2 * u + 1);
+                for c0 in (0..dp).step_by(16) {
+                    let cols = lanes16(d.saturating_sub(c0));
+                    let first = if j0 < w {
+                        _mm512_maskz_loadu_ps(cols, x.wrapping_add(j0 * stride + c0))
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    let second = if j1 < w {
+                        _mm512_maskz_loadu_ps(cols, x.wrapping_add(j1 * stride + c0))
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    let pairs = _mm512_permutexvar_epi16(interleave, to_bf16_zmm(first, second));
+                    _mm512_storeu_si512(out.add(2 * c0).cast(), pairs);
+                }
+            }
+        }
+    }
+
+    /// A packed key and value tile, and a register tile's probabilities `pb`.
     #[derive(Clone, Copy)]
     struct PackedTile {
         kt: *const bf16,
         v: *const bf16,
         d: usize,
         dp: usize,
-        scale: f32,
-        s: *mut f32,
+        /// `scale·log2(e)`.
+        c: f32,
         pb: *mut bf16,
     }
 
@@ -196,15 +391,35 @@ pub(crate) mod x86 {
         }
     }
 
-    /// One register tile of R rows against one packed tile of `w` keys (every row's `w`).
+    /// One register tile of R rows against one packed tile of `w` keys (every row's `w`): the
+    /// key vectors of 16 the tile holds (a partial tile costs its keys, not 64).
+    ///
+    /// # Safety
+    /// As [`tile_keys`].
+    #[inline(always)]
+    unsafe fn tile<const R: usize>(rows: Rows<bf16, R>, tile: &PackedTile) {
+        // SAFETY: `tile_keys`' contract with KV = ceil(w / 16) (1 <= w <= KEY_TILE).
+        unsafe {
+            match rows.w[0].div_ceil(16) {
+                4 => tile_keys::<R, 4>(rows, tile),
+                3 => tile_keys::<R, 3>(rows, tile),
+                2 => tile_keys::<R, 2>(rows, tile),
+                _ => tile_keys::<R, 1>(rows, tile),
+            }
+        }
+    }
+
+    /// [`tile`] with KV = ceil(w / 16) key vectors: scores in R x KV `vdpbf16ps` accumulators,
+    /// the softmax on them in registers (no store and reload of the scores), the rounded p stored
+    /// for `p · V`'s broadcasts.
     ///
     /// # Safety
     /// AVX-512 F, BW and BF16; each q readable for `d` bf16, m for 1, l for [`SUM_LANES`], o
     /// for `dp` floats (and writable); `kt`, `v` one packed tile each; `s` (f32) and `pb` (bf16)
-    /// writable for `R x KEY_TILE`; `1 <= w <= KEY_TILE`; `d` even; `dp` a multiple of 64 or
-    /// of 16.
+    /// writable for `R x KEY_TILE`; `16·(KV − 1) < w <= 16·KV <= KEY_TILE`; `d` even; `dp` a
+    /// multiple of 16.
     #[inline(always)]
-    unsafe fn tile<const R: usize>(rows: Rows<bf16, R>, tile: &PackedTile) {
+    unsafe fn tile_keys<const R: usize, const KV: usize>(rows: Rows<bf16, R>, tile: &PackedTile) {
         let Rows { q, m, l, o, w } = rows;
         let w = w[0];
         let PackedTile {
@@ -212,70 +427,79 @@ pub(crate) mod x86 {
             v,
             d,
             dp,
-            scale,
-            s,
+            c,
             pb,
         } = *tile;
         // SAFETY: the features (contract). Scores: pair u < d/2 of each row's q, K pairs
-        // `kt + u·2·KEY_TILE + 32·i` for i < 4 (inside the tile); stores into row r's `s`.
-        // Softmax: row r's s, pb, m, l. p·V: V pair rows u < ceil(w/2) <= KEY_TILE/2 at columns
-        // below dp, o columns below dp.
+        // `kt + u·2·KEY_TILE + 32·i` for i < KV <= 4 (inside the tile). Softmax: row r's m, l
+        // and pb (bf16 pairs below 16·KV <= KEY_TILE). p·V: V pair rows u < ceil(w/2) <=
+        // KEY_TILE/2 at columns below dp, o columns below dp.
         unsafe {
-            let mut acc = [[_mm512_setzero_ps(); 4]; R];
+            let mut acc = [[_mm512_setzero_ps(); KV]; R];
             for u in 0..d / 2 {
                 let kp = kt.add(u * 2 * KEY_TILE);
-                let k: [__m512i; 4] =
-                    std::array::from_fn(|i| _mm512_loadu_si512(kp.add(32 * i).cast()));
+                let mut k = [_mm512_setzero_si512(); KV];
+                for i in 0..KV {
+                    k[i] = _mm512_loadu_si512(kp.add(32 * i).cast());
+                }
                 for r in 0..R {
                     let qp = _mm512_set1_epi32((q[r].add(2 * u) as *const i32).read_unaligned());
-                    for i in 0..4 {
+                    for i in 0..KV {
                         acc[r][i] = dpbf16_zmm(acc[r][i], qp, k[i]);
                     }
                 }
             }
-            let sc = _mm512_set1_ps(scale);
+            // The last vector's keys (the others are whole).
+            let last: u16 = if w == 16 * KV {
+                u16::MAX
+            } else {
+                (1u16 << (w % 16)) - 1
+            };
+            let cv = _mm512_set1_ps(c);
             let mut alpha = [0f32; R];
-            let keep = if w >= 64 { u64::MAX } else { (1u64 << w) - 1 };
             for r in 0..R {
-                let sr = s.add(r * KEY_TILE);
-                let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
-                for i in 0..4 {
-                    let mask = (keep >> (16 * i)) as u16;
-                    let x = _mm512_mask_blend_ps(
-                        mask,
-                        _mm512_set1_ps(f32::NEG_INFINITY),
-                        _mm512_mul_ps(acc[r][i], sc),
-                    );
-                    _mm512_storeu_ps(sr.add(16 * i), x);
-                    mx = _mm512_max_ps(x, mx);
+                let s = acc[r];
+                let mut mx = s[0];
+                for i in 1..KV - 1 {
+                    mx = _mm512_max_ps(s[i], mx);
                 }
+                // Keys past w leave the maximum as it is (a lane of the first vector keeps −∞).
+                mx = if KV == 1 {
+                    _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), last, s[0])
+                } else {
+                    _mm512_mask_max_ps(mx, last, s[KV - 1], mx)
+                };
                 let m_old = *m[r];
                 let m_new = greater(_mm512_reduce_max_ps(mx), m_old);
                 *m[r] = m_new;
+                let mu = m_new * c;
                 alpha[r] = if m_new == m_old {
                     1.0
                 } else {
-                    mathf::exp(m_old - m_new)
+                    pow2(m_old.mul_add(c, -mu))
                 };
-                let mv = _mm512_set1_ps(m_new);
-                let p: [__m512; 4] = std::array::from_fn(|i| {
-                    let mask = (keep >> (16 * i)) as u16;
-                    _mm512_maskz_mov_ps(
-                        mask,
-                        exp16(_mm512_sub_ps(_mm512_loadu_ps(sr.add(16 * i)), mv)),
-                    )
-                });
+                let neg_mu = _mm512_set1_ps(-mu);
+                let mut p = [_mm512_setzero_ps(); KV];
+                for i in 0..KV {
+                    p[i] = pow2_zmm(_mm512_fmadd_ps(s[i], cv, neg_mu));
+                }
+                p[KV - 1] = _mm512_maskz_mov_ps(last, p[KV - 1]);
                 let pr = pb.add(r * KEY_TILE);
-                _mm512_storeu_si512(pr.cast(), to_bf16_zmm(p[0], p[1]));
-                _mm512_storeu_si512(pr.add(32).cast(), to_bf16_zmm(p[2], p[3]));
-                // The rounded p back in f32 (a bf16 is the top half of its f32).
-                let widen = |at: usize| {
-                    let h = _mm256_loadu_si256(pr.add(at).cast());
-                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
-                };
+                for i in (0..KV).step_by(2) {
+                    let hi = if i + 1 < KV {
+                        p[i + 1]
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    _mm512_storeu_si512(pr.add(16 * i).cast(), to_bf16_zmm(p[i], hi));
+                }
+                // The rounded p back in f32 (a bf16 is the top half of its f32); the vectors
+                // past the tile's keys would add +0, no change to l's bits.
                 let mut lv = _mm512_mul_ps(_mm512_loadu_ps(l[r]), _mm512_set1_ps(alpha[r]));
-                for chunk in 0..KEY_TILE / SUM_LANES {
-                    lv = _mm512_add_ps(lv, widen(chunk * SUM_LANES));
+                for i in 0..KV {
+                    let h = _mm256_loadu_si256(pr.add(i * SUM_LANES).cast());
+                    let pi = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
+                    lv = _mm512_add_ps(lv, _mm512_castsi512_ps(pi));
                 }
                 _mm512_storeu_ps(l[r], lv);
             }
@@ -320,8 +544,10 @@ pub(crate) mod x86 {
             }
             for u in 0..pairs {
                 let vp = v.add(u * 2 * dp + 2 * c0);
-                let x: [__m512i; CV] =
-                    std::array::from_fn(|i| _mm512_loadu_si512(vp.add(32 * i).cast()));
+                let mut x = [_mm512_setzero_si512(); CV];
+                for i in 0..CV {
+                    x[i] = _mm512_loadu_si512(vp.add(32 * i).cast());
+                }
                 for r in 0..R {
                     let pp = _mm512_set1_epi32(
                         (pb.add(r * KEY_TILE + 2 * u) as *const i32).read_unaligned(),

@@ -190,6 +190,9 @@ pub struct HeadShape {
     pub d: usize,
     /// `scale` of the scores (transformers' `head_dim^−½`).
     pub scale: f32,
+    /// `scale · log2(e)` rounded once (from f64): the bf16 variant's exponents are
+    /// `s·scale·log2(e)`, its `exp` a power of 2 (`oracle::pow2`).
+    pub log2e_scale: f32,
 }
 
 impl HeadShape {
@@ -197,6 +200,7 @@ impl HeadShape {
         HeadShape {
             d,
             scale: (d as f32).powf(-0.5),
+            log2e_scale: ((d as f64).powf(-0.5) * std::f64::consts::LOG2_E) as f32,
         }
     }
     fn dp(&self) -> usize {
@@ -260,6 +264,20 @@ impl Operands {
 pub(crate) struct Planted {
     /// The SIMD block loop skips this key tile.
     pub skip_tile: Option<usize>,
+    /// The segment kernels' last key tile, when partial, is read one key short (an off-by-one
+    /// mask).
+    pub short_last_tile: bool,
+}
+
+impl Planted {
+    /// The keys of a tile of `w` the SIMD segment kernels read.
+    pub(crate) fn keys(self, w: usize) -> usize {
+        if self.short_last_tile && (2..KEY_TILE).contains(&w) {
+            w - 1
+        } else {
+            w
+        }
+    }
 }
 
 /// The rows of `block` against `kv` on `path`, into the block's outputs.
@@ -312,6 +330,7 @@ pub(crate) fn attend_block_bf16(
     kv: bf16::PackedKvBf16<'_>,
     block: QueryBlock<'_>,
     state: &mut BlockState,
+    planted: Planted,
 ) {
     let d = shape.d;
     let (kt_tile, v_tile) = bf16::tile_sizes(d);
@@ -332,11 +351,11 @@ pub(crate) fn attend_block_bf16(
         state.reset(block.rows, shape.dp());
         // SAFETY: the CPU has AVX-512 F, BW, BF16, AVX2 and FMA (checked just above); the packed
         // tiles, the block's queries and d were checked above; the state was reset for the rows.
-        unsafe { bf16::x86::attend_block(shape, kv, &block, state) };
+        unsafe { bf16::x86::attend_block(shape, kv, &block, state, planted) };
         finish(shape, block, state);
         return;
     }
-    let _ = (path, &state);
+    let _ = (path, &state, planted);
     for r in 0..block.rows {
         let q = &block.q[r * block.q_stride..][..d];
         let out = &mut block.out[r * block.out_stride..][..d];

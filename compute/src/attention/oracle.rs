@@ -14,6 +14,38 @@ pub(crate) fn greater(a: f32, b: f32) -> f32 {
     }
 }
 
+/// The coefficients of `2^f − 1 = f·(P2[4] + f·(P2[3] + … f·P2[0]))` on `f ∈ [−½, ½]` (a
+/// relative-error fit: `pow2` is within 2e-7 of `2^t`, as `tests.rs` checks).
+// The last is the fit's, 2 ulp from ln 2 (f32's LN_2 would move the fit's error).
+#[allow(clippy::approx_constant)]
+pub(crate) const POW2: [f32; 5] = [
+    1.326_453_4e-3,
+    9.671_487e-3,
+    5.550_734e-2,
+    2.402_224_2e-1,
+    0.693_147,
+];
+
+/// The smallest exponent [`pow2`] takes: `2^−126` is the smallest normal f32, so `2^n` is one.
+pub(crate) const POW2_MIN: f32 = -126.0;
+
+/// `2^t` as the bf16 kernel computes it (one `vmaxps`, `vrndscaleps`, `vsubps`, 5 FMAs and one
+/// `vscalefps`): `t' = greater(−126, t)` (a NaN stays), `n = round_ties_even(t')`, `f = t' − n`,
+/// `y = fma(… fma(P2[0], f, P2[1]) …, f, 1)`, then `y·2^n`, rounded once (a normal power of 2,
+/// so a product `vscalefps` rounds alike, a denormal result included).
+#[inline(always)]
+pub fn pow2(t: f32) -> f32 {
+    let t = greater(POW2_MIN, t);
+    let n = t.round_ties_even();
+    let f = t - n;
+    let mut y = POW2[0];
+    for &c in &POW2[1..] {
+        y = y.mul_add(f, c);
+    }
+    let y = y.mul_add(f, 1.0);
+    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
 /// The running-sum lanes added 0 to 15, in order.
 #[inline(always)]
 pub(crate) fn sum_lanes(l: &[f32]) -> f32 {

@@ -7,12 +7,11 @@
 //! its head's K and V once from memory; its rows share every tile from L1. A task takes one head,
 //! not all: 784 rows make 13 blocks, which left one of 2 threads idle for a block's time.
 
-use super::bf16::{key_at, tile_sizes, value_at, PackedKvBf16};
+use super::bf16::{pack_tile, tile_sizes, PackedKvBf16};
 use super::{
     attend_block, attend_block_bf16, padded_dim, AttnPath, BlockState, HeadShape, Operands,
     PackedKv, Planted, QueryBlock, KEY_TILE,
 };
-use crate::kernels::bf16_dot::to_bf16;
 use half::bf16;
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -174,17 +173,14 @@ pub(crate) fn attend_planned(
             .for_each(|(h, (kb, vb))| {
                 let (kt_tile, v_tile) = tile_sizes(d);
                 for (&(start, len), &before) in segments.iter().zip(&tiles_before) {
-                    let tiles = len.div_ceil(KEY_TILE);
-                    let ks = &mut kb[before * kt_tile..][..tiles * kt_tile];
-                    let vs = &mut vb[before * v_tile..][..tiles * v_tile];
-                    ks.fill(bf16::ZERO);
-                    vs.fill(bf16::ZERO);
-                    for j in 0..len {
-                        let (k, x) = (element(start + j, 1, h), element(start + j, 2, h));
-                        for c in 0..d {
-                            ks[key_at(d, j, c)] = to_bf16(k[c]);
-                            vs[value_at(dp, j, c)] = to_bf16(x[c]);
-                        }
+                    for t in 0..len.div_ceil(KEY_TILE) {
+                        let w = (len - t * KEY_TILE).min(KEY_TILE);
+                        let at = (start + t * KEY_TILE) * 3 * hidden + hidden + h * d;
+                        let n = (w - 1) * 3 * hidden + d;
+                        let (keys, values) = (&qkv[at..][..n], &qkv[at + hidden..][..n]);
+                        let kt = &mut kb[(before + t) * kt_tile..][..kt_tile];
+                        let vt = &mut vb[(before + t) * v_tile..][..v_tile];
+                        pack_tile((keys, values), (d, 3 * hidden), w, (kt, vt), simd);
                     }
                 }
             }),
@@ -242,7 +238,7 @@ pub(crate) fn attend_planned(
                         v: &vb[h * v_head + tiles_before[s] * v_tile..][..tiles * v_tile],
                         len,
                     };
-                    attend_block_bf16(plan.path, shape, kv, block, state)
+                    attend_block_bf16(plan.path, shape, kv, block, state, plan.planted)
                 }
             }
         });

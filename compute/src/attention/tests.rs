@@ -229,7 +229,10 @@ fn every_path_gives_the_oracle_bits() {
                 Plan {
                     path,
                     block_rows: 64,
-                    planted: Planted { skip_tile: Some(1) },
+                    planted: Planted {
+                        skip_tile: Some(1),
+                        ..Planted::default()
+                    },
                 },
                 &mut scratch,
             );
@@ -347,7 +350,9 @@ fn the_bf16_path_gives_its_oracle_bits() {
                     block_rows,
                     planted: Planted::default(),
                 };
-                let got = run(plan, Operands::Bf16, &qkv, &mut scratch);
+                // A fresh scratch: the oracle's packed tiles would hide a value the SIMD packing
+                // does not write.
+                let got = run(plan, Operands::Bf16, &qkv, &mut SegmentScratch::default());
                 for r in 0..rows {
                     assert_eq!(
                         bits(&got[r * hidden..][..hidden]),
@@ -372,4 +377,105 @@ fn the_bf16_path_gives_its_oracle_bits() {
             "d {d}: a changed key went unseen"
         );
     }
+}
+
+/// The tower's shape: one image of 784 patches (12 whole key tiles and one of 16 keys; 12 query
+/// blocks of 64 rows and one of 16), beside segments whose last tiles hold 26, 36 and 56 keys (2,
+/// 3 and 4 vectors of 16, 4 and 7 of 8), 2 heads of 64: every SIMD path gives the oracle's bits
+/// for f32 and bf16 operands. Control: the partial last tiles read one key short (an off-by-one
+/// mask) are caught on every path.
+#[test]
+fn partial_tiles_and_blocks_give_the_oracle_bits() {
+    let pool = pool();
+    let lens = [784, 90, 100, 120];
+    let rows: usize = lens.iter().sum();
+    let segments = segments_of(&lens);
+    let (heads, d) = (2, 64);
+    let hidden = heads * d;
+    let qkv = values(rows * 3 * hidden, 11, 2.0);
+    let run = |plan: Plan, operands: Operands| {
+        let mut out = vec![f32::NAN; rows * hidden];
+        let mut scratch = SegmentScratch::default();
+        pool.install(|| {
+            attend_planned(
+                &qkv,
+                heads,
+                d,
+                &segments,
+                operands,
+                &mut scratch,
+                &mut out,
+                plan,
+            )
+        });
+        out
+    };
+    let plan = |path| Plan {
+        path,
+        block_rows: 64,
+        planted: Planted::default(),
+    };
+    for (operands, paths) in [
+        (Operands::F32, &[AttnPath::Avx512, AttnPath::Avx2][..]),
+        (Operands::Bf16, &[AttnPath::Avx512][..]),
+    ] {
+        let oracle = run(plan(AttnPath::Scalar), operands);
+        for &path in paths {
+            if !path.is_available() || !operands.has_simd() {
+                eprintln!("this CPU lacks {path} for {operands:?} operands: skipped");
+                continue;
+            }
+            let got = run(plan(path), operands);
+            for r in 0..rows {
+                assert_eq!(
+                    bits(&got[r * hidden..][..hidden]),
+                    bits(&oracle[r * hidden..][..hidden]),
+                    "{operands:?}, {path}: row {r} differs from the oracle"
+                );
+            }
+            let short = Plan {
+                planted: Planted {
+                    short_last_tile: true,
+                    ..Planted::default()
+                },
+                ..plan(path)
+            };
+            let got = run(short, operands);
+            let mut start = 0;
+            for &len in &lens {
+                let seg = start * hidden..(start + len) * hidden;
+                assert_ne!(
+                    bits(&got[seg.clone()]),
+                    bits(&oracle[seg]),
+                    "{operands:?}, {path}: a segment of {len} missing its last key went unseen"
+                );
+                start += len;
+            }
+        }
+    }
+}
+
+/// `oracle::pow2` is `2^t` within 2e-7 relative (about 1.7 ulp) over the exponents a softmax
+/// meets (−126 ..= 0.5, a dense grid and every tenth), and a normal power of 2 below −126 (`2^−126`
+/// times `2^f`'s polynomial at 0). Control: an exponent 2^−20 off (an error of 6.6e-7) is out of
+/// the bound.
+#[test]
+fn pow2_is_two_to_the_power() {
+    let rel = |got: f32, t: f64| (got as f64 - t.exp2()).abs() / t.exp2();
+    let mut worst = 0f64;
+    let mut t = -126.0f32;
+    while t <= 0.5 {
+        let e = rel(oracle::pow2(t), t as f64);
+        worst = worst.max(e);
+        t += 1.0 / 1024.0 + t.abs() * 1e-6;
+    }
+    for i in 0..=1265 {
+        let t = -126.0 + 0.1 * i as f32;
+        worst = worst.max(rel(oracle::pow2(t), t as f64));
+    }
+    assert!(worst < 2e-7, "pow2: worst relative error {worst:e}");
+    assert_eq!(oracle::pow2(-300.0), oracle::pow2(-126.0));
+    assert!(oracle::pow2(f32::NAN).is_nan());
+    let off = rel(oracle::pow2(-3.25 + 1.0 / (1 << 20) as f32), -3.25);
+    assert!(off > 2e-7, "a shifted exponent went unseen ({off:e})");
 }

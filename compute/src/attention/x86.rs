@@ -418,7 +418,7 @@ unsafe fn walk_tiles<V: Vf, const CK: usize, const CV: usize>(
         if planted.skip_tile == Some(t) {
             continue;
         }
-        let w = (kv.len - t0).min(KEY_TILE);
+        let w = planted.keys((kv.len - t0).min(KEY_TILE));
         // SAFETY: tile t of kt and rows t0 .. t0 + w of v, inside them (contract).
         let (kt, v) = unsafe {
             (
@@ -460,45 +460,34 @@ unsafe fn tile<V: Vf, E: Elem, const R: usize, const CK: usize, const CV: usize>
     rows: Rows<f32, R>,
     kv: &KeyTile<V, E, CK, CV>,
 ) {
-    let (kt, d, p) = (kv.kt, kv.d, kv.p);
+    let p = kv.p;
     let lanes = V::LANES;
-    let nk = KEY_TILE / lanes;
-    // SAFETY: `V`'s features (contract). Scores: K loads at `kt + c·KEY_TILE + (g + i)·lanes`
-    // for c < d, g + i < nk (inside the tile); q reads element c < d of each row; stores into
-    // row r's `p + r·KEY_TILE ..+ KEY_TILE`. Softmax: row r's p, m, l. p·V: V rows j < w at
-    // columns below dp, o columns below dp.
+    // SAFETY: `V`'s features (contract). Scores: key vectors below nkw <= KEY_TILE / lanes (the
+    // tile), each row's q and p (`scores`' contract). Softmax: row r's p (keys below
+    // nkw·lanes), m, l. p·V: V rows j < w at columns below dp, o columns below dp.
     unsafe {
         let sc = V::splat(kv.scale);
+        // A partial tile (the segment's last, the causal diagonal) takes the key vectors it
+        // holds, not the whole tile: at 784 keys the last tile has 16 of 64.
+        let w_max = rows.w.into_iter().max().unwrap_or(0);
+        let nkw = w_max.div_ceil(lanes);
         let mut g = 0;
-        while g < nk {
-            let mut acc = [[V::zero(); CK]; R];
-            for c in 0..d {
-                let kp = kt.add(c * KEY_TILE + g * lanes);
-                let k: [V; CK] = std::array::from_fn(|i| E::load(kp.add(i * lanes)));
-                for r in 0..R {
-                    let qc = V::splat(*rows.q[r].add(c));
-                    for i in 0..CK {
-                        acc[r][i] = V::fma(qc, k[i], acc[r][i]);
-                    }
-                }
-            }
-            for r in 0..R {
-                for i in 0..CK {
-                    acc[r][i]
-                        .mul(sc)
-                        .store(p.add(r * KEY_TILE + (g + i) * lanes));
-                }
-            }
+        while g + CK <= nkw {
+            scores::<V, E, R, CK>(rows.q, (kv.kt, kv.d, p), g, sc);
             g += CK;
+        }
+        while g < nkw {
+            scores::<V, E, R, 1>(rows.q, (kv.kt, kv.d, p), g, sc);
+            g += 1;
         }
         let mut alpha = [0f32; R];
         for r in 0..R {
             let pr = p.add(r * KEY_TILE);
-            for j in rows.w[r]..KEY_TILE {
+            for j in rows.w[r]..nkw * lanes {
                 *pr.add(j) = f32::NEG_INFINITY;
             }
             let mut mx = V::load(pr);
-            for i in 1..nk {
+            for i in 1..nkw {
                 mx = V::load(pr.add(i * lanes)).max(mx);
             }
             let m_old = *rows.m[r];
@@ -511,24 +500,28 @@ unsafe fn tile<V: Vf, E: Elem, const R: usize, const CK: usize, const CV: usize>
                 mathf::exp(m_old - m_new)
             };
             let mv = V::splat(m_new);
-            for i in 0..nk {
+            for i in 0..nkw {
                 let at = pr.add(i * lanes);
                 V::load(at).sub(mv).exp().store(at);
             }
-            for j in rows.w[r]..KEY_TILE {
+            for j in rows.w[r]..nkw * lanes {
                 *pr.add(j) = 0.0;
             }
+            // The vectors past the tile's keys would add +0 (no change to l's bits): skipped.
             let av = V::splat(alpha[r]);
             for k in 0..SUM_LANES / lanes {
                 let lp = rows.l[r].add(k * lanes);
                 let mut acc = V::load(lp).mul(av);
                 for chunk in 0..KEY_TILE / SUM_LANES {
-                    acc = acc.add(V::load(pr.add(chunk * SUM_LANES + k * lanes)));
+                    let at = chunk * SUM_LANES + k * lanes;
+                    if at < nkw * lanes {
+                        acc = acc.add(V::load(pr.add(at)));
+                    }
                 }
                 acc.store(lp);
             }
         }
-        let w = rows.w.into_iter().max().unwrap_or(0);
+        let w = w_max;
         let nv = kv.dp / lanes;
         let mut cv = 0;
         while cv + CV <= nv {
@@ -538,6 +531,46 @@ unsafe fn tile<V: Vf, E: Elem, const R: usize, const CK: usize, const CV: usize>
         while cv < nv {
             pv::<V, E, R, 1>(rows, &alpha, kv.v, w, kv.dp, cv * lanes, p);
             cv += 1;
+        }
+    }
+}
+
+/// The scores of key vectors `g .. g + CK` of the tile (keys `g·LANES ..`) for R rows, times
+/// `scale`, into each row's probabilities: `CK` K loads and a broadcast query element a row per
+/// step of c.
+///
+/// # Safety
+/// `V`'s CPU features; `(g + CK)·V::LANES <= KEY_TILE`; each row's q readable for `d` floats;
+/// `kt` readable for `d x KEY_TILE` values; `p` writable for `R x KEY_TILE`.
+#[inline(always)]
+unsafe fn scores<V: Vf, E: Elem, const R: usize, const CK: usize>(
+    q: [*const f32; R],
+    (kt, d, p): (*const E, usize, *mut f32),
+    g: usize,
+    sc: V,
+) {
+    let lanes = V::LANES;
+    // SAFETY: `V`'s features (contract); K loads at `kt + c·KEY_TILE + (g + i)·lanes` for c < d,
+    // g + i < KEY_TILE / lanes (inside the tile); q reads element c < d of each row; stores into
+    // row r's `p + r·KEY_TILE ..+ KEY_TILE`.
+    unsafe {
+        let mut acc = [[V::zero(); CK]; R];
+        for c in 0..d {
+            let kp = kt.add(c * KEY_TILE + g * lanes);
+            let k: [V; CK] = std::array::from_fn(|i| E::load(kp.add(i * lanes)));
+            for r in 0..R {
+                let qc = V::splat(*q[r].add(c));
+                for i in 0..CK {
+                    acc[r][i] = V::fma(qc, k[i], acc[r][i]);
+                }
+            }
+        }
+        for r in 0..R {
+            for i in 0..CK {
+                acc[r][i]
+                    .mul(sc)
+                    .store(p.add(r * KEY_TILE + (g + i) * lanes));
+            }
         }
     }
 }

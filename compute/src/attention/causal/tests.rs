@@ -186,7 +186,10 @@ fn check_paths<T: CacheValue>(narrow: fn(f32) -> T, label: &str) {
                 }
                 if keys > KEY_TILE {
                     // Control: a skipped key tile.
-                    let planted = Planted { skip_tile: Some(1) };
+                    let planted = Planted {
+                        skip_tile: Some(1),
+                        ..Planted::default()
+                    };
                     let rows = Keys::RowMajor(&k);
                     let skipped = run(path, d, heads, first, &q, rows, &v, planted, &mut scratch);
                     assert_ne!(bits(&skipped), bits(&want), "{label} {path}: skipped tile");

@@ -8,7 +8,7 @@
 //! A bf16 tower multiplies by f32 products (its weights widened), or by bf16 products (the
 //! activations rounded to bf16, `vdpbf16ps`) when its pack says so (`--vision-products bf16`) and
 //! the host kernels have AVX-512 BF16 ([`compute::Products::resolve`]); [`Tower::arithmetic`]
-//! says which.
+//! says which. Attention follows the products ([`attention_operands_for`]).
 
 pub mod gelu;
 pub mod layer_norm;
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use compute::attention::segments::{attend_segments, SegmentScratch};
 use compute::attention::Operands;
-use compute::ops::rows::{add_bias, add_rows, grow};
+use compute::ops::rows::{add_bias, grow};
 use compute::timing::TimeSpent;
 use compute::{LinearHandle, PackLinear, Products, Runtime};
 use packs::semantics::VisionSemantics;
@@ -130,6 +130,8 @@ impl Tower {
         };
         let products = Products::resolve(asked);
         let linears = runtime.register_with(pack, &at, products.0)?;
+        let attention_operands =
+            attention_operands_for(sem.quant, products.0, Operands::Bf16.has_simd());
         Ok(Tower {
             pack: pack.clone(),
             inv_freq: rotary::inv_freq(sem.rope_theta, sem.head_dim()),
@@ -141,7 +143,7 @@ impl Tower {
             ablation: TowerAblation::default(),
             scratch: Scratch::default(),
             attention_time: TimeSpent::default(),
-            attention_operands: Operands::F32,
+            attention_operands,
         })
     }
 
@@ -181,16 +183,17 @@ impl Tower {
         self.attention_time.take()
     }
 
-    /// What the tower's attention multiplies: f32 operands, or bf16 ones after
-    /// [`Tower::use_bf16_attention`].
+    /// What the tower's attention multiplies: [`attention_operands_for`] the tower's products,
+    /// unless [`Tower::use_bf16_attention`] overrode it.
     pub fn attention_operands(&self) -> Operands {
         self.attention_operands
     }
 
-    /// Attention on bf16 operands (f32 sums, AVX-512 BF16's `vdpbf16ps`), for a tower stored in
-    /// bf16 on a CPU that has the instructions; returns whether it applies. Opt-in: on the wide
-    /// fixture's bf16 checkpoint it moves the tower's rows 4.7e-4 from transformers' (relative to
-    /// the largest value), past the 1e-4 the f32 attention keeps.
+    /// Overrides the attention's operands: bf16 ones (f32 sums, AVX-512 BF16's `vdpbf16ps`) for a
+    /// tower stored in bf16 on a CPU that has the instructions, or f32 ones; returns whether the
+    /// attention now runs bf16 operands. (A bf16 tower with f32 products, held to transformers
+    /// within 1e-4, keeps f32 operands by default: bf16 operands move the wide fixture's rows
+    /// 4.7e-4.)
     pub fn use_bf16_attention(&mut self, on: bool) -> bool {
         let can = self.sem.quant == packs::QuantKind::Bf16 && Operands::Bf16.has_simd();
         self.attention_operands = if on && can {
@@ -263,6 +266,19 @@ impl Tower {
         Ok(())
     }
 
+    /// `y = x · Wᵀ` for the tower's linear `local` (its bias left to the pass that reads `y`).
+    fn linear(
+        &self,
+        local: usize,
+        x: &[f32],
+        rows: usize,
+        y: &mut [f32],
+    ) -> Result<(), VisionError> {
+        self.runtime
+            .gemm(&self.pack, self.linears[local], x, rows, y)?;
+        Ok(())
+    }
+
     /// `y = x · Wᵀ + bias` for the tower's linear `local`.
     fn gemm(
         &self,
@@ -273,8 +289,7 @@ impl Tower {
         rows: usize,
         y: &mut [f32],
     ) -> Result<(), VisionError> {
-        self.runtime
-            .gemm(&self.pack, self.linears[local], x, rows, y)?;
+        self.linear(local, x, rows, y)?;
         add_bias(pool, y, bias);
         Ok(())
     }
@@ -371,6 +386,9 @@ impl Tower {
         };
 
         let mut attention_time = Duration::ZERO;
+        // Each block's norm1 is taken with the residual before it (the first one here).
+        let [n1w, n1b, ..] = p.block_norms[0];
+        norm_rows(&s.x[..n * h], h, n1w, n1b, eps, grow(&mut s.xn, n * h));
         for b in 0..v.depth {
             if let Some(j) = tap(b, true) {
                 let set = &mut out.deepstack[j * tokens * out_h..(j + 1) * tokens * out_h];
@@ -384,31 +402,25 @@ impl Tower {
                     set,
                 )?;
             }
-            let [n1w, n1b, n2w, n2b] = p.block_norms[b];
-            // Attention: norm1, qkv, rotary on q and k, attention within segments, proj, residual.
-            norm_rows(&s.x[..n * h], h, n1w, n1b, eps, grow(&mut s.xn, n * h));
+            let [_, _, n2w, n2b] = p.block_norms[b];
+            // Attention: (norm1), qkv with its bias and rotary on q and k, attention within
+            // segments, proj, residual (and norm2).
             let qkv_id = w.block_id(b, BlockLinear::Qkv);
-            self.gemm(
-                pool,
-                qkv_id,
-                p.biases[qkv_id],
-                &s.xn[..n * h],
-                n,
-                grow(&mut s.qkv, n * 3 * h),
-            )?;
-            let (cos, sin) = (&s.cos[..n * half], &s.sin[..n * half]);
-            s.qkv[..n * 3 * h]
-                .par_chunks_mut(3 * h)
-                .enumerate()
-                .for_each(|(r, row)| {
-                    let (c, sn) = (
-                        &cos[r * half..(r + 1) * half],
-                        &sin[r * half..(r + 1) * half],
-                    );
-                    for head in row[..2 * h].chunks_exact_mut(d) {
-                        rotary::rotate_half(head, c, sn);
-                    }
-                });
+            let qkv = grow(&mut s.qkv, n * 3 * h);
+            self.linear(qkv_id, &s.xn[..n * h], n, qkv)?;
+            let (cos, sin, qkv_bias) = (&s.cos[..n * half], &s.sin[..n * half], p.biases[qkv_id]);
+            qkv.par_chunks_mut(3 * h).enumerate().for_each(|(r, row)| {
+                let (c, sn) = (
+                    &cos[r * half..(r + 1) * half],
+                    &sin[r * half..(r + 1) * half],
+                );
+                for (v, b) in row.iter_mut().zip(qkv_bias) {
+                    *v += b;
+                }
+                for head in row[..2 * h].chunks_exact_mut(d) {
+                    rotary::rotate_half(head, c, sn);
+                }
+            });
             let t_attn = Instant::now();
             attend_segments(
                 &s.qkv[..n * 3 * h],
@@ -421,39 +433,34 @@ impl Tower {
             );
             attention_time += t_attn.elapsed();
             let proj_id = w.block_id(b, BlockLinear::Proj);
-            self.gemm(
-                pool,
-                proj_id,
+            self.linear(proj_id, &s.attn[..n * h], n, grow(&mut s.proj, n * h))?;
+            residual_then_norm(
+                &mut s.x[..n * h],
+                &s.proj[..n * h],
                 p.biases[proj_id],
-                &s.attn[..n * h],
-                n,
-                grow(&mut s.proj, n * h),
-            )?;
-            add_rows(pool, &mut s.x[..n * h], &s.proj[..n * h], h);
-            // MLP: norm2, fc1, tanh GELU, fc2, residual.
-            norm_rows(&s.x[..n * h], h, n2w, n2b, eps, grow(&mut s.xn, n * h));
+                Some([n2w, n2b]),
+                eps,
+                grow(&mut s.xn, n * h),
+            );
+            // MLP: (norm2), fc1 with its bias and the tanh GELU, fc2, residual (and the next
+            // block's norm1).
             let fc1 = w.block_id(b, BlockLinear::Fc1);
-            self.gemm(
-                pool,
-                fc1,
-                p.biases[fc1],
-                &s.xn[..n * h],
-                n,
-                grow(&mut s.mlp, n * inter),
-            )?;
-            s.mlp[..n * inter]
-                .par_chunks_mut(inter)
-                .for_each(gelu::gelu_tanh_inplace);
+            let mlp = grow(&mut s.mlp, n * inter);
+            self.linear(fc1, &s.xn[..n * h], n, mlp)?;
+            let fc1_bias = p.biases[fc1];
+            mlp.par_chunks_mut(inter)
+                .for_each(|row| gelu::bias_gelu_tanh_inplace(row, Some(fc1_bias)));
             let fc2 = w.block_id(b, BlockLinear::Fc2);
-            self.gemm(
-                pool,
-                fc2,
+            self.linear(fc2, &s.mlp[..n * inter], n, grow(&mut s.proj, n * h))?;
+            let next_norm1 = p.block_norms.get(b + 1).map(|[nw, nb, ..]| [*nw, *nb]);
+            residual_then_norm(
+                &mut s.x[..n * h],
+                &s.proj[..n * h],
                 p.biases[fc2],
-                &s.mlp[..n * inter],
-                n,
-                grow(&mut s.proj, n * h),
-            )?;
-            add_rows(pool, &mut s.x[..n * h], &s.proj[..n * h], h);
+                next_norm1,
+                eps,
+                grow(&mut s.xn, n * h),
+            );
             if let Some(j) = tap(b, false) {
                 let set = &mut out.deepstack[j * tokens * out_h..(j + 1) * tokens * out_h];
                 self.merger(
@@ -504,9 +511,12 @@ impl Tower {
         norm_rows(x, width, nw, nb, eps, grow(normed, n * h));
         let (fc1, fc2) = self.weights.merger_ids(m);
         let hid = grow(hidden, tokens * merged);
-        self.gemm(pool, fc1, p.biases[fc1], &normed[..n * h], tokens, hid)?;
-        let tanh = self.ablation.merger_gelu_tanh;
+        self.linear(fc1, &normed[..n * h], tokens, hid)?;
+        let (tanh, fc1_bias) = (self.ablation.merger_gelu_tanh, p.biases[fc1]);
         hid.par_chunks_mut(merged).for_each(|row| {
+            for (v, b) in row.iter_mut().zip(fc1_bias) {
+                *v += b;
+            }
             if tanh {
                 gelu::gelu_tanh_inplace(row)
             } else {
@@ -522,6 +532,25 @@ impl Tower {
             out,
         )?;
         Ok(())
+    }
+}
+
+/// The attention's operands for a tower stored as `quant` whose bf16 linears run `products`, on
+/// a CPU that has (`bf16_simd`) or lacks AVX-512 BF16's attention kernel: bf16 operands exactly
+/// when the products are bf16 and the kernel exists, f32 otherwise (`XDNA_VL_BF16_PRODUCTS=f32`
+/// thus turns both off). A bf16-products tower rounds its activations to bf16 before every
+/// linear already (3.0e-3 from transformers on the wide fixture); rounding q, k and v too moves
+/// it little (3.0e-3 to 3.3e-3, README "The tower's precision") and cut the attention of a 448x448
+/// picture on the 2B shape from 391 ms to 289 ms.
+pub fn attention_operands_for(
+    quant: packs::QuantKind,
+    products: Products,
+    bf16_simd: bool,
+) -> Operands {
+    if quant == packs::QuantKind::Bf16 && products == Products::Bf16 && bf16_simd {
+        Operands::Bf16
+    } else {
+        Operands::F32
     }
 }
 
@@ -559,9 +588,41 @@ fn check_semantics(v: &VisionSemantics) -> Result<(), String> {
     Ok(())
 }
 
+/// Rows per task of the row passes below: [`layer_norm::layer_norm_rows`] normalizes 8 rows in
+/// lockstep.
+const ROWS_PER_TASK: usize = 8;
+
 /// LayerNorm over every `width`-wide row of `x` into `out`.
 fn norm_rows(x: &[f32], width: usize, w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
-    out.par_chunks_mut(width)
-        .zip(x.par_chunks(width))
-        .for_each(|(o, r)| layer_norm::layer_norm(r, w, b, eps, o));
+    out.par_chunks_mut(ROWS_PER_TASK * width)
+        .zip(x.par_chunks(ROWS_PER_TASK * width))
+        .for_each(|(o, r)| layer_norm::layer_norm_rows(r, w, b, eps, o));
+}
+
+/// The residual `x += y + bias` (a linear's output `y` and its bias: the bits of adding the bias to
+/// `y` first), then, when `norm` (weight, bias) is given, `xn = LayerNorm(x)` of the same rows
+/// while they are in cache: one pass over the rows instead of three.
+fn residual_then_norm(
+    x: &mut [f32],
+    y: &[f32],
+    bias: &[f32],
+    norm: Option<[&[f32]; 2]>,
+    eps: f32,
+    xn: &mut [f32],
+) {
+    let width = bias.len();
+    let task = ROWS_PER_TASK * width;
+    x.par_chunks_mut(task)
+        .zip(y.par_chunks(task))
+        .zip(xn.par_chunks_mut(task))
+        .for_each(|((xs, ys), xns)| {
+            for (xr, yr) in xs.chunks_exact_mut(width).zip(ys.chunks_exact(width)) {
+                for ((a, &y), &b) in xr.iter_mut().zip(yr).zip(bias) {
+                    *a += y + b;
+                }
+            }
+            if let Some([w, b]) = norm {
+                layer_norm::layer_norm_rows(xs, w, b, eps, xns);
+            }
+        });
 }

@@ -49,9 +49,10 @@ fn bf16_tower_of_a_bf16_checkpoint_equals_transformers() {
     assert!(w <= F32_TOLERANCE, "bf16 pack differs by {w:e}");
 }
 
-/// bf16 attention (opt-in, AVX-512 BF16 only) on the wide bf16 checkpoint: how far its rows
-/// move from transformers' and from the f32 attention's, per output row (relative to the row's
-/// largest value), printed; bounded at 2e-3. Control: the default tower is the f32 attention.
+/// bf16 attention (AVX-512 BF16 only) forced on a bf16 tower with f32 products, the wide bf16
+/// checkpoint: how far its rows move from transformers' and from the f32 attention's, per output
+/// row (relative to the row's largest value), printed; bounded at 2e-3. Control: that tower's
+/// default is the f32 attention (its products are f32).
 #[test]
 fn bf16_attention_stays_near_the_f32_tower() {
     use compute::attention::Operands;

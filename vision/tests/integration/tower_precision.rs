@@ -12,8 +12,9 @@ use std::path::Path;
 use std::sync::Arc;
 use vision::tower::{Tower, TowerAblation, VisionOutput};
 
-/// bf16 products against transformers' f32 run, relative to the largest value: measured 3.0e-3
-/// on the wide case (bf16 weights, so the activations' rounding is the whole difference).
+/// bf16 products (and with them bf16 attention operands) against transformers' f32 run, relative
+/// to the largest value: measured 3.3e-3 on the wide case (bf16 weights, so the activations'
+/// rounding is the whole difference; 3.0e-3 with f32 attention).
 const BF16_PRODUCTS_TOLERANCE: f32 = 1e-2;
 
 /// A pack of `case` with an f32 decoder and the tower stored as `kind` (bf16 products when asked).
@@ -115,4 +116,59 @@ fn bf16_products_are_another_arithmetic_than_f32_products() {
         max > 1e-4 && max <= BF16_PRODUCTS_TOLERANCE,
         "bf16 products {max:e} from transformers' f32 run"
     );
+}
+
+/// Attention follows the products: bf16 operands exactly when the tower is bf16 with bf16
+/// products and the CPU has AVX-512 BF16; f32 otherwise. Controls: the same bf16 tower with f32
+/// products keeps f32 operands, and so does every other kind.
+#[test]
+fn attention_operands_follow_the_products() {
+    use compute::attention::Operands;
+    use vision::tower::attention_operands_for;
+    for quant in [
+        QuantKind::F32,
+        QuantKind::Bf16,
+        QuantKind::I8,
+        QuantKind::Q4,
+    ] {
+        for products in [Products::F32, Products::Bf16] {
+            for simd in [false, true] {
+                let want = if quant == QuantKind::Bf16 && products == Products::Bf16 && simd {
+                    Operands::Bf16
+                } else {
+                    Operands::F32
+                };
+                assert_eq!(
+                    attention_operands_for(quant, products, simd),
+                    want,
+                    "{quant} tower, {products}, AVX-512 BF16 {simd}"
+                );
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool();
+    let runtime = Runtime::with_backend(pool.clone(), Box::new(HostGemm::new(pool)));
+    let simd = Operands::Bf16.has_simd();
+    let bf16 = tower_pack(Case::Wide, QuantKind::Bf16, true, dir.path());
+    let mut tower = Tower::new(&bf16, &runtime).unwrap();
+    let bf16_products = tower.products() == Products::Bf16;
+    assert_eq!(
+        tower.attention_operands() == Operands::Bf16,
+        bf16_products && simd,
+        "{}",
+        tower.arithmetic()
+    );
+    // The override still turns it off (and back on where the CPU can).
+    assert!(!tower.use_bf16_attention(false));
+    assert_eq!(tower.attention_operands(), Operands::F32);
+    assert_eq!(tower.use_bf16_attention(true), simd);
+    let f32_products = tower_pack(Case::Wide, QuantKind::Bf16, false, dir.path());
+    let tower = Tower::new(&f32_products, &runtime).unwrap();
+    if tower.products() == Products::F32 {
+        assert_eq!(tower.attention_operands(), Operands::F32, "control");
+    }
+    let q4 = tower_pack(Case::Wide, QuantKind::Q4, false, dir.path());
+    let tower = Tower::new(&q4, &runtime).unwrap();
+    assert_eq!(tower.attention_operands(), Operands::F32, "q4 tower");
 }

@@ -164,7 +164,8 @@ pub(crate) mod x86 {
     #![allow(clippy::needless_range_loop)]
 
     use super::super::oracle::greater;
-    use super::super::oracle::{pow2, POW2, POW2_MIN};
+    use super::super::oracle::pow2;
+    use super::super::x86::pow2_zmm;
     use super::super::x86::{register_tiles, RegisterTile, Rows};
     use super::super::{
         BlockState, HeadShape, Planted, QueryBlock, KEY_TILE, MAX_TILE_ROWS, SUM_LANES,
@@ -223,27 +224,6 @@ pub(crate) mod x86 {
             // SAFETY: the rows are the block's (their bf16 queries `d` apart in `qb`), each
             // reading the tile's w keys; `pb` holds MAX_TILE_ROWS x KEY_TILE values.
             unsafe { register_tiles(&tile, state, dp, (0, rows), |r| qb.add(r * d), |_| w) }
-        }
-    }
-
-    /// [`pow2`] on 16 lanes.
-    ///
-    /// # Safety
-    /// AVX-512 F.
-    #[inline(always)]
-    unsafe fn pow2_zmm(t: __m512) -> __m512 {
-        // SAFETY: register-only AVX-512 F intrinsics; the caller guarantees AVX-512 F.
-        unsafe {
-            // `vmaxps` returns its second operand when either is NaN: a NaN stays.
-            let t = _mm512_max_ps(_mm512_set1_ps(POW2_MIN), t);
-            let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-            let f = _mm512_sub_ps(t, n);
-            let mut y = _mm512_set1_ps(POW2[0]);
-            for &c in &POW2[1..] {
-                y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(c));
-            }
-            let y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0));
-            _mm512_scalef_ps(y, n)
         }
     }
 

@@ -6,10 +6,12 @@
 //! SIMD path is tested bit-equal to it). Key tile t covers keys `[t·KEY_TILE, (t + 1)·KEY_TILE)` of
 //! the row's segment; the part of the last tile past `len` is absent. Per tile, from m = −∞, l = 0
 //! (in [`SUM_LANES`] lanes), o = 0:
-//! - `s_j = dot(q, k_j) · scale`, the dot `acc = fma(q_c, k_jc, acc)` for c ascending from 0;
-//! - `m' = max(m, max_j s_j)`, `α = exp(m − m')` ([`crate::ops::mathf::exp`], as every exp here;
-//!   1 without an exp when `m' = m`, the value `exp(0)` has);
-//! - `p_j = exp(s_j − m')`;
+//! - `s_j = dot(q, k_j)`, the dot `acc = fma(q_c, k_jc, acc)` for c ascending from 0 (unscaled);
+//! - `m' = max(m, max_j s_j)`; with `c = scale·log2(e)` ([`HeadShape::log2e_scale`], rounded once
+//!   from f64) and `μ = m'·c`: `α = pow2(fma(m, c, −μ))` ([`oracle::pow2`], as every exponential
+//!   here; 1 without a pow2 when `m' = m`, the value `2^0` has);
+//! - `p_j = pow2(fma(s_j, c, −μ))` (the bf16 variant rounds it to bf16 for `p · V`): about 10
+//!   vector operations per 16 keys where `mathf::exp` of the scaled, shifted score took about 27;
 //! - `l[i] = l[i]·α + p_i + p_{i+16} + p_{i+32} + p_{i+48}` (lane i of the running sum, the tile's
 //!   keys i, i + 16, ... in order);
 //! - `o_c = fma(p_j, v_jc, … fma(p_0, v_0c, o_c·α))` over the tile's keys j ascending;

@@ -2,7 +2,6 @@
 //! it): the portable path, and the oracle every SIMD path is tested bit-equal to.
 
 use super::{Elem, HeadShape, PackedKv, KEY_TILE, SUM_LANES};
-use crate::ops::mathf::exp;
 
 /// `a` if it is greater than `b`, else `b` (the `vmaxps` rule, element first).
 #[inline(always)]
@@ -29,7 +28,7 @@ pub(crate) const POW2: [f32; 5] = [
 /// The smallest exponent [`pow2`] takes: `2^−126` is the smallest normal f32, so `2^n` is one.
 pub(crate) const POW2_MIN: f32 = -126.0;
 
-/// `2^t` as the bf16 kernel computes it (one `vmaxps`, `vrndscaleps`, `vsubps`, 5 FMAs and one
+/// `2^t` as the kernels compute it (one `vmaxps`, `vrndscaleps`, `vsubps`, 5 FMAs and one
 /// `vscalefps`): `t' = greater(−126, t)` (a NaN stays), `n = round_ties_even(t')`, `f = t' − n`,
 /// `y = fma(… fma(P2[0], f, P2[1]) …, f, 1)`, then `y·2^n`, rounded once (a normal power of 2,
 /// so a product `vscalefps` rounds alike, a denormal result included).
@@ -96,13 +95,18 @@ pub(crate) fn tile_step<E: Elem>(
         for (c, &qc) in q.iter().enumerate() {
             acc = qc.mul_add(kt[c * KEY_TILE + j].widen(), acc);
         }
-        *pj = acc * shape.scale;
+        *pj = acc;
         tile_max = greater(*pj, tile_max);
     }
     let m_new = greater(tile_max, *m);
-    let alpha = if m_new == *m { 1.0 } else { exp(*m - m_new) };
+    let (c, mu) = (shape.log2e_scale, m_new * shape.log2e_scale);
+    let alpha = if m_new == *m {
+        1.0
+    } else {
+        pow2(m.mul_add(c, -mu))
+    };
     for pj in &mut p[..w] {
-        *pj = exp(*pj - m_new);
+        *pj = pow2(pj.mul_add(c, -mu));
     }
     for (i, li) in l.iter_mut().enumerate() {
         *li *= alpha;

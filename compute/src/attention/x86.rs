@@ -13,11 +13,11 @@
 
 use super::causal::CausalBlock;
 use super::oracle::greater;
+use super::oracle::{pow2, POW2, POW2_MIN};
 use super::{
     AttnPath, BlockState, Elem, HeadShape, PackedKv, Planted, QueryBlock, KEY_TILE, MAX_TILE_ROWS,
     SUM_LANES,
 };
-use crate::ops::mathf::{self, simd::exp16, simd::exp8};
 use half::bf16;
 use std::arch::x86_64::*;
 
@@ -53,19 +53,16 @@ pub(crate) trait Vf: Copy {
     /// # Safety
     /// The implementation's CPU features.
     unsafe fn add(self, b: Self) -> Self;
-    /// # Safety
-    /// The implementation's CPU features.
-    unsafe fn sub(self, b: Self) -> Self;
     /// `self` where greater than `b`, else `b` (`vmaxps`, element first).
     ///
     /// # Safety
     /// The implementation's CPU features.
     unsafe fn max(self, b: Self) -> Self;
-    /// [`mathf::exp`] per lane.
+    /// [`pow2`] per lane.
     ///
     /// # Safety
     /// The implementation's CPU features.
-    unsafe fn exp(self) -> Self;
+    unsafe fn pow2(self) -> Self;
     /// The largest lane (`vmaxps` halving; the order of a maximum changes at most the sign of a
     /// zero, which no later value sees: `x − (±0)` and `exp(±0)` are the same).
     ///
@@ -122,19 +119,30 @@ impl Vf for Ymm {
         Ymm(unsafe { _mm256_add_ps(self.0, b.0) })
     }
     #[inline(always)]
-    unsafe fn sub(self, b: Self) -> Self {
-        // SAFETY: AVX, which the caller guarantees.
-        Ymm(unsafe { _mm256_sub_ps(self.0, b.0) })
-    }
-    #[inline(always)]
     unsafe fn max(self, b: Self) -> Self {
         // SAFETY: AVX, which the caller guarantees.
         Ymm(unsafe { _mm256_max_ps(self.0, b.0) })
     }
     #[inline(always)]
-    unsafe fn exp(self) -> Self {
-        // SAFETY: AVX2, which the caller guarantees.
-        Ymm(unsafe { exp8(self.0) })
+    unsafe fn pow2(self) -> Self {
+        // SAFETY: register-only AVX, AVX2 and FMA intrinsics, which the caller guarantees.
+        unsafe {
+            // `vmaxps` returns its second operand when either is NaN: a NaN stays.
+            let t = _mm256_max_ps(_mm256_set1_ps(POW2_MIN), self.0);
+            let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+            let f = _mm256_sub_ps(t, n);
+            let mut y = _mm256_set1_ps(POW2[0]);
+            for &c in &POW2[1..] {
+                y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(c));
+            }
+            let y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.0));
+            // 2^n from its exponent bits (n >= −126: a normal power), one rounding as `vscalefps`.
+            let pow = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvtps_epi32(n),
+                _mm256_set1_epi32(127),
+            ));
+            Ymm(_mm256_mul_ps(y, _mm256_castsi256_ps(pow)))
+        }
     }
     #[inline(always)]
     unsafe fn hmax(self) -> f32 {
@@ -148,6 +156,27 @@ impl Vf for Ymm {
             let x = _mm_max_ss(x, _mm_shuffle_ps::<1>(x, x));
             _mm_cvtss_f32(x)
         }
+    }
+}
+
+/// [`pow2`] on 16 lanes.
+///
+/// # Safety
+/// AVX-512 F.
+#[inline(always)]
+pub(super) unsafe fn pow2_zmm(t: __m512) -> __m512 {
+    // SAFETY: register-only AVX-512 F intrinsics; the caller guarantees AVX-512 F.
+    unsafe {
+        // `vmaxps` returns its second operand when either is NaN: a NaN stays.
+        let t = _mm512_max_ps(_mm512_set1_ps(POW2_MIN), t);
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+        let f = _mm512_sub_ps(t, n);
+        let mut y = _mm512_set1_ps(POW2[0]);
+        for &c in &POW2[1..] {
+            y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(c));
+        }
+        let y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0));
+        _mm512_scalef_ps(y, n)
     }
 }
 
@@ -199,19 +228,14 @@ impl Vf for Zmm {
         Zmm(unsafe { _mm512_add_ps(self.0, b.0) })
     }
     #[inline(always)]
-    unsafe fn sub(self, b: Self) -> Self {
-        // SAFETY: AVX-512 F, which the caller guarantees.
-        Zmm(unsafe { _mm512_sub_ps(self.0, b.0) })
-    }
-    #[inline(always)]
     unsafe fn max(self, b: Self) -> Self {
         // SAFETY: AVX-512 F, which the caller guarantees.
         Zmm(unsafe { _mm512_max_ps(self.0, b.0) })
     }
     #[inline(always)]
-    unsafe fn exp(self) -> Self {
+    unsafe fn pow2(self) -> Self {
         // SAFETY: AVX-512 F, which the caller guarantees.
-        Zmm(unsafe { exp16(self.0) })
+        Zmm(unsafe { pow2_zmm(self.0) })
     }
     #[inline(always)]
     unsafe fn hmax(self) -> f32 {
@@ -364,7 +388,8 @@ struct KeyTile<V, E, const CK: usize, const CV: usize> {
     v: *const E,
     d: usize,
     dp: usize,
-    scale: f32,
+    /// `scale·log2(e)`.
+    c: f32,
     /// A register tile's probabilities (`MAX_TILE_ROWS x KEY_TILE`).
     p: *mut f32,
     vf: std::marker::PhantomData<V>,
@@ -372,14 +397,14 @@ struct KeyTile<V, E, const CK: usize, const CV: usize> {
 
 impl<V: Vf, E: Elem, const CK: usize, const CV: usize> KeyTile<V, E, CK, CV> {
     fn new(kt: *const E, v: *const E, shape: HeadShape, p: *mut f32) -> Self {
-        let (d, dp, scale) = (shape.d, shape.dp(), shape.scale);
+        let (d, dp, c) = (shape.d, shape.dp(), shape.log2e_scale);
         let vf = std::marker::PhantomData;
         KeyTile {
             kt,
             v,
             d,
             dp,
-            scale,
+            c,
             p,
             vf,
         }
@@ -466,18 +491,17 @@ unsafe fn tile<V: Vf, E: Elem, const R: usize, const CK: usize, const CV: usize>
     // tile), each row's q and p (`scores`' contract). Softmax: row r's p (keys below
     // nkw·lanes), m, l. p·V: V rows j < w at columns below dp, o columns below dp.
     unsafe {
-        let sc = V::splat(kv.scale);
         // A partial tile (the segment's last, the causal diagonal) takes the key vectors it
         // holds, not the whole tile: at 784 keys the last tile has 16 of 64.
         let w_max = rows.w.into_iter().max().unwrap_or(0);
         let nkw = w_max.div_ceil(lanes);
         let mut g = 0;
         while g + CK <= nkw {
-            scores::<V, E, R, CK>(rows.q, (kv.kt, kv.d, p), g, sc);
+            scores::<V, E, R, CK>(rows.q, (kv.kt, kv.d, p), g);
             g += CK;
         }
         while g < nkw {
-            scores::<V, E, R, 1>(rows.q, (kv.kt, kv.d, p), g, sc);
+            scores::<V, E, R, 1>(rows.q, (kv.kt, kv.d, p), g);
             g += 1;
         }
         let mut alpha = [0f32; R];
@@ -493,16 +517,16 @@ unsafe fn tile<V: Vf, E: Elem, const R: usize, const CK: usize, const CV: usize>
             let m_old = *rows.m[r];
             let m_new = greater(mx.hmax(), m_old);
             *rows.m[r] = m_new;
-            // exp(0) is 1 exactly: no exp when the maximum stays.
+            let mu = m_new * kv.c;
             alpha[r] = if m_new == m_old {
                 1.0
             } else {
-                mathf::exp(m_old - m_new)
+                pow2(m_old.mul_add(kv.c, -mu))
             };
-            let mv = V::splat(m_new);
+            let (cv, neg_mu) = (V::splat(kv.c), V::splat(-mu));
             for i in 0..nkw {
                 let at = pr.add(i * lanes);
-                V::load(at).sub(mv).exp().store(at);
+                V::fma(V::load(at), cv, neg_mu).pow2().store(at);
             }
             for j in rows.w[r]..nkw * lanes {
                 *pr.add(j) = 0.0;
@@ -535,8 +559,8 @@ unsafe fn tile<V: Vf, E: Elem, const R: usize, const CK: usize, const CV: usize>
     }
 }
 
-/// The scores of key vectors `g .. g + CK` of the tile (keys `g·LANES ..`) for R rows, times
-/// `scale`, into each row's probabilities: `CK` K loads and a broadcast query element a row per
+/// The scores of key vectors `g .. g + CK` of the tile (keys `g·LANES ..`) for R rows (unscaled)
+/// into each row's probabilities: `CK` K loads and a broadcast query element a row per
 /// step of c.
 ///
 /// # Safety
@@ -547,7 +571,6 @@ unsafe fn scores<V: Vf, E: Elem, const R: usize, const CK: usize>(
     q: [*const f32; R],
     (kt, d, p): (*const E, usize, *mut f32),
     g: usize,
-    sc: V,
 ) {
     let lanes = V::LANES;
     // SAFETY: `V`'s features (contract); K loads at `kt + c·KEY_TILE + (g + i)·lanes` for c < d,
@@ -567,9 +590,7 @@ unsafe fn scores<V: Vf, E: Elem, const R: usize, const CK: usize>(
         }
         for r in 0..R {
             for i in 0..CK {
-                acc[r][i]
-                    .mul(sc)
-                    .store(p.add(r * KEY_TILE + (g + i) * lanes));
+                acc[r][i].store(p.add(r * KEY_TILE + (g + i) * lanes));
             }
         }
     }

@@ -191,40 +191,6 @@ pub(crate) mod simd {
         }
     }
 
-    /// [`exp`] on 16 lanes, the operations of [`exp8`] (the attention kernels' AVX-512 path).
-    /// Meant to be inlined into code compiled with AVX-512 F enabled.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512 F.
-    #[inline(always)]
-    pub(crate) unsafe fn exp16(x: __m512) -> __m512 {
-        // SAFETY: register-only AVX-512 F intrinsics; the caller guarantees AVX-512 F.
-        unsafe {
-            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
-            let x0 = x;
-            let x = _mm512_max_ps(
-                _mm512_min_ps(x, _mm512_set1_ps(MAX_ARG)),
-                _mm512_set1_ps(MIN_ARG),
-            );
-            let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
-                _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)), _mm512_set1_ps(0.5)),
-            );
-            let r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(C1)));
-            let r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(C2)));
-            let z = _mm512_mul_ps(r, r);
-            let mut y = _mm512_set1_ps(P[0]);
-            for &p in &P[1..] {
-                y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(p));
-            }
-            let y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, z), r), _mm512_set1_ps(1.0));
-            let pow2 = _mm512_slli_epi32::<23>(_mm512_add_epi32(
-                _mm512_cvtps_epi32(n),
-                _mm512_set1_epi32(127),
-            ));
-            _mm512_mask_blend_ps(nan, _mm512_mul_ps(y, _mm512_castsi512_ps(pow2)), x0)
-        }
-    }
-
     /// [`super::silu_mul`] 8 lanes at a time, then the tail one at a time.
     ///
     /// # Safety

@@ -15,8 +15,9 @@
                64, DeepStack at 5, 11, 17), from transformers' Qwen3VLForConditionalGeneration;
      qwen3.5   `Qwen3_5ForConditionalGeneration` with `bench --shape qwen3.5-2b`'s text
                (tools/llama_cpp_qwen35_compare.py's TEXT: 24 layers [DeltaNet x3, full] x6 of
-               2048, vocab 248320, tied) and that shape's assumed tower: Qwen3-VL-2B's without
-               DeepStack (packs/src/shapes.rs). Its tensors are drawn shard by shard in bf16 under
+               2048, vocab 248320, tied) and that shape's tower, the hub Qwen3.5-2B's:
+               Qwen3-VL's without DeepStack, depth 27 of 1152, 16 heads of 72, intermediate
+               4304 (packs/src/shapes.rs). Its tensors are drawn shard by shard in bf16 under
                transformers' own names and shapes (read off the model built on the meta device),
                so writing it needs ~1 GB of memory, not the 13 GB of a materialized 2.7B model.
    From it:
@@ -76,8 +77,8 @@ Q35_TEXT = dict(vocab_size=248320, hidden_size=2048, num_hidden_layers=24, inter
                 linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
                 linear_conv_kernel_dim=4, rms_norm_eps=1e-6, partial_rotary_factor=0.25,
                 rope_theta=10_000_000.0, mrope_section=[11, 11, 10], initializer_range=0.02)
-# Its tower: Qwen3-VL-2B's without DeepStack.
-Q35_VISION = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16,
+# Its tower: the hub Qwen3.5-2B's (Qwen3-VL's without DeepStack, 27 x 1152, 16 heads of 72).
+Q35_VISION = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16,
                   num_position_embeddings=2304, initializer_range=0.02)
 
 

@@ -110,8 +110,8 @@ impl RandomShape {
     /// rotary factor 0.25), interleaved MRoPE [11, 11, 10], theta 1e7; DeltaNet 16 key heads and
     /// 16 value heads of 128, conv kernel 4; vocab 248320, tied head.
     ///
-    /// The tower is assumed, not read from a checkpoint: Qwen3-VL-2B's (hidden 1024, depth 24)
-    /// without DeepStack, as Qwen3.5 drops it; the hub's Qwen3.5 towers are wider (REFERENCE.md).
+    /// The tower is the hub checkpoint's (REFERENCE.md): Qwen3-VL's without DeepStack at depth 27,
+    /// hidden 1152 (16 heads of 72), intermediate 4304, out hidden 2048.
     pub fn qwen3_5_2b() -> RandomShape {
         const LAYERS: usize = 24;
         let mut semantics = RandomShape::qwen3_vl_2b().semantics;
@@ -131,6 +131,9 @@ impl RandomShape {
         semantics.vision_end_token_id = Some(248_054);
         if let Some(v) = &mut semantics.vision {
             v.deepstack_visual_indexes = Vec::new();
+            v.depth = 27;
+            v.hidden_size = 1152;
+            v.intermediate_size = 4304;
         }
         semantics.delta_net = Some(DeltaNetSemantics {
             linear_layers: (0..LAYERS).filter(|l| l % 4 != 3).collect(),
@@ -288,7 +291,10 @@ impl RandomShape {
     }
 
     /// The semantics of a pack of this shape in `quant` made from `seed`.
-    /// The tower's linears follow `quant` (norms, biases and the position table stay f32).
+    /// The tower's linears follow `quant` (norms, biases and the position table stay f32), except
+    /// where the tower's widths refuse a q4 tower (Qwen3.5-2B's intermediate 4304 is no multiple
+    /// of 32): then the tower is what `packs build --quant q4` stores by default, bf16 with bf16
+    /// products.
     pub fn semantics_for(&self, quant: QuantKind, seed: u64) -> Semantics {
         let mut sem = Semantics {
             quant,
@@ -297,6 +303,12 @@ impl RandomShape {
         };
         if let Some(v) = &mut sem.vision {
             v.quant = quant;
+        }
+        if quant == QuantKind::Q4 && sem.validate().is_err() {
+            if let Some(v) = &mut sem.vision {
+                v.quant = QuantKind::Bf16;
+                v.bf16_products = true;
+            }
         }
         sem
     }
@@ -341,7 +353,10 @@ mod tests {
                 sem.validate()
                     .unwrap_or_else(|e| panic!("{name} {kind}: {e}"));
                 if let Some(v) = &sem.vision {
-                    assert_eq!(v.quant, kind, "{name}");
+                    // Qwen3.5's hub tower refuses q4 (intermediate 4304): bf16 products instead.
+                    let q35_q4 = name.starts_with("qwen3.5") && kind == QuantKind::Q4;
+                    let expect = if q35_q4 { QuantKind::Bf16 } else { kind };
+                    assert_eq!((v.quant, v.bf16_products), (expect, q35_q4), "{name}");
                 }
             }
         }
@@ -363,7 +378,17 @@ mod tests {
             q35.mrope_section.unwrap().iter().sum::<usize>() * 2,
             d.rotary_dim
         );
-        assert!(q35.vision.unwrap().deepstack_visual_indexes.is_empty());
+        let v35 = q35.vision.unwrap();
+        assert!(v35.deepstack_visual_indexes.is_empty());
+        assert_eq!(
+            (
+                v35.depth,
+                v35.hidden_size,
+                v35.num_heads,
+                v35.intermediate_size
+            ),
+            (27, 1152, 16, 4304)
+        );
         let p = RandomShape::qwen3_vl_2b().semantics.preprocess.unwrap();
         assert_eq!(
             (p.min_pixels, p.max_pixels, p.image_std),

@@ -334,8 +334,10 @@ fn bench(
             .encode(&[&smallest.patches])
             .unwrap_or_else(|e| refuse(e));
         prefill(&mut f, 16);
-        let bf16_products = kind == QuantKind::Bf16 && tower.products() == Products::Bf16;
-        let peak_mix = matching_peak(kind, isa);
+        // The tower's own kind: a q4 pack's tower may be bf16 (packs::RandomShape::semantics_for).
+        let tower_kind = pack.semantics().vision.as_ref().map_or(kind, |v| v.quant);
+        let bf16_products = tower_kind == QuantKind::Bf16 && tower.products() == Products::Bf16;
+        let peak_mix = matching_peak(tower_kind, isa);
         // bf16 products run `vdpbf16ps`: its own peak mix.
         let peak_mix = if bf16_products {
             PeakMix::Bf16DotZmm

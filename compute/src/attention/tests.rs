@@ -304,7 +304,8 @@ fn the_dispatched_path_rescales_as_the_oracle() {
 
 /// The bf16 variant: its oracle is the plain formula within bf16 rounding, and the AVX-512 BF16
 /// path gives the oracle's bits for every block size, segments of 1..150 rows (odd tiles: a key
-/// paired with a zero one) and d 64, 72, 20; skipped with a message on a CPU without it.
+/// paired with a zero one) and d 64, 72, 20, 40, 96, 144 (`p · V` in passes of 4 column vectors
+/// and tails of 1); skipped with a message on a CPU without it.
 /// Controls: the f32 variant's bits differ (so the comparison sees the operands), and a key
 /// rounded the other way (a planted wrong value) is caught.
 #[test]
@@ -318,7 +319,7 @@ fn the_bf16_path_gives_its_oracle_bits() {
     if !simd {
         eprintln!("this CPU lacks AVX-512 BF16: the bf16 oracle stands alone");
     }
-    for (heads, d) in [(2, 64), (1, 72), (3, 20)] {
+    for (heads, d) in [(2, 64), (1, 72), (3, 20), (1, 40), (1, 96), (1, 144)] {
         let hidden = heads * d;
         let mut qkv = values(rows * 3 * hidden, d + 1, 2.0);
         let run = |plan: Plan, ops: Operands, qkv: &[f32], scratch: &mut SegmentScratch| {
@@ -362,9 +363,10 @@ fn the_bf16_path_gives_its_oracle_bits() {
                 }
             }
         }
-        // Control: one key element moved by one bf16 step changes the bits of its segment.
+        // Control: one key element moved by 16 bf16 steps (about 6%) changes the bits of its
+        // segment (one step can vanish in every row's rounded p: it did at d 96).
         let at = 100 * 3 * hidden + hidden + 3;
-        qkv[at] = half::bf16::from_bits(half::bf16::from_f32(qkv[at]).to_bits() + 1).to_f32();
+        qkv[at] = half::bf16::from_bits(half::bf16::from_f32(qkv[at]).to_bits() + 16).to_f32();
         let path = if simd {
             AttnPath::Avx512
         } else {

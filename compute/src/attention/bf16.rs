@@ -163,10 +163,9 @@ pub(crate) mod x86 {
     // Index loops mirror the register tiles (row r, vector i).
     #![allow(clippy::needless_range_loop)]
 
-    use super::super::oracle::greater;
     use super::super::oracle::pow2;
     use super::super::x86::pow2_zmm;
-    use super::super::x86::{register_tiles, RegisterTile, Rows};
+    use super::super::x86::{register_tiles, running_max, RegisterTile, Rows, Zmm};
     use super::super::{
         BlockState, HeadShape, Planted, QueryBlock, KEY_TILE, MAX_TILE_ROWS, SUM_LANES,
     };
@@ -450,7 +449,7 @@ pub(crate) mod x86 {
                     _mm512_mask_max_ps(mx, last, s[KV - 1], mx)
                 };
                 let m_old = *m[r];
-                let m_new = greater(_mm512_reduce_max_ps(mx), m_old);
+                let m_new = running_max(Zmm(mx), m_old);
                 *m[r] = m_new;
                 let mu = m_new * c;
                 alpha[r] = if m_new == m_old {
@@ -475,7 +474,10 @@ pub(crate) mod x86 {
                 }
                 // The rounded p back in f32 (a bf16 is the top half of its f32); the vectors
                 // past the tile's keys would add +0, no change to l's bits.
-                let mut lv = _mm512_mul_ps(_mm512_loadu_ps(l[r]), _mm512_set1_ps(alpha[r]));
+                let mut lv = _mm512_loadu_ps(l[r]);
+                if alpha[r] != 1.0 {
+                    lv = _mm512_mul_ps(lv, _mm512_set1_ps(alpha[r]));
+                }
                 for i in 0..KV {
                     let h = _mm256_loadu_si256(pr.add(i * SUM_LANES).cast());
                     let pi = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
@@ -519,7 +521,13 @@ pub(crate) mod x86 {
             for r in 0..R {
                 let a = _mm512_set1_ps(alpha[r]);
                 for i in 0..CV {
-                    acc[r][i] = _mm512_mul_ps(_mm512_loadu_ps(o[r].add(c0 + 16 * i)), a);
+                    let oi = _mm512_loadu_ps(o[r].add(c0 + 16 * i));
+                    // o·1 is o: most tiles keep the maximum (see `running_max`).
+                    acc[r][i] = if alpha[r] == 1.0 {
+                        oi
+                    } else {
+                        _mm512_mul_ps(oi, a)
+                    };
                 }
             }
             for u in 0..pairs {

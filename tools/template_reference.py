@@ -12,8 +12,9 @@ The templates (copied beside the output, never edited):
 
 For each template and message set (text, pictures, a system prompt, a chat whose assistant turns
 carry `<think>` reasoning, tools with an assistant's calls and the tool's results, a tool turn
-last), with and without the generation prompt: `tokenizer.apply_chat_template(messages,
-tools=..., add_generation_prompt=..., tokenize=False)` with the template given as
+last, Qwen3.5's `enable_thinking` off and on), with and without the generation prompt:
+`tokenizer.apply_chat_template(messages, tools=..., add_generation_prompt=..., tokenize=False,
+**kwargs)` with the template given as
 `chat_template`, the tiny chat checkpoint's tokenizer (its special tokens are the variables the
 template sees). A message set the template refuses (`raise_exception`) is kept with its error.
 
@@ -79,13 +80,18 @@ def cases() -> dict[str, dict]:
                                              user("And tomorrow?")],
                                    tools=[WEATHER]),
         "system_image_refused": dict(messages=[{"role": "system", "content": [{"type": "image"}]}, user("Hi")]),
+        # Extra variables (`chat_template_kwargs`): Qwen3.5's template opens the answer with an
+        # empty think block when enable_thinking is false; Qwen3-VL's ignores it.
+        "thinking_off": dict(messages=[user("<image>", "What is this?")], kwargs={"enable_thinking": False}),
+        "thinking_on": dict(messages=[user("What is a pack?")], kwargs={"enable_thinking": True}),
     }
 
 
 def render(tokenizer, template: str, case: dict, generation: bool) -> dict:
     try:
         text = tokenizer.apply_chat_template(case["messages"], tools=case.get("tools"), chat_template=template,
-                                             add_generation_prompt=generation, tokenize=False)
+                                             add_generation_prompt=generation, tokenize=False,
+                                             **case.get("kwargs", {}))
         return {"text": text}
     except Exception as e:  # the template's raise_exception (jinja2's TemplateError)
         return {"error": str(e)}

@@ -44,6 +44,6 @@ pub use sampling::{Sampler, SamplingParams};
 pub use scheduler::{Scheduler, SchedulerAblation, SchedulerHandle, SchedulerOptions};
 pub use session::{Event, FinishReason, Generation, Session, SessionOptions, Timings};
 pub use stream::{StopFilter, TextStream};
-pub use template::ChatTemplate;
+pub use template::{ChatTemplate, TemplateInputs};
 pub use tokenizer::{SpecialIds, Tokenizer};
 pub use tool_calls::{CallForm, CallSplitter, FunctionTool, Parsed, ParsedCall};

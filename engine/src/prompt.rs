@@ -5,7 +5,7 @@
 use crate::error::{EngineError, Result};
 use crate::message::{Image, Message, Role};
 use crate::rope_index::{position_planes, ImageSpan, RopeAblation};
-use crate::template::ChatTemplate;
+use crate::template::{ChatTemplate, TemplateInputs};
 use crate::tokenizer::Tokenizer;
 
 /// Deliberate mistakes, for controls.
@@ -62,33 +62,26 @@ pub struct PromptBuilder<'a> {
 
 impl PromptBuilder<'_> {
     pub fn render(&self, messages: &[Message]) -> Result<String> {
-        self.render_with_tools(messages, &[])
+        self.render_with(messages, &TemplateInputs::default())
     }
 
-    /// The prompt text with `tools` (OpenAI's function tools) given to the template.
-    pub fn render_with_tools(
-        &self,
-        messages: &[Message],
-        tools: &[serde_json::Value],
-    ) -> Result<String> {
+    /// The prompt text with `inputs` (OpenAI's function tools, extra variables) given to the
+    /// template.
+    pub fn render_with(&self, messages: &[Message], inputs: &TemplateInputs) -> Result<String> {
         check_messages(messages)?;
         let json =
             serde_json::Value::Array(messages.iter().map(|m| m.to_template_json()).collect());
         self.template
-            .render_with_tools(&json, tools, !self.ablation.no_generation_prompt)
+            .render_with(&json, inputs, !self.ablation.no_generation_prompt)
     }
 
     pub fn build(&self, messages: &[Message]) -> Result<Prompt> {
-        self.build_with_tools(messages, &[])
+        self.build_with(messages, &TemplateInputs::default())
     }
 
-    /// [`PromptBuilder::build`] with `tools` given to the template.
-    pub fn build_with_tools(
-        &self,
-        messages: &[Message],
-        tools: &[serde_json::Value],
-    ) -> Result<Prompt> {
-        let text = self.render_with_tools(messages, tools)?;
+    /// [`PromptBuilder::build`] with `inputs` given to the template.
+    pub fn build_with(&self, messages: &[Message], inputs: &TemplateInputs) -> Result<Prompt> {
+        let text = self.render_with(messages, inputs)?;
         let images: Vec<&Image> = messages.iter().flat_map(|m| m.images()).collect();
         let raw = self.tokenizer.encode(&text)?;
         let pad = self.tokenizer.special.image_pad;

@@ -44,6 +44,7 @@ use crate::session::{
     answer_params, prompt_fits, prompt_input, refuse_images, reuse_prefix, row_keys, Event,
     FinishReason, Generation, RowKey, Session, Timings,
 };
+use crate::template::TemplateInputs;
 
 /// How many sequences and how large a prefill slice.
 #[derive(Clone, Copy, Debug)]
@@ -721,14 +722,15 @@ impl SchedulerHandle {
         params: &SamplingParams,
         on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<Generation> {
-        self.generate_with_tools(messages, &[], params, on_event)
+        self.generate_with(messages, &TemplateInputs::default(), params, on_event)
     }
 
-    /// [`SchedulerHandle::generate`] with `tools` given to the chat template.
-    pub fn generate_with_tools(
+    /// [`SchedulerHandle::generate`] with `inputs` (tools, extra variables) given to the chat
+    /// template.
+    pub fn generate_with(
         &self,
         messages: &[Message],
-        tools: &[serde_json::Value],
+        inputs: &TemplateInputs,
         params: &SamplingParams,
         on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<Generation> {
@@ -741,7 +743,7 @@ impl SchedulerHandle {
             merge: sh.merge,
             ablation: sh.ablation,
         }
-        .build_with_tools(messages, tools)?;
+        .build_with(messages, inputs)?;
         let rows = prompt_fits(&prompt, sh.context)?;
         let decoding = Decoding::new(params, &prompt.ids, &sh.format.tokenizer)?;
         let mut timings = Timings::default();

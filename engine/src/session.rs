@@ -22,6 +22,7 @@ use crate::message::{Image, Message};
 use crate::mtp_drafts::MtpDrafter;
 use crate::prompt::{Prompt, PromptAblation, PromptBuilder};
 use crate::sampling::SamplingParams;
+use crate::template::TemplateInputs;
 use vision::tower::VisionOutput;
 
 #[derive(Clone, Debug)]
@@ -446,21 +447,21 @@ impl Session {
         params: &SamplingParams,
         on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<Generation> {
-        self.generate_with_tools(messages, &[], params, on_event)
+        self.generate_with(messages, &TemplateInputs::default(), params, on_event)
     }
 
-    /// [`Session::generate`] with `tools` (OpenAI's function tools) given to the chat template,
-    /// which tells the model how to call them.
-    pub fn generate_with_tools(
+    /// [`Session::generate`] with `inputs` given to the chat template: OpenAI's function tools
+    /// (the template tells the model how to call them) and extra variables.
+    pub fn generate_with(
         &mut self,
         messages: &[Message],
-        tools: &[serde_json::Value],
+        inputs: &TemplateInputs,
         params: &SamplingParams,
         on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<Generation> {
         let start = Instant::now();
         let params = answer_params(params, &self.format)?;
-        let prompt = self.builder().build_with_tools(messages, tools)?;
+        let prompt = self.builder().build_with(messages, inputs)?;
         let rows = prompt_fits(&prompt, self.context)?;
         let mut decoding = Decoding::new(params, &prompt.ids, &self.format.tokenizer)?;
         let mut timings = Timings::default();

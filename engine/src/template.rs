@@ -15,6 +15,43 @@ const NAME: &str = "chat_template";
 /// Special-token fields of `tokenizer_config.json` transformers' `special_tokens_map` passes.
 const SPECIAL_TOKEN_FIELDS: [&str; 4] = ["bos_token", "eos_token", "unk_token", "pad_token"];
 
+/// What the chat template is given besides the messages and the generation prompt: OpenAI's
+/// function tools (none passes `None`, as transformers does) and extra variables, as transformers'
+/// `apply_chat_template(**kwargs)` passes them (a request's `chat_template_kwargs`; Qwen3.5's
+/// template reads `enable_thinking`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TemplateInputs {
+    pub tools: Vec<serde_json::Value>,
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
+impl TemplateInputs {
+    /// Only `tools`.
+    pub fn tools(tools: &[serde_json::Value]) -> TemplateInputs {
+        TemplateInputs {
+            tools: tools.to_vec(),
+            ..TemplateInputs::default()
+        }
+    }
+
+    /// Refuses an extra variable the template is given already (transformers raises on them:
+    /// `render() got multiple values for keyword argument`); the special tokens may be replaced,
+    /// as transformers lets them.
+    pub fn check(&self) -> Result<()> {
+        match self.kwargs.keys().find(|k| GIVEN.contains(&k.as_str())) {
+            Some(k) => Err(EngineError::Template(format!(
+                "the extra template variable {k:?} is one the template is given already \
+                 ({}); drop it",
+                GIVEN.join(", ")
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The variables every render gives the template (besides the special tokens).
+const GIVEN: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
+
 pub struct ChatTemplate {
     env: Environment<'static>,
     /// bos/eos/unk/pad strings, as the template sees them.
@@ -72,17 +109,19 @@ impl ChatTemplate {
         messages: &serde_json::Value,
         add_generation_prompt: bool,
     ) -> Result<String> {
-        self.render_with_tools(messages, &[], add_generation_prompt)
+        self.render_with(messages, &TemplateInputs::default(), add_generation_prompt)
     }
 
-    /// [`ChatTemplate::render`] with `tools` (OpenAI's function tools, as transformers'
-    /// `apply_chat_template(tools=...)` passes them; none passes `None`, as transformers does).
-    pub fn render_with_tools(
+    /// [`ChatTemplate::render`] with `inputs` (tools as transformers'
+    /// `apply_chat_template(tools=...)` passes them, extra variables as its `**kwargs`).
+    pub fn render_with(
         &self,
         messages: &serde_json::Value,
-        tools: &[serde_json::Value],
+        inputs: &TemplateInputs,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        inputs.check()?;
+        let tools = &inputs.tools;
         let tmpl = self
             .env
             .get_template(NAME)
@@ -101,7 +140,12 @@ impl ChatTemplate {
             ("add_generation_prompt", Value::from(add_generation_prompt)),
         ];
         for (k, v) in &self.special_tokens {
-            ctx.push((k, Value::from(v.as_str())));
+            if !inputs.kwargs.contains_key(*k) {
+                ctx.push((k, Value::from(v.as_str())));
+            }
+        }
+        for (k, v) in &inputs.kwargs {
+            ctx.push((k, Value::from_serialize(v)));
         }
         let ctx: Value = ctx.into_iter().collect();
         tmpl.render(ctx)

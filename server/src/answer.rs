@@ -5,7 +5,7 @@
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap};
-use serde_json::Value;
+use serde_json::{Map, Value};
 use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -47,6 +47,7 @@ pub struct Request {
     pub sampling: Sampling,
     pub tools: Tools,
     pub format: ResponseFormat,
+    pub template_kwargs: Map<String, Value>,
 }
 
 /// Fetches the messages' images, queues the request and waits until the engine accepts its
@@ -62,6 +63,7 @@ pub async fn start(
         sampling,
         tools,
         format,
+        template_kwargs,
     } = request;
     // Off the async threads: a file or a remote fetch blocks.
     let policy = policy.clone();
@@ -75,6 +77,7 @@ pub async fn start(
             sampling,
             tools,
             format,
+            template_kwargs,
         },
         events,
     })?;

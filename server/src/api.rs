@@ -52,6 +52,7 @@ pub struct ChatBody {
     pub include_usage: bool,
     pub tools: Tools,
     pub format: ResponseFormat,
+    pub template_kwargs: Map<String, Value>,
 }
 
 pub(crate) fn bad(message: String, param: &str) -> ApiError {
@@ -62,9 +63,9 @@ pub(crate) fn bad(message: String, param: &str) -> ApiError {
 /// asking for more gets the cap, none asking gets the cap too.
 /// The body fields of `/v1/chat/completions` this server takes (the [`NOT_IMPLEMENTED`] ones are
 /// taken only when they ask for nothing; `user`, `metadata`, `store` and `service_tier` do not
-/// change the answer and are ignored). Any other field is refused by name: a client's
-/// `chat_template_kwargs` or llama-server's `grammar` would otherwise be silently dropped.
-const CHAT_FIELDS: [&str; 25] = [
+/// change the answer and are ignored). Any other field is refused by name: llama-server's
+/// `grammar` or a `reasoning_format` would otherwise be silently dropped.
+const CHAT_FIELDS: [&str; 26] = [
     "model",
     "messages",
     "n",
@@ -85,6 +86,7 @@ const CHAT_FIELDS: [&str; 25] = [
     "tool_choice",
     "parallel_tool_calls",
     "response_format",
+    "chat_template_kwargs",
     "modalities",
     "user",
     "metadata",
@@ -135,6 +137,7 @@ pub fn parse_chat_body(body: &[u8], max_tokens_cap: usize) -> Result<ChatBody, A
     let sampling = parse_sampling(&obj, max_tokens_cap)?;
     let tools = parse_tools(&obj)?;
     let format = parse_response_format(obj.get("response_format"))?;
+    let template_kwargs = parse_template_kwargs(obj.get("chat_template_kwargs"))?;
     if format != ResponseFormat::Text
         && matches!(tools.choice, ToolChoice::Required | ToolChoice::Function(_))
         && !tools.list.is_empty()
@@ -167,7 +170,27 @@ pub fn parse_chat_body(body: &[u8], max_tokens_cap: usize) -> Result<ChatBody, A
         include_usage,
         tools,
         format,
+        template_kwargs,
     })
+}
+
+/// `chat_template_kwargs` (vLLM's and llama-server's field): extra variables for the checkpoint's
+/// chat template, as transformers' `apply_chat_template(**kwargs)` passes them; Qwen3.5's template
+/// reads `enable_thinking` (false: the answer opens with an empty think block). The engine refuses
+/// the variables the template is given already (`messages`, `tools`, ...) by name.
+fn parse_template_kwargs(v: Option<&Value>) -> Result<Map<String, Value>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(Map::new()),
+        Some(Value::Object(o)) => Ok(o.clone()),
+        Some(v) => Err(bad(
+            format!(
+                "chat_template_kwargs must be an object of template variables (like \
+                 {{\"enable_thinking\": false}}), got {}",
+                kind_of(v)
+            ),
+            "chat_template_kwargs",
+        )),
+    }
 }
 
 /// OpenAI's fields this server does not implement, each with why: one that asks for something
@@ -1043,10 +1066,14 @@ mod tests {
                 r#"{"messages":[{"role":"user","content":"x"}],"modalities":["text","audio"]}"#,
                 "modalities",
             ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":["enable_thinking"]}"#,
+                "chat_template_kwargs",
+            ),
             // Fields this server does not know, refused by name, not dropped.
             (
-                r#"{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"enable_thinking":false}}"#,
-                "chat_template_kwargs",
+                r#"{"messages":[{"role":"user","content":"x"}],"reasoning_format":"deepseek"}"#,
+                "reasoning_format",
             ),
             (
                 r#"{"messages":[{"role":"user","content":"x"}],"grammar":"root ::= \"a\""}"#,
@@ -1114,6 +1141,19 @@ mod tests {
             "user":"u","store":false,"metadata":{"k":"v"},"service_tier":"auto"}"#,
         )
         .unwrap();
+        // chat_template_kwargs: an object's variables are taken as they are; null is none.
+        let b = parse(
+            r#"{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"enable_thinking":false,"x":[1]}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            Value::Object(b.template_kwargs),
+            json!({"enable_thinking": false, "x": [1]})
+        );
+        let b =
+            parse(r#"{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":null}"#)
+                .unwrap();
+        assert!(b.template_kwargs.is_empty());
     }
 
     #[test]

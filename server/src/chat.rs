@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// Who speaks a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,6 +162,8 @@ pub struct ChatRequest {
     pub sampling: Sampling,
     pub tools: Tools,
     pub format: ResponseFormat,
+    /// Extra chat-template variables (`chat_template_kwargs`, e.g. Qwen3.5's `enable_thinking`).
+    pub template_kwargs: Map<String, Value>,
 }
 
 /// Why generation ended (OpenAI's `finish_reason`).

@@ -121,6 +121,7 @@ async fn chat_completions(
         include_usage,
         tools,
         format,
+        template_kwargs,
         ..
     } = api::parse_chat_body(&bytes, state.max_tokens_cap)?;
     let request = answer::Request {
@@ -128,6 +129,7 @@ async fn chat_completions(
         sampling,
         tools,
         format,
+        template_kwargs,
     };
     let answer = answer::start(&state.queue, &state.media, request).await?;
     let id = format!("chatcmpl-{}", state.next_id.fetch_add(1, Ordering::Relaxed));

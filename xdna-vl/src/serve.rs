@@ -8,9 +8,8 @@ use std::time::Duration;
 use engine::tool_calls::{calls_grammar, CallForm, CallSplitter, FunctionTool};
 use engine::{
     Content, EngineError, FinishReason, Generation, Grammar, Message, Role, SamplingParams,
-    Scheduler, SchedulerHandle, SchedulerOptions, Session, ToolCall,
+    Scheduler, SchedulerHandle, SchedulerOptions, Session, TemplateInputs, ToolCall,
 };
-use serde_json::Value;
 use server::chat::{
     self as api, ChatEngine, ChatRequest, Completion, Finish, ResponseFormat, ToolChoice,
 };
@@ -25,10 +24,11 @@ trait Answerer: Send + 'static {
     fn default_sampling(&self) -> SamplingParams;
     /// The form the checkpoint's template has calls written in (what the calls grammar makes).
     fn call_form(&self) -> CallForm;
+    /// Answers `messages` with `inputs` (the tools shown, extra variables) given to the template.
     fn generate(
         &mut self,
         messages: &[Message],
-        tools: &[Value],
+        inputs: &TemplateInputs,
         params: &SamplingParams,
         on_event: &mut dyn FnMut(engine::Event<'_>) -> bool,
     ) -> engine::Result<Generation>;
@@ -47,11 +47,11 @@ impl Answerer for Session {
     fn generate(
         &mut self,
         messages: &[Message],
-        tools: &[Value],
+        inputs: &TemplateInputs,
         params: &SamplingParams,
         on_event: &mut dyn FnMut(engine::Event<'_>) -> bool,
     ) -> engine::Result<Generation> {
-        Session::generate_with_tools(self, messages, tools, params, on_event)
+        Session::generate_with(self, messages, inputs, params, on_event)
     }
 }
 
@@ -74,12 +74,12 @@ impl Answerer for Parallel {
     fn generate(
         &mut self,
         messages: &[Message],
-        tools: &[Value],
+        inputs: &TemplateInputs,
         params: &SamplingParams,
         on_event: &mut dyn FnMut(engine::Event<'_>) -> bool,
     ) -> engine::Result<Generation> {
         self.handle
-            .generate_with_tools(messages, tools, params, on_event)
+            .generate_with(messages, inputs, params, on_event)
     }
 }
 
@@ -99,10 +99,13 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
         params.grammar = grammar(request, self.answerer.call_form()).map_err(refusal)?;
         let tools = &request.tools;
         // tool_choice "none": the model is not told about the tools, so it calls none.
-        let shown_tools: &[Value] = if tools.choice == ToolChoice::None {
-            &[]
-        } else {
-            &tools.list
+        let inputs = TemplateInputs {
+            tools: if tools.choice == ToolChoice::None {
+                Vec::new()
+            } else {
+                tools.list.clone()
+            },
+            kwargs: request.template_kwargs.clone(),
         };
         // Calls are read out of free text and out of the calls grammar's answer alike; a JSON
         // answer (response_format) is only JSON.
@@ -124,7 +127,7 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
         };
         let g = self
             .answerer
-            .generate(&messages, shown_tools, &params, &mut forward_event)
+            .generate(&messages, &inputs, &params, &mut forward_event)
             .map_err(refusal)?;
         let mut finish = match g.finish {
             FinishReason::Eos(_) | FinishReason::Stop(_) => Finish::Stop,
@@ -432,11 +435,11 @@ mod tests {
         fn generate(
             &mut self,
             _: &[Message],
-            tools: &[Value],
+            inputs: &TemplateInputs,
             params: &SamplingParams,
             on_event: &mut dyn FnMut(engine::Event<'_>) -> bool,
         ) -> engine::Result<Generation> {
-            self.seen.push((tools.len(), params.grammar.clone()));
+            self.seen.push((inputs.tools.len(), params.grammar.clone()));
             on_event(engine::Event::Started {
                 prompt_tokens: 1,
                 image_tokens: 0,

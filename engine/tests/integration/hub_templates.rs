@@ -2,11 +2,13 @@
 //! transformers renders them: `tests/fixtures/engine/hub-templates.json`
 //! (`tools/template_reference.py`): pictures, a system prompt, a chat whose assistant turns carry
 //! `<think>` reasoning (Qwen3.5's template strips it before the last question), tools with calls
-//! and results, and a message set the template refuses by its own `raise_exception`. Control: each
-//! case's text under the other template differs, so a renderer that ignored the file would fail.
+//! and results, a message set the template refuses by its own `raise_exception`, and Qwen3.5's
+//! `enable_thinking` off and on (`chat_template_kwargs`). Control: each case's text under the
+//! other template differs, so a renderer that ignored the file would fail; the thinking switch
+//! dropped from the variables renders Qwen3.5's thinking-off case as thinking on.
 
 use crate::common::fixtures;
-use engine::ChatTemplate;
+use engine::{ChatTemplate, TemplateInputs};
 use serde_json::Value;
 
 fn reference() -> Value {
@@ -24,8 +26,11 @@ fn template(file: &str) -> ChatTemplate {
 }
 
 fn render(t: &ChatTemplate, case: &Value, generation: bool) -> Result<String, String> {
-    let tools = case["tools"].as_array().cloned().unwrap_or_default();
-    t.render_with_tools(&case["messages"], &tools, generation)
+    let inputs = TemplateInputs {
+        tools: case["tools"].as_array().cloned().unwrap_or_default(),
+        kwargs: case["kwargs"].as_object().cloned().unwrap_or_default(),
+    };
+    t.render_with(&case["messages"], &inputs, generation)
         .map_err(|e| e.to_string())
 }
 
@@ -55,7 +60,7 @@ fn hub_templates_render_as_transformers_renders_them() {
             }
         }
     }
-    assert_eq!(checked, 40);
+    assert_eq!(checked, 48);
 }
 
 #[test]
@@ -69,5 +74,28 @@ fn control_the_other_template_renders_every_case_differently() {
         };
         let other = render(&vl, case, true).unwrap();
         assert_ne!(other, text.as_str().unwrap(), "{case_name}");
+    }
+}
+
+#[test]
+fn extra_template_variables_switch_qwen3_5s_thinking_and_given_ones_are_refused() {
+    let doc = reference();
+    let q35 = &doc["templates"]["qwen3_5"];
+    let t = template(q35["file"].as_str().unwrap());
+    let case = &q35["cases"]["thinking_off"];
+    let off = case["generation"]["text"].as_str().unwrap();
+    assert!(off.ends_with("<think>\n\n</think>\n\n"), "{off:?}");
+    // Control: without the variable the template thinks.
+    let mut dropped = case.clone();
+    dropped["kwargs"] = serde_json::json!({});
+    let on = render(&t, &dropped, true).unwrap();
+    assert_ne!(on, off);
+    assert!(on.ends_with("<think>\n"), "{on:?}");
+    // A variable the template is given already is refused by name, as transformers refuses it.
+    for given in ["messages", "tools", "documents", "add_generation_prompt"] {
+        let mut bad = case.clone();
+        bad["kwargs"] = serde_json::json!({ given: true });
+        let e = render(&t, &bad, true).unwrap_err();
+        assert!(e.contains(&format!("{given:?}")), "{given}: {e}");
     }
 }

@@ -10,7 +10,7 @@ use common::*;
 use engine::tool_calls::{calls_grammar, parse, CallForm, FunctionTool};
 use engine::{
     ChatTemplate, FinishReason, Generation, Message, PromptAblation, PromptBuilder, SamplingParams,
-    Session, ToolCall,
+    Session, TemplateInputs, ToolCall,
 };
 use serde_json::{json, Value};
 
@@ -54,7 +54,9 @@ fn tools_calls_and_results_render_through_qwens_template() {
         assistant,
         Message::tool("call_1", "sunny"),
     ];
-    let text = b.render_with_tools(&messages, &[weather_tool()]).unwrap();
+    let text = b
+        .render_with(&messages, &TemplateInputs::tools(&[weather_tool()]))
+        .unwrap();
     let want = concat!(
         "<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n",
         "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n",
@@ -85,7 +87,12 @@ fn call_once(
 ) -> Generation {
     s.reset();
     let g = s
-        .generate_with_tools(question, std::slice::from_ref(tool), p, &mut |_| true)
+        .generate_with(
+            question,
+            &TemplateInputs::tools(std::slice::from_ref(tool)),
+            p,
+            &mut |_| true,
+        )
         .unwrap();
     assert!(
         matches!(g.finish, FinishReason::Eos(_)),
@@ -128,7 +135,12 @@ fn the_calls_grammar_makes_random_weights_call_the_tool() {
         p.grammar = None;
         s.reset();
         let free = s
-            .generate_with_tools(&question, std::slice::from_ref(&tool), &p, &mut |_| true)
+            .generate_with(
+                &question,
+                &TemplateInputs::tools(std::slice::from_ref(&tool)),
+                &p,
+                &mut |_| true,
+            )
             .unwrap();
         assert!(
             parse(&free.text, &["get_weather"]).calls.is_empty(),
@@ -189,9 +201,9 @@ fn the_xml_calls_grammar_makes_random_weights_call_in_qwen3_5s_form() {
         json_form.grammar = Some(calls_grammar(&tools, false, CallForm::Json).unwrap());
         s.reset();
         let other = s
-            .generate_with_tools(
+            .generate_with(
                 &question,
-                std::slice::from_ref(&tool),
+                &TemplateInputs::tools(std::slice::from_ref(&tool)),
                 &json_form,
                 &mut |_| true,
             )
@@ -214,7 +226,7 @@ fn the_xml_calls_grammar_makes_random_weights_call_in_qwen3_5s_form() {
     };
     s.reset();
     let g = s
-        .generate_with_tools(&question, &[], &p, &mut |_| true)
+        .generate_with(&question, &TemplateInputs::default(), &p, &mut |_| true)
         .unwrap();
     assert!(
         "<tool_call>\n<function=say>\n".starts_with(&g.text)

@@ -76,6 +76,7 @@ async fn respond(
         sampling: body.sampling,
         tools: Tools::default(),
         format: body.format,
+        template_kwargs: Default::default(),
     };
     let answer = answer::start(&state.queue, &state.media, request).await?;
     if !body.stream {

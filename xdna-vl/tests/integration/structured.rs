@@ -4,7 +4,8 @@
 //! arguments fitting its schema (tool_choice required and named). Controls: the same requests
 //! unconstrained answer no such JSON and no calls. Also: max_tokens before the JSON closes is
 //! finish "length"; a schema the constraint refuses is a 400; a conversation with an assistant's
-//! calls and a tool's result is answered; Ollama's `format` takes the same path.
+//! calls and a tool's result is answered; Ollama's `format` takes the same path;
+//! `chat_template_kwargs` reach the template (a variable it is given already is a 400 naming it).
 
 use serde_json::{json, Value};
 use server::client::{self, Reply};
@@ -152,6 +153,22 @@ fn response_format_json_schema_fits_whole_and_streamed_greedy_and_sampled() {
             .as_str()
             .unwrap()
     ));
+    // chat_template_kwargs reach the template: the tiny Qwen3-VL template does not read
+    // enable_thinking (the same greedy answer), and a variable the template is given already is
+    // a 400 naming it (the engine's refusal, so the variables got there).
+    let plain = ok_json(&served.post(&body(&json!({"temperature": 0}))));
+    let mut b = body(&json!({"temperature": 0}));
+    b["chat_template_kwargs"] = json!({"enable_thinking": false});
+    let switched = ok_json(&served.post(&b));
+    assert_eq!(
+        switched["choices"][0]["message"]["content"],
+        plain["choices"][0]["message"]["content"]
+    );
+    b["chat_template_kwargs"] = json!({"messages": []});
+    let r = served.post(&b);
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("\"messages\""), "{message}");
     assert_eq!(served.terminate(), 0);
 }
 

@@ -424,9 +424,20 @@ impl Session {
         params: &SamplingParams,
         on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<Generation> {
+        self.chat_with(user, &TemplateInputs::default(), params, on_event)
+    }
+
+    /// [`Session::chat`] with `inputs` given to the chat template.
+    pub fn chat_with(
+        &mut self,
+        user: Message,
+        inputs: &TemplateInputs,
+        params: &SamplingParams,
+        on_event: &mut dyn FnMut(Event<'_>) -> bool,
+    ) -> Result<Generation> {
         self.history.push(user);
         let messages = self.history.clone();
-        match self.generate(&messages, params, on_event) {
+        match self.generate_with(&messages, inputs, params, on_event) {
             Ok(g) => {
                 self.history.push(Message::assistant(g.text.clone()));
                 Ok(g)

@@ -13,6 +13,7 @@ const HELP: &str = "commands: /image FILE (attach a picture to the next message)
 pub fn chat(args: &ChatArgs) -> Result<(), String> {
     let mut session = crate::open_session(&args.model)?;
     let params = args.sampling.params(session.default_sampling());
+    let inputs = args.model.template_inputs();
     engine::Sampler::new(params.clone()).map_err(|e| e.to_string())?;
     let interactive = std::io::stdin().is_terminal();
     if interactive {
@@ -91,7 +92,7 @@ pub fn chat(args: &ChatArgs) -> Result<(), String> {
             }
             true
         };
-        match session.chat(user, &params, &mut on_event) {
+        match session.chat_with(user, &inputs, &params, &mut on_event) {
             Ok(g) => {
                 first_turn = false;
                 println!();

@@ -166,6 +166,47 @@ pub struct ModelArgs {
     /// Examples: --drafts 4, --drafts mtp, --drafts mtp:2
     #[arg(long, value_name = "N|mtp[:N]|off", default_value = "off", value_parser = parse_drafts)]
     pub drafts: DraftsArg,
+    /// Extra variables for the checkpoint's chat template, a JSON object (as transformers'
+    /// apply_chat_template(**kwargs) and llama-server's flag of the same name); `serve` gives
+    /// them to every request, whose own `chat_template_kwargs` override them. Qwen3.5's
+    /// template reads enable_thinking. Example: --chat-template-kwargs '{"enable_thinking": false}'
+    #[arg(long, value_name = "JSON", value_parser = parse_template_kwargs)]
+    pub chat_template_kwargs: Option<TemplateKwargs>,
+}
+
+/// `--chat-template-kwargs`: a JSON object's variables.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TemplateKwargs(pub serde_json::Map<String, serde_json::Value>);
+
+impl ModelArgs {
+    /// What the template is given besides the messages: `--chat-template-kwargs`, no tools.
+    pub fn template_inputs(&self) -> engine::TemplateInputs {
+        engine::TemplateInputs {
+            kwargs: self.chat_template_kwargs.clone().unwrap_or_default().0,
+            ..Default::default()
+        }
+    }
+}
+
+fn parse_template_kwargs(s: &str) -> Result<TemplateKwargs, String> {
+    match serde_json::from_str::<serde_json::Value>(s) {
+        Ok(serde_json::Value::Object(map)) => Ok(TemplateKwargs(map)),
+        Ok(other) => Err(format!(
+            "--chat-template-kwargs {s}: must be a JSON object of template variables, like \
+             '{{\"enable_thinking\": false}}', not {}",
+            match other {
+                serde_json::Value::Array(_) => "an array",
+                serde_json::Value::String(_) => "a string",
+                serde_json::Value::Number(_) => "a number",
+                serde_json::Value::Bool(_) => "a boolean",
+                _ => "null",
+            }
+        )),
+        Err(e) => Err(format!(
+            "--chat-template-kwargs {s}: not JSON ({e}); quote the object for the shell, like \
+             '{{\"enable_thinking\": false}}'"
+        )),
+    }
 }
 
 /// `--drafts`: how many draft tokens per step, and from where.

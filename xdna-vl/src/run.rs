@@ -44,7 +44,12 @@ pub fn run(args: &RunArgs) -> Result<(), String> {
         true
     };
     let g = session
-        .generate(&messages, &params, &mut on_event)
+        .generate_with(
+            &messages,
+            &args.model.template_inputs(),
+            &params,
+            &mut on_event,
+        )
         .map_err(|e| e.to_string())?;
     if json_out {
         println!("{}", generation_json(&g, &session));

@@ -86,6 +86,8 @@ impl Answerer for Parallel {
 /// An answerer behind the server's engine trait.
 struct ServerEngine<A: Answerer> {
     answerer: A,
+    /// `--chat-template-kwargs`: every request's template variables, under its own.
+    template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl<A: Answerer> ChatEngine for ServerEngine<A> {
@@ -105,7 +107,11 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
             } else {
                 tools.list.clone()
             },
-            kwargs: request.template_kwargs.clone(),
+            kwargs: {
+                let mut kwargs = self.template_kwargs.clone();
+                kwargs.extend(request.template_kwargs.clone());
+                kwargs
+            },
         };
         // Calls are read out of free text and out of the calls grammar's answer alike; a JSON
         // answer (response_format) is only JSON.
@@ -304,6 +310,10 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
             return Err(format!("--media-dir {}: no such directory", dir.display()));
         }
     }
+    args.model
+        .template_inputs()
+        .check()
+        .map_err(|e| format!("--chat-template-kwargs: {e}"))?;
     let session = crate::open_session(&args.model)?;
     let parallel = parallel(args, session.kv_bytes_per_sequence())?;
     let drafts = args.model.drafts;
@@ -346,8 +356,12 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
         "{} ({} backend, context {}",
         info.id, info.backend, info.context
     );
+    let template_kwargs = args.model.template_inputs().kwargs;
     let engines: Vec<Box<dyn ChatEngine>> = if parallel == 1 {
-        vec![Box::new(ServerEngine { answerer: session })]
+        vec![Box::new(ServerEngine {
+            answerer: session,
+            template_kwargs: template_kwargs.clone(),
+        })]
     } else {
         let images = session.images();
         let scheduler = SchedulerOptions {
@@ -363,6 +377,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
                         handle: handle.clone(),
                         images: images.clone(),
                     },
+                    template_kwargs: template_kwargs.clone(),
                 })
             })
             .collect()
@@ -419,6 +434,8 @@ mod tests {
     struct Scripted {
         pieces: Vec<String>,
         seen: Vec<(usize, Option<Grammar>)>,
+        /// The template variables of each request.
+        kwargs: Vec<serde_json::Value>,
         form: CallForm,
     }
 
@@ -440,6 +457,8 @@ mod tests {
             on_event: &mut dyn FnMut(engine::Event<'_>) -> bool,
         ) -> engine::Result<Generation> {
             self.seen.push((inputs.tools.len(), params.grammar.clone()));
+            self.kwargs
+                .push(serde_json::Value::Object(inputs.kwargs.clone()));
             on_event(engine::Event::Started {
                 prompt_tokens: 1,
                 image_tokens: 0,
@@ -476,8 +495,10 @@ mod tests {
             answerer: Scripted {
                 pieces: pieces.iter().map(|p| p.to_string()).collect(),
                 seen: Vec::new(),
+                kwargs: Vec::new(),
                 form,
             },
+            template_kwargs: Default::default(),
         };
         let request = ChatRequest {
             messages: vec![api::Message::new(
@@ -561,6 +582,43 @@ mod tests {
                 "{g}"
             );
         }
+    }
+
+    /// `--chat-template-kwargs` reach every request's template, under the request's own.
+    #[test]
+    fn server_template_variables_sit_under_the_requests_own() {
+        let mut engine = ServerEngine {
+            answerer: Scripted {
+                pieces: vec!["ok".into()],
+                seen: Vec::new(),
+                kwargs: Vec::new(),
+                form: CallForm::Json,
+            },
+            template_kwargs: serde_json::json!({"enable_thinking": false, "a": 1})
+                .as_object()
+                .unwrap()
+                .clone(),
+        };
+        let mut request = ChatRequest {
+            messages: vec![api::Message::new(
+                api::Role::User,
+                vec![Part::Text("hi".into())],
+            )],
+            ..ChatRequest::default()
+        };
+        engine.complete(&request, &mut |_| true).unwrap();
+        request.template_kwargs = serde_json::json!({"enable_thinking": true})
+            .as_object()
+            .unwrap()
+            .clone();
+        engine.complete(&request, &mut |_| true).unwrap();
+        assert_eq!(
+            engine.answerer.kwargs,
+            vec![
+                serde_json::json!({"enable_thinking": false, "a": 1}),
+                serde_json::json!({"enable_thinking": true, "a": 1}),
+            ]
+        );
     }
 
     #[test]

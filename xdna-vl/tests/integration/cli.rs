@@ -63,7 +63,8 @@ fn ids(v: &Value) -> Vec<u64> {
         .collect()
 }
 
-/// `--drafts 4` (and `--drafts off`) give the same answer as no drafts; 16 is taken.
+/// `--drafts 4` (and `--drafts off`) give the same answer as no drafts; 16 is taken (with a
+/// template variable the tiny template does not read).
 #[test]
 fn run_with_drafts_gives_the_same_answer() {
     let want = &cases()["runs"]["text"];
@@ -76,6 +77,9 @@ fn run_with_drafts_gives_the_same_answer() {
             "--json",
             "--drafts",
             drafts,
+            // The tiny Qwen3-VL template reads no such variable: the same prompt and answer.
+            "--chat-template-kwargs",
+            r#"{"enable_thinking": false}"#,
         ]);
         assert_eq!(o.code, 0, "--drafts {drafts}: {}", o.stderr);
         let v: Value = serde_json::from_str(&o.stdout).unwrap();
@@ -282,6 +286,36 @@ fn bad_input_is_refused_by_name_with_status_2() {
     refused(
         &xdna_vl(&["serve", "/no/such.pack", "--drafts", "99"], None, None),
         "--drafts 99",
+    );
+    refused(
+        &run(&["--prompt", "hi", "--chat-template-kwargs", "[1]"]),
+        "--chat-template-kwargs [1]: must be a JSON object",
+    );
+    refused(
+        &run(&[
+            "--prompt",
+            "hi",
+            "--chat-template-kwargs",
+            "{enable_thinking: false}",
+        ]),
+        "--chat-template-kwargs {enable_thinking: false}: not JSON",
+    );
+    refused(
+        &run(&[
+            "--prompt",
+            "hi",
+            "--chat-template-kwargs",
+            r#"{"tools": []}"#,
+        ]),
+        "the extra template variable \"tools\"",
+    );
+    refused(
+        &xdna_vl(
+            &["serve", "--chat-template-kwargs", r#"{"messages": 1}"#],
+            None,
+            None,
+        ),
+        "--chat-template-kwargs: chat template: the extra template variable \"messages\"",
     );
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("q.txt");

@@ -34,6 +34,8 @@ pub struct OllamaBody {
     /// `format`: `"json"` or a JSON schema, by the same constrained decoding as OpenAI's
     /// `response_format`.
     pub format: ResponseFormat,
+    /// `think: false`: `enable_thinking` false for the chat template (Qwen3.5's reads it).
+    pub template_kwargs: Map<String, Value>,
 }
 
 /// The name `/api/tags` lists for the model `id`: with Ollama's default tag `latest` unless the id
@@ -83,15 +85,16 @@ fn asks_nothing(v: Option<&Value>) -> bool {
 
 /// Ollama's fields this server does not implement, each with why. One left at a value that asks
 /// for nothing (`"tools": []`, which Ollama's Python client always sends, `"raw": false`) is
-/// taken as absent; any other value is refused by name, never ignored. `think` is refused at
-/// any value: whether the model thinks is its own (a Qwen3-VL Thinking checkpoint always does).
+/// taken as absent; any other value is refused by name, never ignored. `think` is taken only as
+/// `false` (the template's `enable_thinking` off): a thinking trace is not separated from the
+/// answer into `message.thinking`, so `true` or a level is refused.
 const NOT_IMPLEMENTED: &[(&str, &str)] = &[
     ("template", "the prompt is always built with the model's own chat template"),
     ("raw", "the prompt always goes through the model's chat template"),
     ("suffix", "fill-in-the-middle is not implemented"),
     ("context", "token contexts are not returned or taken; send the conversation to /api/chat"),
     ("tools", "tool calling is not implemented"),
-    ("think", "thinking is not separated from the answer or switched on or off"),
+    ("think", "the thinking is not separated from the answer (message.thinking); only false is taken (enable_thinking false for the chat template)"),
     ("truncate", "a prompt over the context is refused, not truncated (\"truncate\": false)"),
     ("shift", "the answer stops when the context is full (done_reason \"length\"), it is not shifted (\"shift\": false)"),
     ("logprobs", "log probabilities are not returned"),
@@ -103,7 +106,7 @@ fn refuse_not_implemented(obj: &Map<String, Value>, at: &str) -> Result<(), ApiE
     for (key, why) in NOT_IMPLEMENTED {
         let v = obj.get(*key);
         let refused = if *key == "think" {
-            !matches!(v, None | Some(Value::Null))
+            !matches!(v, None | Some(Value::Null) | Some(Value::Bool(false)))
         } else {
             !asks_nothing(v)
         };
@@ -457,12 +460,17 @@ pub fn parse_body(
             }
         }
     };
+    let mut template_kwargs = Map::new();
+    if obj.get("think") == Some(&Value::Bool(false)) {
+        template_kwargs.insert("enable_thinking".into(), Value::Bool(false));
+    }
     Ok(OllamaBody {
         model,
         messages,
         sampling,
         stream,
         format,
+        template_kwargs,
     })
 }
 
@@ -754,6 +762,20 @@ mod tests {
             .unwrap()
             .messages
             .is_empty());
+        // think false: the template's enable_thinking off; absent or null: nothing given.
+        let off = parse(
+            Endpoint::Generate,
+            r#"{"model":"tiny","prompt":"x","think":false}"#,
+        );
+        assert_eq!(
+            Value::Object(off.unwrap().template_kwargs),
+            json!({"enable_thinking": false})
+        );
+        let none = parse(
+            Endpoint::Chat,
+            r#"{"model":"tiny","messages":[],"think":null}"#,
+        );
+        assert!(none.unwrap().template_kwargs.is_empty());
     }
 
     #[test]
@@ -768,7 +790,7 @@ mod tests {
             (chat(r#","format":"yaml""#), "format", 400),
             (chat(r#","format":["json"]"#), "format", 400),
             (chat(r#","tools":[{"type":"function"}]"#), "tools", 400),
-            (chat(r#","think":false"#), "think", 400),
+            (chat(r#","think":true"#), "think", 400),
             (chat(r#","think":"high""#), "think", 400),
             (chat(r#","truncate":true"#), "truncate", 400),
             (chat(r#","shift":true"#), "shift", 400),

@@ -76,7 +76,7 @@ async fn respond(
         sampling: body.sampling,
         tools: Tools::default(),
         format: body.format,
-        template_kwargs: Default::default(),
+        template_kwargs: body.template_kwargs,
     };
     let answer = answer::start(&state.queue, &state.media, request).await?;
     if !body.stream {

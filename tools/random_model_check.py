@@ -225,7 +225,12 @@ def run_one(index: int, seed: int, work: str, args) -> str:
     # f32 compute on the bf16 values, as the bf16 pack computes
     model = cls.from_pretrained(ck, dtype=torch.float32, attn_implementation=hr.ATTN_IMPLEMENTATION).eval()
     pictures = draw_pictures(rng, out)
-    prompt = hi.encode(hi.load_processor(ck), hi.load_images(pictures), PROMPT)
+    # The PIL image processor, the one the Rust preprocessing reproduces (vision/README.md): with
+    # torchvision installed AutoProcessor takes the torchvision one, 1-2 levels off on resized
+    # pixels, which flipped a near tie (seed 41, qwen3.5-moe model 5, step 8: top-2 gap 0.0015
+    # with torchvision's pixels, 0.0009 with PIL's; transformers on PIL's pixels answers as we do).
+    processor = hi.load_processor(ck, image_backend="pil")
+    prompt = hi.encode(processor, hi.load_images(pictures), PROMPT)
     with torch.no_grad():
         _, prefill, ids, decode = hr.run_pixel_path(model, prompt, model.config.image_token_id, args.steps)
     gaps = hi.step_margins(dict(prefill_logits=prefill, decode_logits=decode))

@@ -78,22 +78,26 @@ fn tools_calls_and_results_render_through_qwens_template() {
     assert!(plain.starts_with("<|im_start|>user\nWeather?"), "{plain}");
 }
 
-/// A fresh answer to `question` with `tool` shown, under `p` (its grammar), ended by the model.
+/// A fresh answer to `question` with `tool` shown, under `p` (its grammar).
+fn shown(s: &mut Session, question: &[Message], tool: &Value, p: &SamplingParams) -> Generation {
+    s.reset();
+    s.generate_with(
+        question,
+        &TemplateInputs::tools(std::slice::from_ref(tool)),
+        p,
+        &mut |_| true,
+    )
+    .unwrap()
+}
+
+/// [`shown`], ended by the model.
 fn call_once(
     s: &mut Session,
     question: &[Message],
     tool: &Value,
     p: &SamplingParams,
 ) -> Generation {
-    s.reset();
-    let g = s
-        .generate_with(
-            question,
-            &TemplateInputs::tools(std::slice::from_ref(tool)),
-            p,
-            &mut |_| true,
-        )
-        .unwrap();
+    let g = shown(s, question, tool, p);
     assert!(
         matches!(g.finish, FinishReason::Eos(_)),
         "{:?} {:?}",
@@ -133,15 +137,7 @@ fn the_calls_grammar_makes_random_weights_call_the_tool() {
         assert!(matches!(args["n"].as_i64(), Some(1..=9)), "{args}");
         // Control: without the grammar, no call.
         p.grammar = None;
-        s.reset();
-        let free = s
-            .generate_with(
-                &question,
-                &TemplateInputs::tools(std::slice::from_ref(&tool)),
-                &p,
-                &mut |_| true,
-            )
-            .unwrap();
+        let free = shown(&mut s, &question, &tool, &p);
         assert!(
             parse(&free.text, &["get_weather"]).calls.is_empty(),
             "{:?}",
@@ -199,15 +195,7 @@ fn the_xml_calls_grammar_makes_random_weights_call_in_qwen3_5s_form() {
         // Control: the JSON form's grammar makes a Hermes call, not this one.
         let mut json_form = p.clone();
         json_form.grammar = Some(calls_grammar(&tools, false, CallForm::Json).unwrap());
-        s.reset();
-        let other = s
-            .generate_with(
-                &question,
-                &TemplateInputs::tools(std::slice::from_ref(&tool)),
-                &json_form,
-                &mut |_| true,
-            )
-            .unwrap();
+        let other = shown(&mut s, &question, &tool, &json_form);
         assert!(
             other.text.starts_with("<tool_call>\n{\"name\": \"paint\""),
             "{:?}",

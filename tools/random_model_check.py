@@ -227,8 +227,7 @@ def run_one(index: int, seed: int, work: str, args) -> str:
     pictures = draw_pictures(rng, out)
     # The PIL image processor, the one the Rust preprocessing reproduces (vision/README.md): with
     # torchvision installed AutoProcessor takes the torchvision one, 1-2 levels off on resized
-    # pixels, which flipped a near tie (seed 41, qwen3.5-moe model 5, step 8: top-2 gap 0.0015
-    # with torchvision's pixels, 0.0009 with PIL's; transformers on PIL's pixels answers as we do).
+    # pixels, enough to flip a near tie (README: random_model_check).
     processor = hi.load_processor(ck, image_backend="pil")
     prompt = hi.encode(processor, hi.load_images(pictures), PROMPT)
     with torch.no_grad():

@@ -279,24 +279,32 @@ impl VisionSemantics {
             ));
         }
         if self.quant == QuantKind::Q4 {
-            for (field, value) in [
-                ("hidden_size", self.hidden_size),
-                ("intermediate_size", self.intermediate_size),
-                (
-                    "patch row (channels x temporal x patch^2)",
-                    self.patch_row_len(),
-                ),
-                ("merged hidden (hidden x merge^2)", self.merged_hidden()),
-            ] {
-                if value % Q4_GROUP != 0 {
-                    return err(format!(
-                        "a q4 tower needs {field} = {value} to be a multiple of {Q4_GROUP}; \
-                         build with --vision-quant i8 (or bf16, f32)"
-                    ));
-                }
+            if let Some(why) = self.q4_refusal() {
+                return err(why);
             }
         }
         Ok(())
+    }
+
+    /// Why this tower's widths cannot be q4 (a width not a multiple of the q4 group), if so.
+    pub fn q4_refusal(&self) -> Option<String> {
+        [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            (
+                "patch row (channels x temporal x patch^2)",
+                self.patch_row_len(),
+            ),
+            ("merged hidden (hidden x merge^2)", self.merged_hidden()),
+        ]
+        .into_iter()
+        .find(|(_, value)| value % Q4_GROUP != 0)
+        .map(|(field, value)| {
+            format!(
+                "a q4 tower needs {field} = {value} to be a multiple of {Q4_GROUP}; \
+                 build with --vision-quant i8 (or bf16, f32)"
+            )
+        })
     }
 
     pub fn head_dim(&self) -> usize {

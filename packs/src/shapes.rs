@@ -302,12 +302,11 @@ impl RandomShape {
             ..self.semantics.clone()
         };
         if let Some(v) = &mut sem.vision {
-            v.quant = quant;
-        }
-        if quant == QuantKind::Q4 && sem.validate().is_err() {
-            if let Some(v) = &mut sem.vision {
+            if quant == QuantKind::Q4 && v.q4_refusal().is_some() {
                 v.quant = QuantKind::Bf16;
                 v.bf16_products = true;
+            } else {
+                v.quant = quant;
             }
         }
         sem

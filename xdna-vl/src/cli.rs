@@ -171,26 +171,23 @@ pub struct ModelArgs {
     /// them to every request, whose own `chat_template_kwargs` override them. Qwen3.5's
     /// template reads enable_thinking. Example: --chat-template-kwargs '{"enable_thinking": false}'
     #[arg(long, value_name = "JSON", value_parser = parse_template_kwargs)]
-    pub chat_template_kwargs: Option<TemplateKwargs>,
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
-
-/// `--chat-template-kwargs`: a JSON object's variables.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct TemplateKwargs(pub serde_json::Map<String, serde_json::Value>);
 
 impl ModelArgs {
     /// What the template is given besides the messages: `--chat-template-kwargs`, no tools.
     pub fn template_inputs(&self) -> engine::TemplateInputs {
         engine::TemplateInputs {
-            kwargs: self.chat_template_kwargs.clone().unwrap_or_default().0,
+            kwargs: self.chat_template_kwargs.clone().unwrap_or_default(),
             ..Default::default()
         }
     }
 }
 
-fn parse_template_kwargs(s: &str) -> Result<TemplateKwargs, String> {
+/// `--chat-template-kwargs`: a JSON object's variables.
+fn parse_template_kwargs(s: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
     match serde_json::from_str::<serde_json::Value>(s) {
-        Ok(serde_json::Value::Object(map)) => Ok(TemplateKwargs(map)),
+        Ok(serde_json::Value::Object(map)) => Ok(map),
         Ok(other) => Err(format!(
             "--chat-template-kwargs {s}: must be a JSON object of template variables, like \
              '{{\"enable_thinking\": false}}', not {}",

@@ -6,8 +6,7 @@
 //! - `m' = max(m, max_j s_j)`; with `c = scale·log2(e)` (`HeadShape::log2e_scale`) and
 //!   `μ = m'·c` (rounded): `α = pow2(fma(m, c, −μ))` (1 without a `pow2` when `m' = m`) and
 //!   `p_j = to_bf16(pow2(fma(s_j, c, −μ)))`, [`oracle::pow2`](super::oracle::pow2) a power of 2
-//!   by a 5-FMA polynomial and `vscalefps`: e^{(s_j − m')·scale}, about 10 vector operations per
-//!   16 keys where the f32 variant's `exp` of the scaled score takes about 27;
+//!   by a 5-FMA polynomial and `vscalefps`: e^{(s_j − m')·scale}, as the f32 variant takes it;
 //! - `l[i] = l[i]·α + p_i + p_{i+16} + …` (the rounded p, in f32);
 //! - `o_c = dot_pair(… dot_pair(o_c·α, [p_0, p_1], [v_0c, v_1c]) …)` over the tile's pairs of keys
 //!   ascending, an odd tile's last key paired with a zero key (p = 0, v = 0);
@@ -165,12 +164,13 @@ pub(crate) mod x86 {
 
     use super::super::oracle::pow2;
     use super::super::x86::pow2_zmm;
-    use super::super::x86::{register_tiles, running_max, RegisterTile, Rows, Zmm};
+    use super::super::x86::{register_tiles, running_max, RegisterTile, Rows, Vf, Zmm};
     use super::super::{
         BlockState, HeadShape, Planted, QueryBlock, KEY_TILE, MAX_TILE_ROWS, SUM_LANES,
     };
     use super::PackedKvBf16;
     use crate::kernels::bf16_dot::x86::{dpbf16_zmm, to_bf16_zmm};
+    use crate::kernels::round_row_bf16;
     use half::bf16;
     use std::arch::x86_64::*;
 
@@ -195,7 +195,7 @@ pub(crate) mod x86 {
         state.qb.resize(rows * d, bf16::ZERO);
         for (r, qb) in state.qb.chunks_exact_mut(d).enumerate() {
             // SAFETY: the features (contract); `qb` holds the row's d values.
-            unsafe { round_row(&block.q[r * block.q_stride..][..d], qb) };
+            unsafe { round_row_bf16(&block.q[r * block.q_stride..][..d], qb) };
         }
         if state.pb.len() < MAX_TILE_ROWS * KEY_TILE {
             state.pb.resize(MAX_TILE_ROWS * KEY_TILE, bf16::ZERO);
@@ -233,36 +233,6 @@ pub(crate) mod x86 {
             u16::MAX
         } else {
             (1u16 << n) - 1
-        }
-    }
-
-    /// `dst[i] = to_bf16(src[i])` for every value of `src` (`vcvtne2ps2bf16`, 32 a step, the
-    /// tail masked).
-    ///
-    /// # Safety
-    /// AVX-512 F, BW and BF16; `dst` at least as long as `src`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(crate) unsafe fn round_row(src: &[f32], dst: &mut [bf16]) {
-        assert!(dst.len() >= src.len());
-        let (n, s, t) = (src.len(), src.as_ptr(), dst.as_mut_ptr());
-        let mut i = 0;
-        while i < n {
-            let left = n - i;
-            let store = if left >= 32 {
-                u32::MAX
-            } else {
-                (1u32 << left) - 1
-            };
-            // SAFETY: the features (contract); the masked loads read values i .. n of `src`
-            // and the masked store writes values i .. n of `dst` (a masked-off lane touches no
-            // memory; the pointers are formed with `wrapping_add`).
-            unsafe {
-                let lo = _mm512_maskz_loadu_ps(lanes16(left), s.wrapping_add(i));
-                let hi =
-                    _mm512_maskz_loadu_ps(lanes16(left.saturating_sub(16)), s.wrapping_add(i + 16));
-                _mm512_mask_storeu_epi16(t.wrapping_add(i).cast(), store, to_bf16_zmm(lo, hi));
-            }
-            i += 32;
         }
     }
 
@@ -394,8 +364,8 @@ pub(crate) mod x86 {
     ///
     /// # Safety
     /// AVX-512 F, BW and BF16; each q readable for `d` bf16, m for 1, l for [`SUM_LANES`], o
-    /// for `dp` floats (and writable); `kt`, `v` one packed tile each; `s` (f32) and `pb` (bf16)
-    /// writable for `R x KEY_TILE`; `16·(KV − 1) < w <= 16·KV <= KEY_TILE`; `d` even; `dp` a
+    /// for `dp` floats (and writable); `kt`, `v` one packed tile each; `pb` writable for
+    /// `R x KEY_TILE` bf16; `16·(KV − 1) < w <= 16·KV <= KEY_TILE`; `d` even; `dp` a
     /// multiple of 16.
     #[inline(always)]
     unsafe fn tile_keys<const R: usize, const KV: usize>(rows: Rows<bf16, R>, tile: &PackedTile) {
@@ -479,9 +449,7 @@ pub(crate) mod x86 {
                     lv = _mm512_mul_ps(lv, _mm512_set1_ps(alpha[r]));
                 }
                 for i in 0..KV {
-                    let h = _mm256_loadu_si256(pr.add(i * SUM_LANES).cast());
-                    let pi = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
-                    lv = _mm512_add_ps(lv, _mm512_castsi512_ps(pi));
+                    lv = _mm512_add_ps(lv, Zmm::load_bf16(pr.add(i * SUM_LANES)).0);
                 }
                 _mm512_storeu_ps(l[r], lv);
             }

@@ -64,7 +64,7 @@ pub(crate) trait Vf: Copy {
     /// The implementation's CPU features.
     unsafe fn pow2(self) -> Self;
     /// The largest lane (`vmaxps` halving; the order of a maximum changes at most the sign of a
-    /// zero, which no later value sees: `x − (±0)` and `exp(±0)` are the same).
+    /// zero, which no later value sees: `fma(x, c, −(±0)·c)` and `pow2(±0)` are the same).
     ///
     /// # Safety
     /// The implementation's CPU features.
@@ -77,8 +77,8 @@ pub(crate) trait Vf: Copy {
 }
 
 /// The running maximum after a tile whose scores' lane maxima are `mx`: `greater(hmax(mx), m)`,
-/// which is `m` itself when no lane is above it or NaN, so that case skips the reduction (most
-/// tiles after the first few: at 784 keys the maximum rises in about 3 of 13 tiles).
+/// which is `m` itself when no lane is above it or NaN, so that case (the usual one once the
+/// first tiles have set the maximum) skips the reduction.
 ///
 /// # Safety
 /// `V`'s CPU features.

@@ -30,7 +30,7 @@ mod self_check;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::transpose8;
+pub(crate) use x86::{round_row_bf16, transpose8};
 
 #[cfg(test)]
 mod tests;

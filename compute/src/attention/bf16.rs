@@ -5,9 +5,12 @@
 //! - `s_j = bf16_dot::dot(0, q', k'_j)` (pairs of elements ascending; the scale comes below);
 //! - `m' = max(m, max_j s_j)`; with `c = scale·log2(e)` (`HeadShape::log2e_scale`) and
 //!   `μ = m'·c` (rounded): `α = pow2(fma(m, c, −μ))` (1 without a `pow2` when `m' = m`) and
-//!   `p_j = to_bf16(pow2(fma(s_j, c, −μ)))`, [`oracle::pow2`](super::oracle::pow2) a power of 2
-//!   by a 5-FMA polynomial and `vscalefps`: e^{(s_j − m')·scale}, as the f32 variant takes it;
-//! - `l[i] = l[i]·α + p_i + p_{i+16} + …` (the rounded p, in f32);
+//!   `p_j = to_bf16(pow2_by(&P2_BF16, fma(s_j, c, −μ)))`: e^{(s_j − m')·scale} as the f32 variant
+//!   takes it ([`oracle::pow2`](super::oracle::pow2)) but by a 3-FMA polynomial ([`P2_BF16`],
+//!   within 1.02e-4, where the bf16 rounding that follows is 2^−9);
+//! - `l[k] = dot_pair(dot_pair(l[k]·α, [p_2k, p_2k+1], [1, 1]), [p_32+2k, p_33+2k], [1, 1])`: the
+//!   rounded p summed into 16 lanes by `vdpbf16ps` against ones, the tile's 32-key halves in
+//!   order (keys past the tile's are p = 0);
 //! - `o_c = dot_pair(… dot_pair(o_c·α, [p_0, p_1], [v_0c, v_1c]) …)` over the tile's pairs of keys
 //!   ascending, an odd tile's last key paired with a zero key (p = 0, v = 0);
 //!
@@ -18,10 +21,19 @@
 //! `[d/2][KEY_TILE][2]` (key j's elements 2u, 2u + 1 together), a value tile
 //! `[KEY_TILE/2][dp][2]` (column c of keys 2u, 2u + 1 together); keys past `len` are zero.
 
-use super::oracle::{greater, pow2, sum_lanes};
+use super::oracle::{greater, pow2, pow2_by, sum_lanes};
 use super::{padded_dim, HeadShape, KEY_TILE, SUM_LANES};
 use crate::kernels::bf16_dot::{dot, dot_pair, to_bf16};
 use half::bf16;
+
+/// The coefficients of the bf16 variant's `2^f − 1 = f·(P2_BF16[2] + f·(P2_BF16[1] +
+/// f·P2_BF16[0]))` on `f ∈ [−½, ½]`, a relative-error fit: `pow2_by(&P2_BF16, t)` is within
+/// 1.02e-4 of `2^t`, a twentieth of the 2^−9 its p is rounded by next, for 2 FMAs fewer than the
+/// f32 variant's `oracle::POW2` (`tests.rs` checks the bound).
+pub const P2_BF16: [f32; 3] = [5.500_858_3e-2, 2.422_103_7e-1, 0.693_282_9];
+
+/// A pair of bf16 ones: `dot_pair(l, [p_0, p_1], ONES)` is `l + p_1 + p_0` (products by 1 exact).
+const ONES: [bf16; 2] = [bf16::ONE, bf16::ONE];
 
 /// One head's keys and values over one segment, packed in bf16 (module docs).
 #[derive(Clone, Copy, Debug)]
@@ -127,12 +139,12 @@ pub fn attend_row(shape: HeadShape, q: &[f32], kv: PackedKvBf16<'_>, out: &mut [
         };
         p.fill(bf16::ZERO);
         for (pj, &sj) in p[..w].iter_mut().zip(&s[..w]) {
-            *pj = to_bf16(pow2(sj.mul_add(c, -mu)));
+            *pj = to_bf16(pow2_by(&P2_BF16, sj.mul_add(c, -mu)));
         }
-        for (i, li) in l.iter_mut().enumerate() {
-            *li *= alpha;
-            for j in (i..w).step_by(SUM_LANES) {
-                *li += p[j].to_f32();
+        for (k, lk) in l.iter_mut().enumerate() {
+            *lk *= alpha;
+            for u in (0..w).step_by(2 * SUM_LANES) {
+                *lk = dot_pair(*lk, [p[u + 2 * k], p[u + 2 * k + 1]], ONES);
             }
         }
         for (c, oc) in out.iter_mut().enumerate() {
@@ -163,12 +175,13 @@ pub(crate) mod x86 {
     #![allow(clippy::needless_range_loop)]
 
     use super::super::oracle::pow2;
-    use super::super::x86::pow2_zmm;
-    use super::super::x86::{register_tiles, running_max, RegisterTile, Rows, Vf, Zmm};
-    use super::super::{
-        BlockState, HeadShape, Planted, QueryBlock, KEY_TILE, MAX_TILE_ROWS, SUM_LANES,
-    };
+    use super::super::x86::pow2_zmm_by;
+    use super::super::x86::{register_tiles, running_max, RegisterTile, Rows, Zmm};
+    use super::super::{BlockState, HeadShape, Planted, QueryBlock, KEY_TILE, MAX_TILE_ROWS};
     use super::PackedKvBf16;
+
+    /// [`super::ONES`] as one 32-bit lane: bf16 1.0 is 0x3F80.
+    const ONES_PAIR: i32 = 0x3F80_3F80;
     use crate::kernels::bf16_dot::x86::{dpbf16_zmm, to_bf16_zmm};
     use crate::kernels::round_row_bf16;
     use half::bf16;
@@ -236,8 +249,50 @@ pub(crate) mod x86 {
         }
     }
 
-    /// [`super::pack_tile`] on AVX-512 BF16: keys rounded 32 values a step and scattered to
-    /// their pairs' rows; values of two keys rounded together and interleaved column by column.
+    /// The 16 x 16 transpose of 32-bit elements: `out[c]` lane `r` is `r[r]` lane `c` (unpacks
+    /// of 32 and 64 bits within 128-bit lanes, then two rounds of 128-bit lane shuffles).
+    ///
+    /// # Safety
+    /// AVX-512 F.
+    #[inline(always)]
+    unsafe fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
+        // SAFETY: register-only AVX-512 F intrinsics (contract).
+        unsafe {
+            // t[2i] lane L: r[2i][4L], r[2i+1][4L], r[2i][4L+1], r[2i+1][4L+1]; t[2i+1] the same
+            // at 4L+2, 4L+3.
+            let mut t = [_mm512_setzero_si512(); 16];
+            for i in 0..8 {
+                t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+            }
+            // s[4i + c] lane L: r[4i .. 4i + 4] at column 4L + c.
+            let mut s = [_mm512_setzero_si512(); 16];
+            for i in 0..4 {
+                s[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+                s[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+                s[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+                s[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+            }
+            // Column 4L + c: lane L of s[c], s[4 + c], s[8 + c], s[12 + c].
+            let mut out = [_mm512_setzero_si512(); 16];
+            for c in 0..4 {
+                let a = _mm512_shuffle_i32x4::<0x44>(s[c], s[4 + c]);
+                let b = _mm512_shuffle_i32x4::<0x44>(s[8 + c], s[12 + c]);
+                out[c] = _mm512_shuffle_i32x4::<0x88>(a, b);
+                out[4 + c] = _mm512_shuffle_i32x4::<0xDD>(a, b);
+                let a = _mm512_shuffle_i32x4::<0xEE>(s[c], s[4 + c]);
+                let b = _mm512_shuffle_i32x4::<0xEE>(s[8 + c], s[12 + c]);
+                out[8 + c] = _mm512_shuffle_i32x4::<0x88>(a, b);
+                out[12 + c] = _mm512_shuffle_i32x4::<0xDD>(a, b);
+            }
+            out
+        }
+    }
+
+    /// [`super::pack_tile`] on AVX-512 BF16: 16 keys' 16 pairs at a time rounded (one zmm of
+    /// pairs a key) and transposed in registers to 16 pair rows of 16 keys; values of two keys
+    /// rounded together and interleaved column by column. The keys' `vpscatterdd` this replaced
+    /// took ~7 of the 206 ms of `bench attention --segment 784` (PERF.md).
     ///
     /// # Safety
     /// AVX-512 F, BW and BF16; as [`super::pack_tile`], whose checks hold.
@@ -262,35 +317,33 @@ pub(crate) mod x86 {
             }
             t
         };
-        if w < KEY_TILE {
-            kt.fill(bf16::ZERO);
-        }
-        // SAFETY: the features (contract). Keys: masked loads of values 2·u0 .. d of key j < w
-        // (inside `keys`: (w − 1)·stride + d values); the scatter writes pair u0 + i < d/2 of
-        // key j, `2·((u0 + i)·KEY_TILE + j)` bf16 into `kt` (d·KEY_TILE). Values: masked loads
-        // of values c0 .. d of keys 2u, 2u + 1 < w; the stores write pair row u < KEY_TILE/2 at
-        // columns c0 .. c0 + 16 <= dp (`vt`: KEY_TILE·dp).
+        // SAFETY: the features (contract). Keys: masked loads of values 2·u0 .. d of keys
+        // j0 + j < w (inside `keys`: (w − 1)·stride + d values); the stores write pair rows
+        // u0 + u < d/2 at keys j0 .. j0 + 16 <= KEY_TILE, `2·((u0 + u)·KEY_TILE + j0)` bf16 on
+        // (`kt`: d·KEY_TILE), every key of the tile (keys past w get the zero rows). Values:
+        // masked loads of values c0 .. d of keys 2u, 2u + 1 < w; the stores write pair row u <
+        // KEY_TILE/2 at columns c0 .. c0 + 16 <= dp (`vt`: KEY_TILE·dp).
         unsafe {
-            let pair_rows = _mm512_mullo_epi32(
-                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                _mm512_set1_epi32(KEY_TILE as i32),
-            );
-            for j in 0..w {
-                let row = k.add(j * stride);
+            for j0 in (0..KEY_TILE).step_by(16) {
                 let mut u0 = 0;
                 while u0 < d / 2 {
                     let left = d - 2 * u0;
-                    let lo = _mm512_maskz_loadu_ps(lanes16(left), row.wrapping_add(2 * u0));
-                    let hi = _mm512_maskz_loadu_ps(
-                        lanes16(left.saturating_sub(16)),
-                        row.wrapping_add(2 * u0 + 16),
-                    );
-                    _mm512_mask_i32scatter_epi32::<4>(
-                        kp.add(2 * (u0 * KEY_TILE + j)).cast(),
-                        lanes16(d / 2 - u0),
-                        pair_rows,
-                        to_bf16_zmm(lo, hi),
-                    );
+                    let mut r = [_mm512_setzero_si512(); 16];
+                    for (j, rj) in r.iter_mut().enumerate() {
+                        if j0 + j < w {
+                            let row = k.add((j0 + j) * stride + 2 * u0);
+                            let lo = _mm512_maskz_loadu_ps(lanes16(left), row);
+                            let hi = _mm512_maskz_loadu_ps(
+                                lanes16(left.saturating_sub(16)),
+                                row.wrapping_add(16),
+                            );
+                            *rj = to_bf16_zmm(lo, hi);
+                        }
+                    }
+                    let cols = transpose16(r);
+                    for (u, col) in cols.iter().enumerate().take(d / 2 - u0) {
+                        _mm512_storeu_si512(kp.add(2 * ((u0 + u) * KEY_TILE + j0)).cast(), *col);
+                    }
                     u0 += 16;
                 }
             }
@@ -430,26 +483,26 @@ pub(crate) mod x86 {
                 let neg_mu = _mm512_set1_ps(-mu);
                 let mut p = [_mm512_setzero_ps(); KV];
                 for i in 0..KV {
-                    p[i] = pow2_zmm(_mm512_fmadd_ps(s[i], cv, neg_mu));
+                    p[i] = pow2_zmm_by(&super::P2_BF16, _mm512_fmadd_ps(s[i], cv, neg_mu));
                 }
                 p[KV - 1] = _mm512_maskz_mov_ps(last, p[KV - 1]);
                 let pr = pb.add(r * KEY_TILE);
+                let mut lv = _mm512_loadu_ps(l[r]);
+                if alpha[r] != 1.0 {
+                    lv = _mm512_mul_ps(lv, _mm512_set1_ps(alpha[r]));
+                }
+                // The rounded p, 32 keys a register, stored for p·V and summed into l's lanes
+                // against ones (one `vdpbf16ps` where widening and adding took 6 operations).
+                let ones = _mm512_set1_epi32(ONES_PAIR);
                 for i in (0..KV).step_by(2) {
                     let hi = if i + 1 < KV {
                         p[i + 1]
                     } else {
                         _mm512_setzero_ps()
                     };
-                    _mm512_storeu_si512(pr.add(16 * i).cast(), to_bf16_zmm(p[i], hi));
-                }
-                // The rounded p back in f32 (a bf16 is the top half of its f32); the vectors
-                // past the tile's keys would add +0, no change to l's bits.
-                let mut lv = _mm512_loadu_ps(l[r]);
-                if alpha[r] != 1.0 {
-                    lv = _mm512_mul_ps(lv, _mm512_set1_ps(alpha[r]));
-                }
-                for i in 0..KV {
-                    lv = _mm512_add_ps(lv, Zmm::load_bf16(pr.add(i * SUM_LANES)).0);
+                    let pairs = to_bf16_zmm(p[i], hi);
+                    _mm512_storeu_si512(pr.add(16 * i).cast(), pairs);
+                    lv = dpbf16_zmm(lv, pairs, ones);
                 }
                 _mm512_storeu_ps(l[r], lv);
             }

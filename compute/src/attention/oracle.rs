@@ -34,11 +34,18 @@ pub(crate) const POW2_MIN: f32 = -126.0;
 /// so a product `vscalefps` rounds alike, a denormal result included).
 #[inline(always)]
 pub fn pow2(t: f32) -> f32 {
+    pow2_by(&POW2, t)
+}
+
+/// [`pow2`] with the polynomial's `coefficients` (highest degree first, the constant 1 implied):
+/// [`POW2`], or the bf16 variant's shorter one for its p.
+#[inline(always)]
+pub(crate) fn pow2_by(coefficients: &[f32], t: f32) -> f32 {
     let t = greater(POW2_MIN, t);
     let n = t.round_ties_even();
     let f = t - n;
-    let mut y = POW2[0];
-    for &c in &POW2[1..] {
+    let mut y = coefficients[0];
+    for &c in &coefficients[1..] {
         y = y.mul_add(f, c);
     }
     let y = y.mul_add(f, 1.0);

@@ -481,3 +481,21 @@ fn pow2_is_two_to_the_power() {
     let off = rel(oracle::pow2(-3.25 + 1.0 / (1 << 20) as f32), -3.25);
     assert!(off > 2e-7, "a shifted exponent went unseen ({off:e})");
 }
+
+/// The bf16 variant's shorter polynomial: `pow2_by(&P2_BF16, t)` is `2^t` within 1.02e-4 relative
+/// over the exponents a softmax meets (−126 ..= 0.5), a twentieth of a bf16 p's rounding. Control:
+/// the polynomial at `t + 2^−12` is out of the bound.
+#[test]
+fn the_bf16_pow2_is_two_to_the_power() {
+    use super::bf16::P2_BF16;
+    let rel = |got: f32, t: f64| (got as f64 - t.exp2()).abs() / t.exp2();
+    let mut worst = 0f64;
+    let mut t = -126.0f32;
+    while t <= 0.5 {
+        worst = worst.max(rel(oracle::pow2_by(&P2_BF16, t), t as f64));
+        t += 1.0 / 1024.0 + t.abs() * 1e-6;
+    }
+    assert!(worst < 1.02e-4, "bf16 pow2: worst relative error {worst:e}");
+    let off = rel(oracle::pow2_by(&P2_BF16, -3.25 + 1.0 / 4096.0), -3.25);
+    assert!(off > 1.02e-4, "a shifted exponent went unseen ({off:e})");
+}

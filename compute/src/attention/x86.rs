@@ -153,7 +153,7 @@ impl Vf for Ymm {
             // `vmaxps` returns its second operand when either is NaN: a NaN stays.
             let t = _mm256_max_ps(_mm256_set1_ps(POW2_MIN), self.0);
             let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-            let y = pow2_fraction(Ymm(_mm256_sub_ps(t, n))).0;
+            let y = pow2_fraction(&POW2, Ymm(_mm256_sub_ps(t, n))).0;
             // 2^n from its exponent bits (n >= −126: a normal power), one rounding as `vscalefps`.
             let pow = _mm256_slli_epi32::<23>(_mm256_add_epi32(
                 _mm256_cvtps_epi32(n),
@@ -188,26 +188,37 @@ impl Vf for Ymm {
 /// AVX-512 F.
 #[inline(always)]
 pub(super) unsafe fn pow2_zmm(t: __m512) -> __m512 {
+    // SAFETY: AVX-512 F (contract).
+    unsafe { pow2_zmm_by(&POW2, t) }
+}
+
+/// [`super::oracle::pow2_by`] on 16 lanes.
+///
+/// # Safety
+/// AVX-512 F.
+#[inline(always)]
+pub(super) unsafe fn pow2_zmm_by(coefficients: &[f32], t: __m512) -> __m512 {
     // SAFETY: register-only AVX-512 F intrinsics; the caller guarantees AVX-512 F.
     unsafe {
         // `vmaxps` returns its second operand when either is NaN: a NaN stays.
         let t = _mm512_max_ps(_mm512_set1_ps(POW2_MIN), t);
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-        let y = pow2_fraction(Zmm(_mm512_sub_ps(t, n))).0;
+        let y = pow2_fraction(coefficients, Zmm(_mm512_sub_ps(t, n))).0;
         _mm512_scalef_ps(y, n)
     }
 }
 
-/// [`pow2`]'s polynomial for `2^f`, `f` in [−1/2, 1/2]: `fma(… fma(P2[0], f, P2[1]) …, f, 1)`.
+/// [`pow2`]'s polynomial for `2^f`, `f` in [−1/2, 1/2]: `fma(… fma(c[0], f, c[1]) …, f, 1)`
+/// with the `coefficients` c ([`POW2`], or the bf16 variant's shorter one).
 ///
 /// # Safety
 /// `V`'s CPU features.
 #[inline(always)]
-unsafe fn pow2_fraction<V: Vf>(f: V) -> V {
+unsafe fn pow2_fraction<V: Vf>(coefficients: &[f32], f: V) -> V {
     // SAFETY: `V`'s features (contract); register-only.
     unsafe {
-        let mut y = V::splat(POW2[0]);
-        for &c in &POW2[1..] {
+        let mut y = V::splat(coefficients[0]);
+        for &c in &coefficients[1..] {
             y = V::fma(y, f, V::splat(c));
         }
         V::fma(y, f, V::splat(1.0))

@@ -10,9 +10,9 @@ use packs::Semantics;
 pub enum RopeLayout {
     /// No MRoPE: every frequency uses the single position (stored on all three planes).
     Plain,
-    /// Qwen2-VL: the first s[0] frequencies t, the next s[1] h, the next s[2] w, the rest t.
+    /// Qwen2-VL: the first `s[0]` frequencies t, the next `s[1]` h, the next `s[2]` w, the rest t.
     Contiguous([usize; 3]),
-    /// Qwen3-VL (`mrope_interleaved: true`): h at j % 3 == 1 below 3*s[1], w at j % 3 == 2 below 3*s[2],
+    /// Qwen3-VL (`mrope_interleaved: true`): h at j % 3 == 1 below `3*s[1]`, w at j % 3 == 2 below `3*s[2]`,
     /// t everywhere else — transformers' `apply_interleaved_mrope`.
     Interleaved([usize; 3]),
 }

@@ -76,8 +76,8 @@ unsafe fn few_tile<V: PanelLanes, const R: usize>(
             let (even, odd) = q4_halves(g, groups);
             for r in 0..R {
                 let ar = a[r].as_ptr();
-                let dot = V::group_dot(w, ar.add(even), ar.add(odd));
-                let dot = V::sub_i(dot, V::set1_i(*corr[r].as_ptr().add(g)));
+                let from = (*corr[r].as_ptr().add(g)).wrapping_neg();
+                let dot = V::group_dot_from(w, from, ar.add(even), ar.add(odd));
                 acc[r] = V::add_f(acc[r], V::mul_f(V::cvt(dot), scale));
             }
         }

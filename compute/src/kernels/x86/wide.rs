@@ -133,7 +133,14 @@ impl PanelLanes for Zmm {
     #[inline(always)]
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> Self::I {
         // SAFETY: `vnni_group_dot`'s contract is this one.
-        unsafe { vnni_group_dot::<Self>(wg, even, odd) }
+        unsafe { vnni_group_dot::<Self>(wg, 0, even, odd) }
+    }
+    /// # Safety
+    /// As [`PanelLanes::group_dot`].
+    #[inline(always)]
+    unsafe fn group_dot_from(wg: *const u8, from: i32, even: *const i8, odd: *const i8) -> __m512i {
+        // SAFETY: `vnni_group_dot`'s contract is this one.
+        unsafe { vnni_group_dot::<Self>(wg, from, even, odd) }
     }
     /// # Safety
     /// The CPU must support AVX-512 F; `p` must point to 256 readable bytes.
@@ -524,7 +531,7 @@ impl PairGroupDot for EmuDpbusd {
     #[inline(always)]
     unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> [__m256i; 2] {
         // SAFETY: `vnni_group_dot`'s contract, for `EmuZmm` (AVX2), is this one.
-        unsafe { vnni_group_dot::<EmuZmm>(wg, even, odd) }
+        unsafe { vnni_group_dot::<EmuZmm>(wg, 0, even, odd) }
     }
     /// # Safety
     /// The CPU must support AVX2; `even` and `odd` must point to 16 readable codes each.
@@ -776,17 +783,25 @@ impl Lanes16 for EmuZmm {
 /// The CPU must support `V`'s features; `wg` must point to 512 readable bytes, `even` and `odd` to
 /// 16 readable codes each.
 #[inline(always)]
-unsafe fn vnni_group_dot<V: Lanes16>(wg: *const u8, even: *const i8, odd: *const i8) -> V::I {
+unsafe fn vnni_group_dot<V: Lanes16>(
+    wg: *const u8,
+    from: i32,
+    even: *const i8,
+    odd: *const i8,
+) -> V::I {
     // SAFETY: `V`'s features, which the caller guarantees; chunk j < 8 reads the weight bytes
     // `4 * WIDE * j..4 * WIDE * (j + 1)` of the group's `32 * WIDE = 512` and 4 of the 16 codes of
     // `even` or `odd`, all readable by this function's contract.
     unsafe {
-        let mut acc = [V::zero_i(); 2];
+        // One chain from `from`: the kernels' tiles run 4 activation rows side by side, so 4
+        // chains hide `vpdpbusd`'s latency, and no add of two accumulators nor subtraction of the
+        // offset follows each group.
+        let mut acc = V::set1_i(from);
         for j in 0..8 {
             let w = V::load_i(wg.add(4 * WIDE * j));
-            acc[j % 2] = V::dpbusd(acc[j % 2], w, V::set1_i(chunk(even, odd, j)));
+            acc = V::dpbusd(acc, w, V::set1_i(chunk(even, odd, j)));
         }
-        V::add_i(acc[0], acc[1])
+        acc
     }
 }
 

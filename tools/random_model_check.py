@@ -328,7 +328,7 @@ def check_run(args, pack: str, turns, tokenizer) -> list[str]:
     [(messages, ref)] = turns
     pictures, question = messages[0]["content"], messages[0]["content"][-1]["text"]
     cmd = [args.xdna_vl, "run", pack, "--json", "--greedy", "--threads", "1", "--max-tokens", str(args.steps),
-           "--prompt", question]
+           "--drafts", args.drafts, "--prompt", question]
     for c in pictures[:-1]:
         cmd += ["--image", c["image"]]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -347,7 +347,8 @@ def check_chat(args, pack: str, turns, tokenizer) -> list[str]:
     for messages, _ in turns:
         content = messages[-1]["content"]
         lines += [f"/image {c['image']}" for c in content[:-1]] + [content[-1]["text"]]
-    cmd = [args.xdna_vl, "chat", pack, "--greedy", "--threads", "1", "--max-tokens", str(args.steps)]
+    cmd = [args.xdna_vl, "chat", pack, "--greedy", "--threads", "1", "--max-tokens", str(args.steps),
+           "--drafts", args.drafts]
     # Bytes, decoded by hand: text mode would turn an answer's "\r" into "\n".
     r = subprocess.run(cmd, input=("\n".join(lines) + "\n").encode(), capture_output=True)
     stdout, stderr = r.stdout.decode(), r.stderr.decode()
@@ -397,7 +398,7 @@ def serving(args, pack: str, log_path: str):
     failure); yields its address once it listens."""
     log = open(log_path, "w")
     proc = subprocess.Popen([args.xdna_vl, "serve", pack, "--port", "0", "--parallel", str(args.parallel),
-                             "--threads", "1", "--max-tokens", str(args.steps)],
+                             "--threads", "1", "--max-tokens", str(args.steps), "--drafts", args.drafts],
                             stdout=subprocess.DEVNULL, stderr=log)
     try:
         deadline = time.monotonic() + 120
@@ -565,6 +566,7 @@ def main(argv: list[str]) -> int:
                     help="ask `xdna-vl serve --parallel N` from 4 clients at once (the model's conversation "
                          "and variants of it), then each alone")
     ap.add_argument("--parallel", type=int, default=4, help="--serve: serve's --parallel (1 reuses the cached prefix)")
+    ap.add_argument("--drafts", default="off", help="xdna-vl's --drafts (N prompt-lookup drafts; the ids must not change)")
     ap.add_argument("--keep", help="keep the models and pictures under this directory")
     args = ap.parse_args(argv)
     if args.turns < 1 or args.parallel < 1:

@@ -185,7 +185,12 @@ def chat_text(processor, prompt: str, n_images: int) -> str:
 
 def encode(processor, images, prompt: str) -> hr.Prompt:
     """The processor's ids, pixel values, grids and token types for the prompt."""
-    text = chat_text(processor, prompt, len(images))
+    return encode_text(processor, images, chat_text(processor, prompt, len(images)))
+
+
+def encode_text(processor, images, text: str) -> hr.Prompt:
+    """The processor's ids, pixel values, grids and token types for a rendered chat `text` whose
+    image placeholders take `images` in order."""
     enc = processor(text=[text], images=images or None, return_tensors="pt")
     ids = enc["input_ids"]
     if ids.shape[0] != 1:

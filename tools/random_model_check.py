@@ -14,19 +14,44 @@ the pictures and a question, against transformers' `generate`-equivalent greedy 
 the bf16 weights, which is what the bf16 pack computes). A divergence at a step whose top-2 logit
 gap is under --tie-gap is reported as a near tie, not a failure. Exit 1 if any answer differs.
 
+  python3 tools/random_model_check.py --turns 2                    # conversations, `xdna-vl chat`
+  python3 tools/random_model_check.py --turns 2 --serve            # 4 clients of serve --parallel 4
+
+--turns N makes a conversation of N user turns: the pictures and the question, then follow-ups,
+each with one more picture half the time; every earlier turn is answered in the history by the
+text of transformers' greedy answer to it, and each turn's reference is transformers' processor
+(apply_chat_template on the whole message list, with the generation prompt) and greedy ids on it.
+The turns go to `xdna-vl chat` on a pipe (one session, its cached prefix reused, its history
+holding our own answers: a turn is compared only while every earlier answer was transformers').
+--serve starts `xdna-vl serve PACK --parallel N` (--parallel, default 4) on a free port and asks
+from 4 clients at once (the conversation; another question; the pictures reversed; the first
+picture, another question and a system message; clients 1 and 3 stream), each client its turns in
+order, then every request again alone: each answer must equal its answer alone and transformers'.
+chat and serve return no ids: their text is compared with the decoded ids (special tokens
+skipped), their token count (timing line, `usage`) with transformers' up to <|im_end|>, the
+prompt rows too, and serve's finish_reason.
+
 Needs torch, transformers (5.x), safetensors, pillow. CI does not run it.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import concurrent.futures
+import contextlib
 import gc
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -42,6 +67,9 @@ CHAT = os.path.join(ROOT, "tests", "fixtures", "chat", "Qwen3-VL-tiny")
 ASSETS = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "video_preprocessor_config.json"]
 END_OF_TURN = 500  # <|im_end|> in the tiny chat tokenizer
 PROMPT = "What is in these pictures? Tell me"
+QUESTIONS = ["Which colours are there?", "Compare them, please", "Describe it in a word"]  # --serve's other clients
+SYSTEM = "You are a terse assistant."  # --serve's fourth client opens with it
+FOLLOW_UPS = ["And now? Tell me more", "What changed since then?", "Say it again, shorter"]  # later turns
 
 
 # Qwen3-VL-2B-Instruct's geometry (config.json on the hub), for --shape 2b.
@@ -156,9 +184,10 @@ def model_class(family: str):
     return cls
 
 
-def draw_pictures(rng: np.random.Generator, out: str) -> list[str]:
+def draw_pictures(rng: np.random.Generator, out: str, count: int | None = None, first: int = 0) -> list[str]:
+    """`count` pictures (0-4 drawn when None) of random sizes and formats, named from `first` on."""
     paths = []
-    for i in range(int(rng.integers(0, 5))):
+    for i in range(first, first + (int(rng.integers(0, 5)) if count is None else count)):
         h, w = int(rng.integers(20, 260)), int(rng.integers(20, 260))
         im = hr.synthetic_image(h, w, str(rng.choice(["gradient", "checker", "noise"])), rng)
         kind = str(rng.choice(["png", "gray", "rgba", "jpeg420", "jpeg444", "progressive", "webp"]))
@@ -185,7 +214,275 @@ def draw_pictures(rng: np.random.Generator, out: str) -> list[str]:
     return paths
 
 
-def run_one(index: int, seed: int, work: str, args) -> str:
+# ---------------------------------------------------------------------------------------------
+# Conversations and transformers' answers
+# ---------------------------------------------------------------------------------------------
+
+# A conversation is its user turns, each (pictures, question), maybe after a system message
+# (None, text); the assistant turns between them are transformers' answers (their text), so every
+# turn's prompt is fixed by the reference alone.
+
+
+def conversations(rng: np.random.Generator, pictures: list[str], out: str, turns: int, clients: int) -> list:
+    """The model's conversation (its pictures and PROMPT, then follow-ups, each later turn with one
+    more picture half the time), and for --serve variants of it: another question, the pictures
+    in reverse order, the first picture only with another question after a system message."""
+    later = []
+    for t in range(1, turns):
+        extra = draw_pictures(rng, out, count=1, first=len(pictures) + t - 1) if rng.random() < 0.5 else []
+        later.append((extra, FOLLOW_UPS[(t - 1) % len(FOLLOW_UPS)]))
+    variants = [(pictures, PROMPT), (pictures, QUESTIONS[0]), (pictures[::-1], QUESTIONS[1]),
+                (pictures[:1], QUESTIONS[2])]
+    convs = [[first] + later for first in variants[:clients]]
+    if clients > 3:
+        convs[3].insert(0, (None, SYSTEM))
+    return convs
+
+
+def user_message(pictures: list[str], question: str) -> dict:
+    return {"role": "user", "content": [{"type": "image", "image": p} for p in pictures]
+            + [{"type": "text", "text": question}]}
+
+
+@dataclass
+class Answer:
+    ids: list[int]  # transformers' greedy ids, --steps of them
+    gaps: list[float]  # the top-2 logit gap of every step
+    stopped: list[int]  # ids up to and including the first <|im_end|>
+    text: str  # the text of `stopped` (decode, special tokens skipped): the next turn's history
+    rows: int  # prompt rows
+
+
+def reference(model, processor, messages: list[dict], steps: int) -> Answer:
+    """transformers on a whole message list: processor.apply_chat_template (with the generation
+    prompt), the processor on its text and pictures, greedy ids on the model's cache."""
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    pictures = [c["image"] for m in messages if isinstance(m["content"], list)
+                for c in m["content"] if c["type"] == "image"]
+    prompt = hi.encode_text(processor, hi.load_images(pictures), text)
+    with torch.no_grad():
+        _, prefill, ids, decode = hr.run_pixel_path(model, prompt, model.config.image_token_id, steps)
+    ids = ids.tolist()
+    stopped = hi.up_to_end_of_turn(ids, END_OF_TURN)
+    return Answer(ids, hi.step_margins(dict(prefill_logits=prefill, decode_logits=decode)), stopped,
+                  decode_text(processor.tokenizer, stopped), int(prompt.input_ids.shape[1]))
+
+
+def decode_text(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def references(model, processor, conversation, steps: int) -> list[tuple[list[dict], Answer]]:
+    """Each user turn's prompt (the messages so far, earlier turns answered by transformers'
+    text) and transformers' answer to it."""
+    messages, turns = [], []
+    for pictures, question in conversation:
+        if pictures is None:
+            messages = messages + [{"role": "system", "content": question}]
+            continue
+        messages = messages + [user_message(pictures, question)]
+        answer = reference(model, processor, messages, steps)
+        turns.append((messages, answer))
+        messages = messages + [{"role": "assistant", "content": answer.text}]
+    return turns
+
+
+# ---------------------------------------------------------------------------------------------
+# Verdicts: ids where the product gives them, else text and token count
+# ---------------------------------------------------------------------------------------------
+
+
+def judge(ours: list[int], ref: Answer, tie_gap: float) -> str:
+    """Our ids against transformers': the same up to our stop (ours may stop at <|im_end|>, where
+    transformers runs on), or a near tie where the first difference has a top-2 gap < tie_gap."""
+    n = len(ours)
+    if ours == ref.ids[:n] and (n == len(ref.ids) or (n > 0 and ref.ids[n - 1] == END_OF_TURN)):
+        return "same"
+    step = next((i for i, (a, b) in enumerate(zip(ours, ref.ids)) if a != b), n)
+    return "near tie" if step < len(ref.gaps) and ref.gaps[step] < tie_gap else "different"
+
+
+def judge_text(text: str, tokens: int, ref: Answer, tokenizer, tie_gap: float) -> str:
+    """Our text and token count against transformers' (the front ends that return no ids). The
+    divergence step is the longest run of transformers' ids whose text starts ours."""
+    if text == ref.text and tokens == len(ref.stopped):
+        return "same"
+    k = max(k for k in range(len(ref.stopped) + 1) if text.startswith(decode_text(tokenizer, ref.stopped[:k])))
+    step = min(k, len(ref.gaps) - 1)
+    return "near tie" if ref.gaps[step] < tie_gap else "different"
+
+
+def report(label: str, verdict: str, ref: Answer, ours: str) -> str:
+    print(f"  {label}: {ref.rows} prompt rows, transformers {ref.ids} {ref.text!r}\n"
+          f"    {'ours':>{len(label) - 2}}  {ours}  -> {verdict.upper()} (smallest top-2 gap {min(ref.gaps):.4f})")
+    return verdict
+
+
+# ---------------------------------------------------------------------------------------------
+# The product's front ends
+# ---------------------------------------------------------------------------------------------
+
+
+def check_run(args, pack: str, turns, tokenizer) -> list[str]:
+    """`xdna-vl run --json`: one user turn, our greedy ids."""
+    [(messages, ref)] = turns
+    pictures, question = messages[0]["content"], messages[0]["content"][-1]["text"]
+    cmd = [args.xdna_vl, "run", pack, "--json", "--greedy", "--threads", "1", "--max-tokens", str(args.steps),
+           "--drafts", args.drafts, "--prompt", question]
+    for c in pictures[:-1]:
+        cmd += ["--image", c["image"]]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return [report("run", "failed", ref, r.stderr.strip())]
+    ours = json.loads(r.stdout)
+    return [report("run", judge(ours["ids"], ref, args.tie_gap), ref, f"{ours['ids']} {ours['text']!r}")]
+
+
+def check_chat(args, pack: str, turns, tokenizer) -> list[str]:
+    """`xdna-vl chat` on a pipe: the turns one after another on one session (the cached prefix
+    of the earlier turns reused), its history holding our own answers. Text and the timing
+    line's token counts (chat prints no ids); a later turn is compared only while every earlier
+    answer was transformers' (else the histories differ)."""
+    lines = []
+    for messages, _ in turns:
+        content = messages[-1]["content"]
+        lines += [f"/image {c['image']}" for c in content[:-1]] + [content[-1]["text"]]
+    cmd = [args.xdna_vl, "chat", pack, "--greedy", "--threads", "1", "--max-tokens", str(args.steps),
+           "--drafts", args.drafts]
+    # Bytes, decoded by hand: text mode would turn an answer's "\r" into "\n".
+    r = subprocess.run(cmd, input=("\n".join(lines) + "\n").encode(), capture_output=True)
+    stdout, stderr = r.stdout.decode(), r.stderr.decode()
+    counts = [(int(m[0]), int(m[1]), int(m[2])) for m in
+              re.findall(r"^prompt (\d+) tokens \(\d+ image, (\d+) reused\).*\((\d+) tokens\)", stderr, re.M)]
+    verdicts, rest = [], stdout
+    for t, (_, ref) in enumerate(turns):
+        label = f"chat turn {t + 1}"
+        if r.returncode != 0 or t >= len(counts):
+            verdicts.append(report(label, "failed", ref, stderr.strip()[-500:]))
+            break
+        rows, reused, tokens = counts[t]
+        # Each answer is followed by a newline; an answer may hold newlines itself.
+        ours = rest[: len(ref.text)] if rest.startswith(ref.text + "\n") else rest.rstrip("\n")
+        verdict = judge_text(ours, tokens, ref, tokenizer, args.tie_gap)
+        if verdict == "same" and rows != ref.rows:
+            verdict = "different"
+        verdicts.append(report(label, verdict, ref, f"{ours!r} ({tokens} tokens; prompt {rows} rows, {reused} reused)"))
+        if verdict != "same":
+            break  # the next turn's history is our answer, not transformers'
+        rest = rest[len(ref.text) + 1:]
+    return verdicts
+
+
+def data_url(path: str) -> str:
+    mime = {"jpg": "jpeg"}.get(path.rsplit(".", 1)[1], path.rsplit(".", 1)[1])
+    with open(path, "rb") as f:
+        return f"data:image/{mime};base64," + base64.b64encode(f.read()).decode()
+
+
+def openai_messages(messages: list[dict]) -> list[dict]:
+    """transformers' message list as /v1/chat/completions takes it: pictures as data URLs."""
+    out = []
+    for m in messages:
+        if isinstance(m["content"], str):
+            out.append(m)
+            continue
+        out.append({"role": m["role"], "content": [
+            {"type": "image_url", "image_url": {"url": data_url(c["image"])}} if c["type"] == "image" else c
+            for c in m["content"]]})
+    return out
+
+
+@contextlib.contextmanager
+def serving(args, pack: str, log_path: str):
+    """`xdna-vl serve PACK --parallel N` on a free port until the block ends (killed even on
+    failure); yields its address once it listens."""
+    log = open(log_path, "w")
+    proc = subprocess.Popen([args.xdna_vl, "serve", pack, "--port", "0", "--parallel", str(args.parallel),
+                             "--threads", "1", "--max-tokens", str(args.steps), "--drafts", args.drafts],
+                            stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with open(log_path) as f:
+                m = re.search(r"listening on (http://\S+)", f.read())
+            if m:
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                with open(log_path) as f:
+                    raise RuntimeError(f"xdna-vl serve did not start: {f.read().strip()[-500:]}")
+            time.sleep(0.1)
+        yield m.group(1)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def ask(base: str, messages: list[dict], steps: int, stream: bool) -> tuple[str, int, int, str]:
+    """One greedy /v1/chat/completions request, streamed (SSE, with the usage chunk) or not:
+    text, completion and prompt tokens, finish."""
+    body = {"model": "m", "messages": openai_messages(messages), "temperature": 0, "max_tokens": steps}
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True})
+    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            if not stream:
+                doc = json.load(r)
+                choice = doc["choices"][0]
+                return (choice["message"]["content"] or "", doc["usage"]["completion_tokens"],
+                        doc["usage"]["prompt_tokens"], choice["finish_reason"])
+            text, finish, usage = "", None, None
+            for line in r:
+                line = line.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices", []):
+                    text += choice.get("delta", {}).get("content") or ""
+                    finish = choice.get("finish_reason") or finish
+            return text, usage["completion_tokens"], usage["prompt_tokens"], finish
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"HTTP {e.code}: {e.read().decode(errors='replace')}") from e
+
+
+def check_serve(args, pack: str, convs, tokenizer, log_path: str) -> list[str]:
+    """`xdna-vl serve --parallel N`: every conversation from its own client at once (each client
+    asks its turns in order, the history holding transformers' answers; odd clients stream), then
+    each turn again alone. Text, token counts and finish (the API returns no ids); the answer at
+    once must be the answer alone, both transformers'."""
+    def client(c: int):
+        return [ask(base, messages, args.steps, stream=c % 2 == 1) for messages, _ in convs[c]]
+
+    with serving(args, pack, log_path) as base:
+        with concurrent.futures.ThreadPoolExecutor(len(convs)) as pool:
+            together = list(pool.map(client, range(len(convs))))
+        alone = [client(c) for c in range(len(convs))]
+    verdicts = []
+    for c, turns in enumerate(convs):
+        for t, (_, ref) in enumerate(turns):
+            (text, tokens, rows, finish), single = together[c][t], alone[c][t]
+            verdict = judge_text(text, tokens, ref, tokenizer, args.tie_gap)
+            want_finish = "stop" if ref.stopped[-1:] == [END_OF_TURN] else "length"
+            if verdict == "same" and (rows != ref.rows or finish != want_finish):
+                verdict = "different"
+            if single != together[c][t]:
+                verdict = "different"  # not the answer it gets alone: a product bug, near tie or not
+            verdicts.append(report(f"serve client {c} turn {t + 1}", verdict, ref,
+                                   f"{text!r} ({tokens} tokens, {rows} prompt rows, {finish})"
+                                   + ("" if single == together[c][t] else f"; alone {single!r}")))
+    return verdicts
+
+
+def run_one(index: int, seed: int, work: str, args) -> list[str]:
+    """One random model: its checkpoint, pack and pictures, transformers' answers to its
+    conversation(s), and the product's verdict on each answer."""
     rng = np.random.default_rng([seed, index])
     if args.family == "qwen3-vl":
         geo = draw_geometry(rng) if args.shape == "random" else SHAPE_2B
@@ -229,33 +526,23 @@ def run_one(index: int, seed: int, work: str, args) -> str:
     # torchvision installed AutoProcessor takes the torchvision one, 1-2 levels off on resized
     # pixels, enough to flip a near tie (README: random_model_check).
     processor = hi.load_processor(ck, image_backend="pil")
-    prompt = hi.encode(processor, hi.load_images(pictures), PROMPT)
-    with torch.no_grad():
-        _, prefill, ids, decode = hr.run_pixel_path(model, prompt, model.config.image_token_id, args.steps)
-    gaps = hi.step_margins(dict(prefill_logits=prefill, decode_logits=decode))
-    ref = ids.tolist()
+    convs = [references(model, processor, conv, args.steps)
+             for conv in conversations(rng, pictures, out, args.turns, 4 if args.serve else 1)]
+    del model
+    gc.collect()
 
     pack = os.path.join(out, "model-bf16.pack")
-    subprocess.run([args.packs, "build", ck, "-o", pack, "--quant", "bf16", "-q"], check=True)
-    cmd = [args.xdna_vl, "run", pack, "--json", "--greedy", "--max-tokens", str(args.steps), "--prompt", PROMPT]
-    for p in pictures:
-        cmd += ["--image", p]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    what = (f"model {index}: {describe(geo)}; {len(pictures)} pictures "
-            f"({', '.join(os.path.basename(p) for p in pictures) or 'text only'}), {prompt.input_ids.shape[1]} prompt rows")
-    if r.returncode != 0:
-        print(f"{what}\n  xdna-vl failed: {r.stderr.strip()}")
-        return "failed"
-    ours = json.loads(r.stdout)["ids"]
-    n = len(ours)
-    same = ours == ref[:n] and (n == len(ref) or (n > 0 and ref[n - 1] == END_OF_TURN))
-    if same:
-        verdict = "same"
-    else:
-        step = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), n)
-        verdict = "near tie" if step < len(gaps) and gaps[step] < args.tie_gap else "different"
-    print(f"{what}\n  transformers {ref}\n  xdna-vl      {ours}  -> {verdict.upper()} (smallest top-2 gap {min(gaps):.4f})")
-    return verdict
+    subprocess.run([args.packs, "build", ck, "-o", pack, "--quant", "bf16", "-q"], check=True,
+                   stdout=subprocess.DEVNULL)
+    names = [os.path.basename(c["image"]) for m, _ in convs[0] for c in m[-1]["content"][:-1]]
+    print(f"model {index}: {describe(geo)}; {args.turns} turn(s), {len(names)} pictures "
+          f"({', '.join(names) or 'text only'})")
+    tok = processor.tokenizer
+    if args.serve:
+        return check_serve(args, pack, convs, tok, os.path.join(out, "serve.log"))
+    if args.turns > 1:
+        return check_chat(args, pack, convs[0], tok)
+    return check_run(args, pack, convs[0], tok)
 
 
 def main(argv: list[str]) -> int:
@@ -272,22 +559,37 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--tie-gap", type=float, default=1e-3, help="a divergence under this top-2 gap is a near tie")
     ap.add_argument("--packs", default=os.path.join(ROOT, "target", "release", "packs"))
     ap.add_argument("--xdna-vl", default=os.path.join(ROOT, "target", "release", "xdna-vl"))
+    ap.add_argument("--turns", type=int, default=1,
+                    help="user turns per conversation: 1 is `xdna-vl run`; more go through `xdna-vl chat` "
+                         "(or --serve), each earlier turn answered in the history by transformers' text")
+    ap.add_argument("--serve", action="store_true",
+                    help="ask `xdna-vl serve --parallel N` from 4 clients at once (the model's conversation "
+                         "and variants of it), then each alone")
+    ap.add_argument("--parallel", type=int, default=4, help="--serve: serve's --parallel (1 reuses the cached prefix)")
+    ap.add_argument("--drafts", default="off", help="xdna-vl's --drafts (N prompt-lookup drafts; the ids must not change)")
     ap.add_argument("--keep", help="keep the models and pictures under this directory")
     args = ap.parse_args(argv)
+    if args.turns < 1 or args.parallel < 1:
+        ap.error("--turns and --parallel must be at least 1")
     for exe in (args.packs, args.xdna_vl):
         if not os.path.isfile(exe):
             print(f"error: {exe} not found; run `cargo build --release -p packs -p xdna-vl` first", file=sys.stderr)
             return 2
     torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)  # the machine is shared: run this under nice, OMP_NUM_THREADS=1
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
     work = args.keep or tempfile.mkdtemp(prefix="random-model-check-")
     os.makedirs(work, exist_ok=True)
     try:
-        verdicts = [run_one(i, args.seed, work, args) for i in range(args.models)]
+        per_model = [run_one(i, args.seed, work, args) for i in range(args.models)]
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+    verdicts = [v for vs in per_model for v in vs]
     counts = {v: verdicts.count(v) for v in sorted(set(verdicts))}
-    print(f"{len(verdicts)} models: {counts}")
+    print(f"{len(per_model)} models, {len(verdicts)} answers: {counts}")
     return 0 if all(v in ("same", "near tie") for v in verdicts) else 1
 
 

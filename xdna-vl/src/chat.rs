@@ -84,8 +84,9 @@ pub fn chat(args: &ChatArgs) -> Result<(), String> {
             }
         }
         let stdout = std::io::stdout();
+        let json_out = args.json;
         let mut on_event = |e: Event<'_>| {
-            if let Event::Text(t) = e {
+            if let (Event::Text(t), false) = (e, json_out) {
                 let mut out = stdout.lock();
                 let _ = out.write_all(t.as_bytes());
                 let _ = out.flush();
@@ -93,6 +94,11 @@ pub fn chat(args: &ChatArgs) -> Result<(), String> {
             true
         };
         match session.chat_with(user, &inputs, &params, &mut on_event) {
+            Ok(g) if json_out => {
+                first_turn = false;
+                println!("{}", crate::run::generation_json(&g, &session));
+                let _ = std::io::stdout().flush();
+            }
             Ok(g) => {
                 first_turn = false;
                 println!();

@@ -128,6 +128,11 @@ pub struct ChatArgs {
     /// A system message for the whole conversation. Example: --system "You are terse."
     #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
+    /// Print one JSON object per answer, a line each (text, ids, finish reason, token counts,
+    /// timings: as `run --json`), instead of the streamed answer and the timing line; for scripts
+    /// that pipe a conversation in. Example: printf 'Hi\nAnd then?\n' | xdna-vl chat --json
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
 }

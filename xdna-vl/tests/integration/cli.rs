@@ -545,6 +545,53 @@ fn chat_attaches_a_picture_and_the_second_turn_equals_transformers_on_the_whole_
     assert!(timings[1].contains("tower 0.0 ms"), "{}", timings[1]);
 }
 
+/// `chat --json`: one JSON line per answer, whose ids are transformers' greedy ids of each turn
+/// (the whole history for the second). Control: the two turns' ids differ, so a line printed for
+/// the wrong turn is caught.
+#[test]
+fn chat_json_prints_each_answers_ids() {
+    let runs = &cases()["runs"];
+    let pack = pack().to_string_lossy().into_owned();
+    let picture = root().join("tests/fixtures/chat/picture-1.png");
+    let input = format!(
+        "/image {}\nWhat is this?\nAnd the colours?\n",
+        picture.display()
+    );
+    let o = xdna_vl(
+        &["chat", pack.as_str(), "--max-tokens", "12", "--json"],
+        Some(input.as_bytes()),
+        None,
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let lines: Vec<Value> = o
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(lines.len(), 2, "{}", o.stdout);
+    let want = |case: &str| -> Vec<u64> {
+        let ids = runs[case]["greedy_ids"].as_array().unwrap();
+        ids.iter().take(12).map(|v| v.as_u64().unwrap()).collect()
+    };
+    let got = |i: usize| -> Vec<u64> {
+        let ids = lines[i]["ids"].as_array().unwrap();
+        ids.iter().map(|v| v.as_u64().unwrap()).collect()
+    };
+    let n0 = got(0).len();
+    assert_eq!(got(0), want("chat_turn1")[..n0]);
+    assert_eq!(got(1), want("chat")[..got(1).len()]);
+    assert_eq!(lines[0]["text"], runs["chat_turn1"]["answer"]);
+    assert_eq!(lines[0]["image_tokens"], 4);
+    assert!(lines[1]["reused_tokens"].as_u64().unwrap() > 0);
+    assert_ne!(got(0), got(1), "control: the turns' answers differ");
+    // No timing lines: the JSON carries them.
+    assert!(
+        !o.stderr.lines().any(|l| l.starts_with("prompt ")),
+        "{}",
+        o.stderr
+    );
+}
+
 #[test]
 fn an_unreadable_picture_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();

@@ -511,21 +511,25 @@ fn run_with_no_arguments_answers_the_bundled_picture_question_as_transformers() 
     );
 }
 
-#[test]
-fn chat_attaches_a_picture_and_the_second_turn_equals_transformers_on_the_whole_history() {
-    let runs = &cases()["runs"];
+/// `xdna-vl chat` (with `extra` flags) on the chat fixture's two turns: a picture and a
+/// question, then a follow-up.
+fn chat_two_turns_with_a_picture(extra: &[&str]) -> Out {
     let pack = pack().to_string_lossy().into_owned();
     let picture = root().join("tests/fixtures/chat/picture-1.png");
     let input = format!(
         "/image {}\nWhat is this?\nAnd the colours?\n",
         picture.display()
     );
-    let o = xdna_vl(
-        &["chat", pack.as_str(), "--max-tokens", "12"],
-        Some(input.as_bytes()),
-        None,
-    );
+    let args = [&["chat", pack.as_str(), "--max-tokens", "12"], extra].concat();
+    let o = xdna_vl(&args, Some(input.as_bytes()), None);
     assert_eq!(o.code, 0, "{}", o.stderr);
+    o
+}
+
+#[test]
+fn chat_attaches_a_picture_and_the_second_turn_equals_transformers_on_the_whole_history() {
+    let runs = &cases()["runs"];
+    let o = chat_two_turns_with_a_picture(&[]);
     assert!(
         o.stderr
             .contains("attached to the next message: 4 image tokens"),
@@ -551,18 +555,7 @@ fn chat_attaches_a_picture_and_the_second_turn_equals_transformers_on_the_whole_
 #[test]
 fn chat_json_prints_each_answers_ids() {
     let runs = &cases()["runs"];
-    let pack = pack().to_string_lossy().into_owned();
-    let picture = root().join("tests/fixtures/chat/picture-1.png");
-    let input = format!(
-        "/image {}\nWhat is this?\nAnd the colours?\n",
-        picture.display()
-    );
-    let o = xdna_vl(
-        &["chat", pack.as_str(), "--max-tokens", "12", "--json"],
-        Some(input.as_bytes()),
-        None,
-    );
-    assert_eq!(o.code, 0, "{}", o.stderr);
+    let o = chat_two_turns_with_a_picture(&["--json"]);
     let lines: Vec<Value> = o
         .stdout
         .lines()

@@ -66,7 +66,7 @@ def main() -> int:
 
     for what, call, status in [
         ("format='json' refused by name", lambda: client.chat(model=model, messages=messages, format="json"), 400),
-        ("think refused by name", lambda: client.generate(model=model, prompt="x", think=True), 400),
+        ("a think level refused by name", lambda: client.generate(model=model, prompt="x", think="high"), 400),
         ("a model this server does not serve", lambda: client.chat(model="llama3.2", messages=messages), 404),
     ]:
         try:

@@ -11,7 +11,7 @@ The templates (copied beside the output, never edited):
       copied from the llama.cpp vendored in the llama-cpp-python 0.3.36 sdist)
 
 For each template and message set (text, pictures, a system prompt, a chat whose assistant turns
-carry `<think>` reasoning, tools with an assistant's calls and the tool's results, a tool turn
+carry `<think>` reasoning, assistant turns with a `reasoning_content` field, tools with an assistant's calls and the tool's results, a tool turn
 last, Qwen3.5's `enable_thinking` off and on), with and without the generation prompt:
 `tokenizer.apply_chat_template(messages, tools=..., add_generation_prompt=..., tokenize=False,
 **kwargs)` with the template given as
@@ -79,6 +79,15 @@ def cases() -> dict[str, dict]:
                                              {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
                                              user("And tomorrow?")],
                                    tools=[WEATHER]),
+        # An assistant turn's reasoning as its own field (OpenAI's `reasoning_content`, which
+        # xdna-vl serve passes on): Qwen3.5's template renders it after the last user turn only.
+        "reasoning_field": dict(messages=[user("Colours?"),
+                                          {"role": "assistant", "content": "Red.", "reasoning_content": "Look at it."},
+                                          user("Weather in Paris?"),
+                                          {"role": "assistant", "content": "Let me look.",
+                                           "reasoning_content": "\nThe user wants the weather.\n", "tool_calls": [call]},
+                                          {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+                                tools=[WEATHER]),
         "system_image_refused": dict(messages=[{"role": "system", "content": [{"type": "image"}]}, user("Hi")]),
         # Extra variables (`chat_template_kwargs`): Qwen3.5's template opens the answer with an
         # empty think block when enable_thinking is false; Qwen3-VL's ignores it.

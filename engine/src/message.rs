@@ -93,6 +93,9 @@ pub struct Message {
     pub tool_calls: Vec<ToolCall>,
     /// The call a tool turn answers.
     pub tool_call_id: Option<String>,
+    /// An assistant turn's reasoning, given to the template as `reasoning_content` (Qwen3.5's
+    /// renders it in a think block after the last user turn, as transformers' callers pass it).
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {
@@ -103,6 +106,7 @@ impl Message {
             content,
             tool_calls: Vec::new(),
             tool_call_id: None,
+            reasoning_content: None,
         }
     }
     pub fn system(text: impl Into<String>) -> Message {
@@ -182,6 +186,9 @@ impl Message {
         }
         if let Some(id) = &self.tool_call_id {
             m["tool_call_id"] = serde_json::Value::String(id.clone());
+        }
+        if let Some(r) = &self.reasoning_content {
+            m["reasoning_content"] = serde_json::Value::String(r.clone());
         }
         m
     }

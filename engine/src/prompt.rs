@@ -49,6 +49,18 @@ impl Prompt {
     pub fn next_rotary_pos(&self) -> i64 {
         self.rows() as i64 + self.rope_delta
     }
+
+    /// Whether the prompt ends inside an open think block: its generation prompt ends with
+    /// `<think>` and maybe a newline (Qwen3.5's, unless `enable_thinking` is false, when the
+    /// block is closed in the prompt), so the answer starts with reasoning and `</think>`.
+    pub fn opens_think(&self) -> bool {
+        opens_think(&self.text)
+    }
+}
+
+/// [`Prompt::opens_think`] of a prompt's text.
+pub fn opens_think(text: &str) -> bool {
+    text.strip_suffix('\n').unwrap_or(text).ends_with("<think>")
 }
 
 /// What turns messages into prompts: the tokenizer, the template, the merge size.
@@ -163,4 +175,22 @@ fn check_messages(messages: &[Message]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::opens_think;
+
+    #[test]
+    fn a_prompt_opens_think_when_its_generation_prompt_ends_in_the_open_tag() {
+        // Qwen3.5's thinking generation prompt, with and without the newline.
+        assert!(opens_think("<|im_start|>assistant\n<think>\n"));
+        assert!(opens_think("<|im_start|>assistant\n<think>"));
+        // Control: enable_thinking false closes the block in the prompt; Qwen3-VL opens none.
+        assert!(!opens_think(
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        ));
+        assert!(!opens_think("<|im_start|>assistant\n"));
+        assert!(!opens_think("<think>\n\n"));
+    }
 }

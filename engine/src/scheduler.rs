@@ -745,6 +745,7 @@ impl SchedulerHandle {
         }
         .build_with(messages, inputs)?;
         let rows = prompt_fits(&prompt, sh.context)?;
+        let opens_think = prompt.opens_think();
         let decoding = Decoding::new(params, &prompt.ids, &sh.format.tokenizer)?;
         let mut timings = Timings::default();
         let vision = match &sh.encoder {
@@ -781,6 +782,7 @@ impl SchedulerHandle {
                         prompt_tokens,
                         image_tokens,
                         reused_tokens: 0,
+                        opens_think,
                     });
                     if !go_on {
                         return Ok(cancelled(prompt_tokens, image_tokens));

@@ -135,6 +135,9 @@ pub enum Event<'a> {
         prompt_tokens: usize,
         image_tokens: usize,
         reused_tokens: usize,
+        /// The prompt ends inside an open think block ([`Prompt::opens_think`]): the answer
+        /// starts with a thinking model's reasoning.
+        opens_think: bool,
     },
     /// More answer text (whole UTF-8 characters, never part of a stop string).
     Text(&'a str),
@@ -481,6 +484,7 @@ impl Session {
             prompt_tokens: rows,
             image_tokens: prompt.image_tokens(),
             reused_tokens: reused,
+            opens_think: prompt.opens_think(),
         });
         let tokenizer = &self.format.tokenizer;
         let mut on_text = |t: &str| on_event(Event::Text(t));

@@ -16,6 +16,7 @@ use crate::chat::{
 use crate::error::ApiError;
 use crate::media::{self, MediaPolicy};
 use crate::queue::{Job, JobEvent, Queue};
+use crate::think::{Piece, Reasoning, ThinkSplitter};
 
 /// The request body, refused with 413 past `limit` bytes (by its Content-Length before reading).
 pub async fn read_body(limit: usize, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
@@ -39,6 +40,8 @@ pub async fn read_body(limit: usize, headers: &HeaderMap, body: Body) -> Result<
 pub struct Answer {
     pub prompt_tokens: usize,
     receiver: UnboundedReceiver<JobEvent>,
+    /// The answer's reasoning split from its content, whole or streamed alike.
+    splitter: ThinkSplitter,
 }
 
 /// A checked request, its images not yet fetched.
@@ -48,6 +51,8 @@ pub struct Request {
     pub tools: Tools,
     pub format: ResponseFormat,
     pub template_kwargs: Map<String, Value>,
+    /// Whether a thinking model's reasoning is separated from the content.
+    pub reasoning: Reasoning,
 }
 
 /// Fetches the messages' images, queues the request and waits until the engine accepts its
@@ -64,6 +69,7 @@ pub async fn start(
         tools,
         format,
         template_kwargs,
+        reasoning,
     } = request;
     // Off the async threads: a file or a remote fetch blocks.
     let policy = policy.clone();
@@ -82,9 +88,13 @@ pub async fn start(
         events,
     })?;
     match receiver.recv().await {
-        Some(JobEvent::Started { prompt_tokens }) => Ok(Answer {
+        Some(JobEvent::Started {
+            prompt_tokens,
+            opens_think,
+        }) => Ok(Answer {
             prompt_tokens,
             receiver,
+            splitter: ThinkSplitter::new(reasoning, opens_think),
         }),
         Some(JobEvent::Done(Err(e))) => Err(engine_error(e)),
         Some(JobEvent::Done(Ok(_))) | Some(JobEvent::Text(_)) | None => {
@@ -93,9 +103,11 @@ pub async fn start(
     }
 }
 
-/// How a route words a streamed answer: a chunk per piece of text, the last chunks, an error.
+/// How a route words a streamed answer: a chunk per piece of text or of reasoning, the last
+/// chunks, an error.
 pub trait Chunks: Send + 'static {
     fn text(&self, text: &str) -> Value;
+    fn reasoning(&self, text: &str) -> Value;
     fn done(&self, completion: &Completion) -> Vec<Value>;
     fn error(&self, error: &ApiError) -> Value;
 }
@@ -103,13 +115,26 @@ pub trait Chunks: Send + 'static {
 impl Answer {
     /// Waits for the whole answer.
     pub async fn whole(mut self) -> Result<Completion, ApiError> {
-        let mut text = String::new();
+        let (mut text, mut reasoning) = (String::new(), String::new());
+        let mut add = |pieces: Vec<Piece>| {
+            for p in pieces {
+                match p {
+                    Piece::Reasoning(r) => reasoning.push_str(&r),
+                    Piece::Content(t) => text.push_str(&t),
+                }
+            }
+        };
         loop {
             match self.receiver.recv().await {
-                Some(JobEvent::Text(t)) => text.push_str(&t),
+                Some(JobEvent::Text(t)) => add(self.splitter.push(&t)),
                 Some(JobEvent::Done(Ok(c))) => {
                     debug_assert!(c.prompt_tokens == self.prompt_tokens);
-                    return Ok(Completion { text, ..c });
+                    add(self.splitter.finish());
+                    return Ok(Completion {
+                        text,
+                        reasoning,
+                        ..c
+                    });
                 }
                 Some(JobEvent::Done(Err(e))) => return Err(engine_error(e)),
                 Some(JobEvent::Started { .. }) | None => {
@@ -125,12 +150,16 @@ impl Answer {
     /// token.
     pub fn stream(self, chunks: impl Chunks) -> ReceiverStream<Value> {
         let (sender, stream) = mpsc::channel::<Value>(64);
-        let mut receiver = self.receiver;
+        let (mut receiver, mut splitter) = (self.receiver, self.splitter);
         tokio::spawn(async move {
             loop {
                 let (out, last) = match receiver.recv().await {
-                    Some(JobEvent::Text(t)) => (vec![chunks.text(&t)], false),
-                    Some(JobEvent::Done(Ok(c))) => (chunks.done(&c), true),
+                    Some(JobEvent::Text(t)) => (said(&chunks, splitter.push(&t)), false),
+                    Some(JobEvent::Done(Ok(c))) => {
+                        let mut out = said(&chunks, splitter.finish());
+                        out.extend(chunks.done(&c));
+                        (out, true)
+                    }
                     Some(JobEvent::Done(Err(e))) => (vec![chunks.error(&engine_error(e))], true),
                     Some(JobEvent::Started { .. }) | None => {
                         let e = ApiError::internal("the engine stopped mid-answer");
@@ -149,6 +178,17 @@ impl Answer {
         });
         ReceiverStream::new(stream)
     }
+}
+
+/// The chunks that say `pieces`.
+fn said(chunks: &impl Chunks, pieces: Vec<Piece>) -> Vec<Value> {
+    pieces
+        .into_iter()
+        .map(|p| match p {
+            Piece::Reasoning(r) => chunks.reasoning(&r),
+            Piece::Content(t) => chunks.text(&t),
+        })
+        .collect()
 }
 
 fn engine_error(e: EngineError) -> ApiError {
@@ -186,6 +226,7 @@ fn resolve_images(
                 parts,
                 tool_calls: m.tool_calls,
                 tool_call_id: m.tool_call_id,
+                reasoning: m.reasoning,
             })
         })
         .collect()

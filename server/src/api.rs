@@ -5,6 +5,7 @@ use serde_json::{json, Map, Value};
 
 use crate::chat::{Completion, ResponseFormat, Role, Sampling, ToolCall, ToolChoice, Tools};
 use crate::error::ApiError;
+use crate::think::Reasoning;
 
 /// A message as the client sent it; image URLs are fetched later (`media`).
 #[derive(Clone, Debug, PartialEq)]
@@ -15,6 +16,8 @@ pub struct RequestMessage {
     pub tool_calls: Vec<ToolCall>,
     /// The call a tool message answers.
     pub tool_call_id: Option<String>,
+    /// An assistant message's reasoning (`reasoning_content`; Ollama's `thinking`).
+    pub reasoning: Option<String>,
 }
 
 impl RequestMessage {
@@ -24,6 +27,7 @@ impl RequestMessage {
             parts,
             tool_calls: Vec::new(),
             tool_call_id: None,
+            reasoning: None,
         }
     }
 }
@@ -53,6 +57,8 @@ pub struct ChatBody {
     pub tools: Tools,
     pub format: ResponseFormat,
     pub template_kwargs: Map<String, Value>,
+    /// `reasoning_format`: a thinking model's reasoning in `reasoning_content` or inline.
+    pub reasoning: Reasoning,
 }
 
 pub(crate) fn bad(message: String, param: &str) -> ApiError {
@@ -64,8 +70,8 @@ pub(crate) fn bad(message: String, param: &str) -> ApiError {
 /// The body fields of `/v1/chat/completions` this server takes (the [`NOT_IMPLEMENTED`] ones are
 /// taken only when they ask for nothing; `user`, `metadata`, `store` and `service_tier` do not
 /// change the answer and are ignored). Any other field is refused by name: llama-server's
-/// `grammar` or a `reasoning_format` would otherwise be silently dropped.
-const CHAT_FIELDS: [&str; 26] = [
+/// `grammar` would otherwise be silently dropped.
+const CHAT_FIELDS: [&str; 27] = [
     "model",
     "messages",
     "n",
@@ -87,6 +93,7 @@ const CHAT_FIELDS: [&str; 26] = [
     "parallel_tool_calls",
     "response_format",
     "chat_template_kwargs",
+    "reasoning_format",
     "modalities",
     "user",
     "metadata",
@@ -95,7 +102,14 @@ const CHAT_FIELDS: [&str; 26] = [
 ];
 
 /// A chat message's fields (`name` is taken: Qwen's templates do not render it).
-const MESSAGE_FIELDS: [&str; 5] = ["role", "content", "name", "tool_calls", "tool_call_id"];
+const MESSAGE_FIELDS: [&str; 6] = [
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "reasoning_content",
+];
 
 pub fn parse_chat_body(body: &[u8], max_tokens_cap: usize) -> Result<ChatBody, ApiError> {
     let obj = parse_object(body)?;
@@ -138,6 +152,7 @@ pub fn parse_chat_body(body: &[u8], max_tokens_cap: usize) -> Result<ChatBody, A
     let tools = parse_tools(&obj)?;
     let format = parse_response_format(obj.get("response_format"))?;
     let template_kwargs = parse_template_kwargs(obj.get("chat_template_kwargs"))?;
+    let reasoning = parse_reasoning_format(obj.get("reasoning_format"))?;
     if format != ResponseFormat::Text
         && matches!(tools.choice, ToolChoice::Required | ToolChoice::Function(_))
         && !tools.list.is_empty()
@@ -171,7 +186,32 @@ pub fn parse_chat_body(body: &[u8], max_tokens_cap: usize) -> Result<ChatBody, A
         tools,
         format,
         template_kwargs,
+        reasoning,
     })
+}
+
+/// `reasoning_format` (llama-server's field): "auto" (the default) or "deepseek" put a thinking
+/// model's reasoning in `message.reasoning_content` (`delta.reasoning_content` streamed), "none"
+/// leaves it inline in the content, `<think>` block and all, as the model wrote it.
+fn parse_reasoning_format(v: Option<&Value>) -> Result<Reasoning, ApiError> {
+    let param = "reasoning_format";
+    let allowed = Reasoning::FORMATS.map(|f| format!("{f:?}")).join(", ");
+    match v {
+        None | Some(Value::Null) => Ok(Reasoning::default()),
+        Some(Value::String(s)) => Reasoning::of_format(s).ok_or_else(|| {
+            bad(
+                format!("{param} {s:?} is not supported (one of {allowed})"),
+                param,
+            )
+        }),
+        Some(v) => Err(bad(
+            format!(
+                "{param} must be a string (one of {allowed}), got {}",
+                kind_of(v)
+            ),
+            param,
+        )),
+    }
 }
 
 /// `chat_template_kwargs` (vLLM's and llama-server's field): extra variables for the checkpoint's
@@ -571,11 +611,27 @@ fn parse_message(i: usize, m: &Value) -> Result<RequestMessage, ApiError> {
             &format!("{at}.content"),
         ));
     }
+    let reasoning = match m.get("reasoning_content") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if role == Role::Assistant => Some(s.clone()),
+        Some(v) => {
+            let param = format!("{at}.reasoning_content");
+            let got = match v {
+                Value::String(_) => format!("a {} message", m["role"]),
+                v => kind_of(v).to_string(),
+            };
+            return Err(bad(
+                format!("{param}: an assistant message's reasoning is a string, got {got}"),
+                &param,
+            ));
+        }
+    };
     Ok(RequestMessage {
         role,
         parts,
         tool_calls,
         tool_call_id,
+        reasoning,
     })
 }
 
@@ -856,22 +912,28 @@ pub fn completion_body(id: &str, created: u64, model: &str, c: &Completion) -> V
     })
 }
 
-/// The answer's message: its text, and its calls when it made some (the content then null when
-/// there is no text, as OpenAI's).
+/// The answer's message: its text, its calls when it made some (the content then null when
+/// there is no text, as OpenAI's), and a thinking model's reasoning when it has some
+/// (`reasoning_content`, as llama-server's).
 fn message_json(c: &Completion) -> Value {
-    if c.tool_calls.is_empty() {
-        return json!({ "role": "assistant", "content": c.text });
-    }
-    let content = if c.text.is_empty() {
-        Value::Null
+    let mut m = if c.tool_calls.is_empty() {
+        json!({ "role": "assistant", "content": c.text })
     } else {
-        Value::String(c.text.clone())
+        let content = if c.text.is_empty() {
+            Value::Null
+        } else {
+            Value::String(c.text.clone())
+        };
+        json!({
+            "role": "assistant",
+            "content": content,
+            "tool_calls": tool_calls_json(&c.tool_calls, false),
+        })
     };
-    json!({
-        "role": "assistant",
-        "content": content,
-        "tool_calls": tool_calls_json(&c.tool_calls, false),
-    })
+    if !c.reasoning.is_empty() {
+        m["reasoning_content"] = json!(c.reasoning);
+    }
+    m
 }
 
 /// OpenAI's `tool_calls`: id, type and function (name, arguments as a JSON string); in a stream
@@ -1072,15 +1134,23 @@ mod tests {
             ),
             // Fields this server does not know, refused by name, not dropped.
             (
-                r#"{"messages":[{"role":"user","content":"x"}],"reasoning_format":"deepseek"}"#,
-                "reasoning_format",
-            ),
-            (
                 r#"{"messages":[{"role":"user","content":"x"}],"grammar":"root ::= \"a\""}"#,
                 "grammar",
             ),
             (
-                r#"{"messages":[{"role":"assistant","content":"x","reasoning_content":"y"},{"role":"user","content":"x"}]}"#,
+                r#"{"messages":[{"role":"user","content":"x"}],"reasoning_format":"deepseek-legacy"}"#,
+                "reasoning_format",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"reasoning_format":true}"#,
+                "reasoning_format",
+            ),
+            (
+                r#"{"messages":[{"role":"assistant","content":"x","reasoning_content":["y"]},{"role":"user","content":"x"}]}"#,
+                "messages[0].reasoning_content",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x","reasoning_content":"y"}]}"#,
                 "messages[0].reasoning_content",
             ),
             (
@@ -1154,6 +1224,41 @@ mod tests {
             parse(r#"{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":null}"#)
                 .unwrap();
         assert!(b.template_kwargs.is_empty());
+    }
+
+    #[test]
+    fn reasoning_format_and_history_reasoning_read() {
+        let with = |format: &str| {
+            parse(&format!(
+                r#"{{"messages":[{{"role":"user","content":"x"}}],"reasoning_format":{format}}}"#
+            ))
+            .map(|b| b.reasoning)
+        };
+        assert_eq!(with("\"auto\"").unwrap(), Reasoning::Separate);
+        assert_eq!(with("\"deepseek\"").unwrap(), Reasoning::Separate);
+        assert_eq!(with("null").unwrap(), Reasoning::Separate);
+        assert_eq!(with("\"none\"").unwrap(), Reasoning::Inline);
+        // A value not taken is refused with the ones that are.
+        let e = with("\"deepseek-legacy\"").unwrap_err();
+        assert!(
+            e.message.contains("\"auto\", \"deepseek\", \"none\""),
+            "{}",
+            e.message
+        );
+        // No field: separate.
+        let b = parse(r#"{"messages":[{"role":"user","content":"x"}]}"#).unwrap();
+        assert_eq!(b.reasoning, Reasoning::Separate);
+        // An assistant message's reasoning is kept; null is none.
+        let b = parse(
+            r#"{"messages":[{"role":"user","content":"x"},
+            {"role":"assistant","content":"y","reasoning_content":"because"},
+            {"role":"assistant","content":"z","reasoning_content":null},
+            {"role":"user","content":"w"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(b.messages[1].reasoning.as_deref(), Some("because"));
+        assert_eq!(b.messages[2].reasoning, None);
+        assert_eq!(b.messages[0].reasoning, None);
     }
 
     #[test]

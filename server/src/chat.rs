@@ -127,6 +127,9 @@ pub struct Message {
     pub tool_calls: Vec<ToolCall>,
     /// The call a tool message answers.
     pub tool_call_id: Option<String>,
+    /// An assistant message's reasoning (OpenAI's `reasoning_content`, Ollama's `thinking`),
+    /// given to the chat template as the message's `reasoning_content` (Qwen3.5's renders it).
+    pub reasoning: Option<String>,
 }
 
 impl Message {
@@ -137,6 +140,7 @@ impl Message {
             parts,
             tool_calls: Vec::new(),
             tool_call_id: None,
+            reasoning: None,
         }
     }
 }
@@ -189,8 +193,11 @@ impl Finish {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Completion {
-    /// The answer's text (without its calls).
+    /// The answer's text (without its calls); its reasoning split off by the server.
     pub text: String,
+    /// A thinking model's reasoning (what came before `</think>`), split off the text by the
+    /// server (`crate::think`); engines leave it empty.
+    pub reasoning: String,
     /// The calls the answer made (finish [`Finish::ToolCalls`]).
     pub tool_calls: Vec<ToolCall>,
     pub prompt_tokens: usize,
@@ -206,7 +213,12 @@ pub struct Completion {
 #[derive(Debug)]
 pub enum Event<'a> {
     /// The prompt was accepted (it fits, its images decode) and generation starts.
-    Started { prompt_tokens: usize },
+    /// `opens_think`: the prompt ends inside an open think block (Qwen3.5's generation prompt
+    /// ends with `<think>\n`) and the answer is free text, so it starts with reasoning.
+    Started {
+        prompt_tokens: usize,
+        opens_think: bool,
+    },
     /// More answer text (whole UTF-8 characters).
     Text(&'a str),
 }

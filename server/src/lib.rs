@@ -16,6 +16,7 @@ pub mod media;
 pub mod ollama;
 pub mod queue;
 pub mod routes;
+pub mod think;
 pub mod web;
 
 use std::future::Future;

@@ -17,7 +17,10 @@ use crate::error::ApiError;
 /// What a request hears from the worker.
 #[derive(Debug)]
 pub enum JobEvent {
-    Started { prompt_tokens: usize },
+    Started {
+        prompt_tokens: usize,
+        opens_think: bool,
+    },
     Text(String),
     Done(Result<Completion, EngineError>),
 }
@@ -103,7 +106,13 @@ fn run(engine: &mut dyn ChatEngine, job: Job) {
     let events = job.events;
     let mut on_event = |event: Event<'_>| {
         let sent = match event {
-            Event::Started { prompt_tokens } => events.send(JobEvent::Started { prompt_tokens }),
+            Event::Started {
+                prompt_tokens,
+                opens_think,
+            } => events.send(JobEvent::Started {
+                prompt_tokens,
+                opens_think,
+            }),
             Event::Text(text) => events.send(JobEvent::Text(text.to_string())),
         };
         sent.is_ok()

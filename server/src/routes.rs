@@ -122,6 +122,7 @@ async fn chat_completions(
         tools,
         format,
         template_kwargs,
+        reasoning,
         ..
     } = api::parse_chat_body(&bytes, state.max_tokens_cap)?;
     let request = answer::Request {
@@ -130,6 +131,7 @@ async fn chat_completions(
         tools,
         format,
         template_kwargs,
+        reasoning,
     };
     let answer = answer::start(&state.queue, &state.media, request).await?;
     let id = format!("chatcmpl-{}", state.next_id.fetch_add(1, Ordering::Relaxed));
@@ -159,7 +161,8 @@ async fn chat_completions(
     Ok(Sse::new(events).into_response())
 }
 
-/// OpenAI's streamed chunks: the text as deltas, then the finish reason and, when asked, the usage.
+/// OpenAI's streamed chunks: the reasoning and the text as deltas (`reasoning_content`, as
+/// llama-server streams it, and `content`), then the finish reason and, when asked, the usage.
 struct OpenAiChunks {
     id: String,
     created: u64,
@@ -170,6 +173,11 @@ struct OpenAiChunks {
 impl answer::Chunks for OpenAiChunks {
     fn text(&self, text: &str) -> Value {
         let delta = json!({ "content": text });
+        api::chunk_body(&self.id, self.created, &self.model, delta, None)
+    }
+
+    fn reasoning(&self, text: &str) -> Value {
+        let delta = json!({ "reasoning_content": text });
         api::chunk_body(&self.id, self.created, &self.model, delta, None)
     }
 

@@ -547,3 +547,180 @@ fn tool_calls_whole_and_streamed_in_openais_shape() {
     assert_eq!(server.requests().len(), before);
     server.stop().unwrap();
 }
+
+/// Each streamed delta's reasoning and content, in order ("" for the role chunk's content).
+fn deltas(reply: &Reply) -> Vec<(String, String)> {
+    let (_, chunks) = streamed_text(reply);
+    chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0).map(|ch| ch["delta"].clone()))
+        .filter(|d| d.get("reasoning_content").is_some() || d.get("content").is_some())
+        .map(|d| {
+            let s = |k: &str| d[k].as_str().unwrap_or_default().to_string();
+            (s("reasoning_content"), s("content"))
+        })
+        .collect()
+}
+
+/// A streamed answer's reasoning and content, checked as a client reads them: every reasoning
+/// delta before the first content one, and no delta carrying a piece of a tag.
+fn read_deltas(reply: &Reply) -> Result<(String, String), String> {
+    let d = deltas(reply);
+    let first_content = d.iter().position(|(_, c)| !c.is_empty()).unwrap_or(d.len());
+    let ordered = d[first_content..].iter().all(|(r, _)| r.is_empty());
+    let tag_free = d
+        .iter()
+        .all(|(r, c)| !r.contains(['<', '>']) && !c.contains(['<', '>']));
+    if !ordered || !tag_free {
+        return Err(format!("{d:?}"));
+    }
+    let reasoning = d.iter().map(|(r, _)| r.as_str()).collect();
+    let content = d.iter().map(|(_, c)| c.as_str()).collect();
+    Ok((reasoning, content))
+}
+
+/// The thinking model's answer: the reasoning, `</think>` and the answer, one character per
+/// token (so the tag is cut across eight chunks).
+const THOUGHT: &str = "plan it\n</think>\n\nHi there";
+
+fn thinking_server() -> Running {
+    Running::start_thinking(ServeOptions {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        ..ServeOptions::default()
+    })
+}
+
+#[test]
+fn a_thinking_answer_is_split_whole_and_streamed() {
+    let server = thinking_server();
+    let whole = chat(server.addr, user(THOUGHT)).json();
+    assert_eq!(
+        whole["choices"][0]["message"],
+        json!({"role": "assistant", "content": "Hi there", "reasoning_content": "plan it"})
+    );
+    let mut body = user(THOUGHT);
+    body["stream"] = json!(true);
+    let streamed = chat(server.addr, body.clone());
+    assert_eq!(
+        read_deltas(&streamed).unwrap(),
+        ("plan it".to_string(), "Hi there".to_string())
+    );
+    // The tag was cut: its characters came one per token.
+    assert!(deltas(&streamed).len() > 3);
+    // Control: reasoning_format "none" keeps today's inline answer, tag and all, which the
+    // streamed check refuses.
+    body["reasoning_format"] = json!("none");
+    let inline = chat(server.addr, body.clone());
+    let (text, _) = streamed_text(&inline);
+    assert_eq!(text, THOUGHT);
+    assert!(read_deltas(&inline).is_err());
+    body["stream"] = json!(false);
+    let whole = chat(server.addr, body).json();
+    assert_eq!(
+        whole["choices"][0]["message"],
+        json!({"role": "assistant", "content": THOUGHT})
+    );
+    // "deepseek" is "auto"'s split.
+    let mut body = user(THOUGHT);
+    body["reasoning_format"] = json!("deepseek");
+    assert_eq!(
+        chat(server.addr, body).json()["choices"][0]["message"]["reasoning_content"],
+        "plan it"
+    );
+    // Any other format is refused by name.
+    let mut body = user(THOUGHT);
+    body["reasoning_format"] = json!("hidden");
+    let refused = chat(server.addr, body);
+    assert_eq!(refused.status, 400);
+    assert_eq!(refused.json()["error"]["param"], "reasoning_format");
+    server.stop().unwrap();
+}
+
+#[test]
+fn an_answer_stopped_before_the_tag_is_all_reasoning() {
+    let server = thinking_server();
+    let mut body = user(THOUGHT);
+    body["max_tokens"] = json!(11);
+    let whole = chat(server.addr, body.clone()).json();
+    assert_eq!(whole["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        whole["choices"][0]["message"],
+        json!({"role": "assistant", "content": "", "reasoning_content": "plan it\n</t"})
+    );
+    body["stream"] = json!(true);
+    let d = deltas(&chat(server.addr, body));
+    let reasoning: String = d.iter().map(|(r, _)| r.as_str()).collect();
+    let content: String = d.iter().map(|(_, c)| c.as_str()).collect();
+    assert_eq!((reasoning.as_str(), content.as_str()), ("plan it\n</t", ""));
+    // Control: a longer answer reaches the tag and has content.
+    let mut body = user(THOUGHT);
+    body["max_tokens"] = json!(19);
+    let whole = chat(server.addr, body).json();
+    assert_eq!(whole["choices"][0]["message"]["content"], "H");
+    server.stop().unwrap();
+}
+
+#[test]
+fn an_answer_without_thinking_is_as_before() {
+    // A model whose prompt opens no think block (Qwen3-VL): the tag is text like any other.
+    let plain = Running::start(
+        ServeOptions {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            ..ServeOptions::default()
+        },
+        Duration::ZERO,
+    );
+    let whole = chat(plain.addr, user(THOUGHT)).json();
+    let echoed = format!("echo(0): {THOUGHT}");
+    assert_eq!(
+        whole["choices"][0]["message"],
+        json!({"role": "assistant", "content": echoed})
+    );
+    let mut body = user(THOUGHT);
+    body["stream"] = json!(true);
+    let (text, chunks) = streamed_text(&chat(plain.addr, body));
+    assert_eq!(text, echoed);
+    assert!(chunks
+        .iter()
+        .all(|c| !c.to_string().contains("reasoning_content")));
+    plain.stop().unwrap();
+    // The thinking model with enable_thinking false: the block is closed in the prompt.
+    let server = thinking_server();
+    let mut body = user(THOUGHT);
+    body["chat_template_kwargs"] = json!({"enable_thinking": false});
+    let whole = chat(server.addr, body).json();
+    assert_eq!(
+        whole["choices"][0]["message"],
+        json!({"role": "assistant", "content": echoed})
+    );
+    server.stop().unwrap();
+}
+
+#[test]
+fn history_reasoning_reaches_the_engine() {
+    let server = thinking_server();
+    let body = json!({"messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello", "reasoning_content": "greet back"},
+        {"role": "user", "content": "ok</think>done"},
+    ]});
+    let whole = chat(server.addr, body).json();
+    assert_eq!(whole["choices"][0]["message"]["content"], "done");
+    let requests = server.requests();
+    let history = &requests[0].messages;
+    assert_eq!(history[1].reasoning.as_deref(), Some("greet back"));
+    assert_eq!(history[0].reasoning, None);
+    // Not a string: refused by name.
+    let body = json!({"messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello", "reasoning_content": {"text": "x"}},
+        {"role": "user", "content": "again"},
+    ]});
+    let refused = chat(server.addr, body);
+    assert_eq!(refused.status, 400);
+    assert_eq!(
+        refused.json()["error"]["param"],
+        "messages[1].reasoning_content"
+    );
+    server.stop().unwrap();
+}

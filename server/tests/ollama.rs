@@ -588,7 +588,7 @@ fn refusals_name_their_field_in_ollamas_shape() {
             400,
             "tools",
         ),
-        ("/api/chat", chat(json!({"think": true})), 400, "think"),
+        ("/api/chat", chat(json!({"think": "high"})), 400, "think"),
         (
             "/api/chat",
             chat(json!({"keep_alive": 0})),
@@ -820,5 +820,130 @@ fn a_client_that_leaves_cancels_its_answer() {
     );
     assert_eq!(r.json()["response"].as_str().unwrap().len(), 59);
     assert_eq!(server.cancels.load(Ordering::SeqCst), cases.len());
+    server.stop().unwrap();
+}
+
+/// Each streamed line's thinking and text (chat: the message's; generate: beside the response).
+fn thoughts(lines: &[Value]) -> Vec<(String, String)> {
+    lines
+        .iter()
+        .map(|l| {
+            let at = l.get("message").unwrap_or(l);
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            (
+                s(&at["thinking"]),
+                s(at.get("content").unwrap_or(&l["response"])),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn think_separates_the_thinking_whole_and_streamed() {
+    let types = PythonTypes::load();
+    let server = Running::start_thinking(ServeOptions {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        ..ServeOptions::default()
+    });
+    let addr = server.addr;
+    // The thinking, `</think>` cut across eight tokens, and the answer.
+    let thought = "plan it\n</think>\n\nHi there";
+    let chat = |think: Value, stream: bool| {
+        let mut body = json!({"model": "tiny", "stream": stream,
+            "messages": [{"role": "user", "content": thought}]});
+        if !think.is_null() {
+            body["think"] = think;
+        }
+        body
+    };
+    // think true, and no think (Ollama's default for a model that thinks): separated.
+    for think in [json!(true), Value::Null] {
+        let whole = post(addr, "/api/chat", &chat(think.clone(), false)).json();
+        assert_eq!(
+            types.mismatches("ChatResponse", &whole),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            whole["message"],
+            json!({"role": "assistant", "content": "Hi there", "thinking": "plan it"}),
+            "{think}"
+        );
+        let (text, lines) = streamed(
+            &types,
+            "ChatResponse",
+            &post(addr, "/api/chat", &chat(think, true)),
+        );
+        assert_eq!(text, "Hi there");
+        let t = thoughts(&lines);
+        let thinking: String = t.iter().map(|(th, _)| th.as_str()).collect();
+        assert_eq!(thinking, "plan it");
+        // Thinking first, then the answer; no line carries a piece of the tag.
+        let first = t.iter().position(|(_, c)| !c.is_empty()).unwrap();
+        assert!(t[first..].iter().all(|(th, _)| th.is_empty()), "{t:?}");
+        assert!(
+            t.iter()
+                .all(|(th, c)| !th.contains(['<', '>']) && !c.contains(['<', '>'])),
+            "{t:?}"
+        );
+        // The last line has neither.
+        assert_eq!(
+            lines.last().unwrap()["message"],
+            json!({"role": "assistant", "content": ""})
+        );
+    }
+    let requests = server.requests();
+    assert_eq!(
+        requests[0].template_kwargs.get("enable_thinking"),
+        Some(&json!(true))
+    );
+    assert_eq!(requests[2].template_kwargs.get("enable_thinking"), None);
+    // Generate: the thinking beside the response.
+    let generate = json!({"model": "tiny", "prompt": thought, "think": true, "stream": false});
+    let whole = post(addr, "/api/generate", &generate).json();
+    assert_eq!(
+        types.mismatches("GenerateResponse", &whole),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        (&whole["response"], &whole["thinking"]),
+        (&json!("Hi there"), &json!("plan it"))
+    );
+    // Control: think false turns the template's thinking off (the scripted model then answers
+    // as a model without thinking does) and keeps any tag inline, as before.
+    let whole = post(addr, "/api/chat", &chat(json!(false), false)).json();
+    assert_eq!(
+        whole["message"],
+        json!({"role": "assistant", "content": format!("echo(0): {thought}")})
+    );
+    let (text, lines) = streamed(
+        &types,
+        "ChatResponse",
+        &post(addr, "/api/chat", &chat(json!(false), true)),
+    );
+    assert_eq!(text, format!("echo(0): {thought}"));
+    assert!(thoughts(&lines).iter().all(|(th, _)| th.is_empty()));
+    // A level is refused by name.
+    let refused = post(addr, "/api/chat", &chat(json!("medium"), false));
+    assert_eq!(refused.status, 400);
+    assert!(refused.json()["error"].as_str().unwrap().contains("think"));
+    server.stop().unwrap();
+}
+
+#[test]
+fn an_assistant_messages_thinking_reaches_the_engine() {
+    let server = start(ServeOptions::default());
+    let body = json!({"model": "tiny", "stream": false, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello", "thinking": "greet back"},
+        {"role": "user", "content": "again"}]});
+    let r = post(server.addr, "/api/chat", &body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let requests = server.requests();
+    assert_eq!(
+        requests[0].messages[1].reasoning.as_deref(),
+        Some("greet back")
+    );
+    // Control: the user's message has none.
+    assert_eq!(requests[0].messages[0].reasoning, None);
     server.stop().unwrap();
 }

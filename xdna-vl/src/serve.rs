@@ -124,10 +124,18 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
             shown.push_str(t);
             t.is_empty() || on_event(api::Event::Text(t))
         };
+        // A constrained answer (a JSON format, forced calls) is what the grammar makes from its
+        // first token: no reasoning, even after a prompt that opens a think block.
+        let free = params.grammar.is_none();
         let mut forward_event = |e: engine::Event<'_>| match e {
-            engine::Event::Started { prompt_tokens, .. } => {
-                on_event(api::Event::Started { prompt_tokens })
-            }
+            engine::Event::Started {
+                prompt_tokens,
+                opens_think,
+                ..
+            } => on_event(api::Event::Started {
+                prompt_tokens,
+                opens_think: opens_think && free,
+            }),
             engine::Event::Text(t) if reads_calls => show(&splitter.push(t), on_event),
             engine::Event::Text(t) => show(t, on_event),
         };
@@ -164,6 +172,7 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
         }
         Ok(Completion {
             text: shown,
+            reasoning: String::new(),
             tool_calls,
             prompt_tokens: g.prompt_tokens,
             completion_tokens: g.ids.len(),
@@ -236,6 +245,7 @@ impl<A: Answerer> ServerEngine<A> {
                         })
                         .collect(),
                     tool_call_id: m.tool_call_id.clone(),
+                    reasoning_content: m.reasoning.clone(),
                     ..Message::new(role, content)
                 })
             })
@@ -463,6 +473,7 @@ mod tests {
                 prompt_tokens: 1,
                 image_tokens: 0,
                 reused_tokens: 0,
+                opens_think: true,
             });
             for p in &self.pieces {
                 on_event(engine::Event::Text(p));
@@ -582,6 +593,86 @@ mod tests {
                 "{g}"
             );
         }
+    }
+
+    /// The prompt's open think block reaches the server for a free answer only: a constrained one
+    /// (a JSON format, forced calls) is the grammar's from its first token, with no reasoning.
+    #[test]
+    fn an_open_think_block_is_told_for_free_answers_only() {
+        let opens = |format: ResponseFormat, tools: Tools| {
+            let mut engine = ServerEngine {
+                answerer: Scripted {
+                    pieces: vec!["{}".into()],
+                    seen: Vec::new(),
+                    kwargs: Vec::new(),
+                    form: CallForm::Json,
+                },
+                template_kwargs: Default::default(),
+            };
+            let request = ChatRequest {
+                messages: vec![api::Message::new(
+                    api::Role::User,
+                    vec![Part::Text("hi".into())],
+                )],
+                format,
+                tools,
+                ..ChatRequest::default()
+            };
+            let mut told = None;
+            engine
+                .complete(&request, &mut |e| {
+                    if let api::Event::Started { opens_think, .. } = e {
+                        told = Some(opens_think);
+                    }
+                    true
+                })
+                .unwrap();
+            told.unwrap()
+        };
+        assert!(opens(ResponseFormat::Text, Tools::default()));
+        assert!(opens(ResponseFormat::Text, tools(ToolChoice::Auto, true)));
+        assert!(!opens(ResponseFormat::JsonObject, Tools::default()));
+        assert!(!opens(
+            ResponseFormat::Text,
+            tools(ToolChoice::Required, true)
+        ));
+    }
+
+    /// An assistant message's reasoning goes to the template as its `reasoning_content`.
+    #[test]
+    fn history_reasoning_becomes_the_templates_reasoning_content() {
+        let engine = ServerEngine {
+            answerer: Scripted {
+                pieces: Vec::new(),
+                seen: Vec::new(),
+                kwargs: Vec::new(),
+                form: CallForm::Json,
+            },
+            template_kwargs: Default::default(),
+        };
+        let request = ChatRequest {
+            messages: vec![
+                api::Message::new(api::Role::User, vec![Part::Text("hi".into())]),
+                api::Message {
+                    reasoning: Some("greet back".into()),
+                    ..api::Message::new(api::Role::Assistant, vec![Part::Text("hello".into())])
+                },
+            ],
+            ..ChatRequest::default()
+        };
+        let json: Vec<serde_json::Value> = engine
+            .messages(&request)
+            .unwrap()
+            .iter()
+            .map(Message::to_template_json)
+            .collect();
+        assert_eq!(
+            json[1],
+            serde_json::json!({"role": "assistant", "content": "hello",
+                "reasoning_content": "greet back"})
+        );
+        // Control: a message without reasoning has no such field.
+        assert!(json[0].get("reasoning_content").is_none());
     }
 
     /// `--chat-template-kwargs` reach every request's template, under the request's own.

@@ -1,14 +1,15 @@
 //! The hub's chat templates (Qwen3-VL Instruct's, Qwen3.5's) rendered by our Jinja as
 //! transformers renders them: `tests/fixtures/engine/hub-templates.json`
 //! (`tools/template_reference.py`): pictures, a system prompt, a chat whose assistant turns carry
-//! `<think>` reasoning (Qwen3.5's template strips it before the last question), tools with calls
+//! `<think>` reasoning (Qwen3.5's template strips it before the last question), assistant turns
+//! with a `reasoning_content` field (rendered from engine `Message`s too), tools with calls
 //! and results, a message set the template refuses by its own `raise_exception`, and Qwen3.5's
 //! `enable_thinking` off and on (`chat_template_kwargs`). Control: each case's text under the
 //! other template differs, so a renderer that ignored the file would fail; the thinking switch
 //! dropped from the variables renders Qwen3.5's thinking-off case as thinking on.
 
 use crate::common::fixtures;
-use engine::{ChatTemplate, TemplateInputs};
+use engine::{ChatTemplate, Content, Message, Role, TemplateInputs, ToolCall};
 use serde_json::Value;
 
 fn reference() -> Value {
@@ -60,7 +61,7 @@ fn hub_templates_render_as_transformers_renders_them() {
             }
         }
     }
-    assert_eq!(checked, 48);
+    assert_eq!(checked, 52);
 }
 
 #[test]
@@ -98,4 +99,66 @@ fn extra_template_variables_switch_qwen3_5s_thinking_and_given_ones_are_refused(
         let e = render(&t, &bad, true).unwrap_err();
         assert!(e.contains(&format!("{given:?}")), "{given}: {e}");
     }
+}
+
+/// The fixture's messages as the engine's (text turns, calls, results, reasoning), rendered
+/// through `Message::to_template_json` as `xdna-vl serve` renders a request's history.
+fn engine_messages(case: &Value, keep_reasoning: bool) -> Value {
+    let messages: Vec<Message> = case["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let role = match m["role"].as_str().unwrap() {
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                "tool" => Role::Tool,
+                _ => Role::System,
+            };
+            let text = m["content"].as_str().unwrap().to_string();
+            Message {
+                tool_calls: m["tool_calls"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| ToolCall {
+                        id: c["id"].as_str().unwrap().into(),
+                        name: c["function"]["name"].as_str().unwrap().into(),
+                        arguments: c["function"]["arguments"].to_string(),
+                    })
+                    .collect(),
+                tool_call_id: m["tool_call_id"].as_str().map(String::from),
+                reasoning_content: m["reasoning_content"]
+                    .as_str()
+                    .filter(|_| keep_reasoning)
+                    .map(String::from),
+                ..Message::new(role, vec![Content::Text(text)])
+            }
+        })
+        .collect();
+    Value::Array(messages.iter().map(Message::to_template_json).collect())
+}
+
+#[test]
+fn an_assistant_turns_reasoning_renders_as_transformers_renders_it() {
+    let doc = reference();
+    let q35 = &doc["templates"]["qwen3_5"];
+    let t = template(q35["file"].as_str().unwrap());
+    let case = &q35["cases"]["reasoning_field"];
+    let want = case["generation"]["text"].as_str().unwrap();
+    assert!(
+        want.contains("<think>\nThe user wants the weather.\n</think>\n\nLet me look."),
+        "{want}"
+    );
+    let mut ours = case.clone();
+    ours["messages"] = engine_messages(case, true);
+    assert_eq!(render(&t, &ours, true).unwrap(), want);
+    // Control: without the field the template writes an empty think block there.
+    ours["messages"] = engine_messages(case, false);
+    let without = render(&t, &ours, true).unwrap();
+    assert_ne!(without, want);
+    assert!(
+        without.contains("<think>\n\n</think>\n\nLet me look."),
+        "{without}"
+    );
 }

@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 use crate::api::{self, bad, kind_of, only_fields, RequestMessage, RequestPart};
 use crate::chat::{Completion, ModelInfo, ResponseFormat, Role, Sampling};
 use crate::error::ApiError;
+use crate::think::Reasoning;
 
 /// What `GET /api/version` answers: the Ollama release whose API these routes follow.
 pub const OLLAMA_VERSION: &str = "0.32.15";
@@ -34,8 +35,12 @@ pub struct OllamaBody {
     /// `format`: `"json"` or a JSON schema, by the same constrained decoding as OpenAI's
     /// `response_format`.
     pub format: ResponseFormat,
-    /// `think: false`: `enable_thinking` false for the chat template (Qwen3.5's reads it).
+    /// `think`: `enable_thinking` for the chat template (Qwen3.5's reads it), when given.
     pub template_kwargs: Map<String, Value>,
+    /// `think` true or absent: a thinking model's thinking in `message.thinking` (Ollama's
+    /// default for a model that thinks); false: inline, as the model writes it (with
+    /// `enable_thinking` false Qwen3.5 writes none).
+    pub reasoning: Reasoning,
 }
 
 /// The name `/api/tags` lists for the model `id`: with Ollama's default tag `latest` unless the id
@@ -85,16 +90,16 @@ fn asks_nothing(v: Option<&Value>) -> bool {
 
 /// Ollama's fields this server does not implement, each with why. One left at a value that asks
 /// for nothing (`"tools": []`, which Ollama's Python client always sends, `"raw": false`) is
-/// taken as absent; any other value is refused by name, never ignored. `think` is taken only as
-/// `false` (the template's `enable_thinking` off): a thinking trace is not separated from the
-/// answer into `message.thinking`, so `true` or a level is refused.
+/// taken as absent; any other value is refused by name, never ignored. `think` is taken as true or
+/// false (the template's `enable_thinking`); a level ("low", "medium", "high", for models whose
+/// thinking has levels) is refused.
 const NOT_IMPLEMENTED: &[(&str, &str)] = &[
     ("template", "the prompt is always built with the model's own chat template"),
     ("raw", "the prompt always goes through the model's chat template"),
     ("suffix", "fill-in-the-middle is not implemented"),
     ("context", "token contexts are not returned or taken; send the conversation to /api/chat"),
     ("tools", "tool calling is not implemented"),
-    ("think", "the thinking is not separated from the answer (message.thinking); only false is taken (enable_thinking false for the chat template)"),
+    ("think", "thinking levels are not implemented (Qwen's thinking is on or off); send true or false"),
     ("truncate", "a prompt over the context is refused, not truncated (\"truncate\": false)"),
     ("shift", "the answer stops when the context is full (done_reason \"length\"), it is not shifted (\"shift\": false)"),
     ("logprobs", "log probabilities are not returned"),
@@ -106,7 +111,7 @@ fn refuse_not_implemented(obj: &Map<String, Value>, at: &str) -> Result<(), ApiE
     for (key, why) in NOT_IMPLEMENTED {
         let v = obj.get(*key);
         let refused = if *key == "think" {
-            !matches!(v, None | Some(Value::Null) | Some(Value::Bool(false)))
+            !matches!(v, None | Some(Value::Null) | Some(Value::Bool(_)))
         } else {
             !asks_nothing(v)
         };
@@ -373,7 +378,6 @@ fn parse_message(i: usize, m: &Value) -> Result<RequestMessage, ApiError> {
         ));
     }
     for (key, why) in [
-        ("thinking", "a thinking trace is not taken back"),
         ("tool_calls", "tool calling is not implemented"),
         ("tool_name", "tool calling is not implemented"),
         ("tool_call_id", "tool calling is not implemented"),
@@ -385,7 +389,19 @@ fn parse_message(i: usize, m: &Value) -> Result<RequestMessage, ApiError> {
     }
     let text = string(m.get("content"), &format!("{at}.content"))?;
     let images = images(m.get("images"), &format!("{at}.images"), role)?;
-    Ok(message(role, images, text))
+    // An assistant message's thinking goes back to the template as its reasoning_content.
+    let param = format!("{at}.thinking");
+    let thinking = string(m.get("thinking"), &param)?;
+    if !thinking.is_empty() && role != Role::Assistant {
+        return Err(bad(
+            format!("{param}: only an assistant message carries thinking"),
+            &param,
+        ));
+    }
+    Ok(RequestMessage {
+        reasoning: (!thinking.is_empty()).then_some(thinking),
+        ..message(role, images, text)
+    })
 }
 
 const COMMON_FIELDS: [&str; 11] = [
@@ -461,8 +477,12 @@ pub fn parse_body(
         }
     };
     let mut template_kwargs = Map::new();
-    if obj.get("think") == Some(&Value::Bool(false)) {
-        template_kwargs.insert("enable_thinking".into(), Value::Bool(false));
+    let mut reasoning = Reasoning::Separate;
+    if let Some(Value::Bool(think)) = obj.get("think") {
+        template_kwargs.insert("enable_thinking".into(), Value::Bool(*think));
+        if !think {
+            reasoning = Reasoning::Inline;
+        }
     }
     Ok(OllamaBody {
         model,
@@ -471,6 +491,7 @@ pub fn parse_body(
         stream,
         format,
         template_kwargs,
+        reasoning,
     })
 }
 
@@ -581,33 +602,52 @@ pub fn show_body(info: &ModelInfo) -> Value {
     })
 }
 
-/// The answer's text as each route words it: a chat message or a generate response.
-fn answer_field(endpoint: Endpoint, text: &str) -> (&'static str, Value) {
-    match endpoint {
-        Endpoint::Chat => ("message", json!({ "role": "assistant", "content": text })),
-        Endpoint::Generate => ("response", json!(text)),
-    }
-}
-
-fn reply(endpoint: Endpoint, model: &str, text: &str, done: bool) -> Map<String, Value> {
+/// The answer's text and thinking as each route words them: a chat message (`content`,
+/// `thinking`) or a generate response (`response`, `thinking`); the thinking only when there is
+/// some, as Ollama omits it.
+fn reply(
+    endpoint: Endpoint,
+    model: &str,
+    (text, thinking): (&str, &str),
+    done: bool,
+) -> Map<String, Value> {
     let mut obj = Map::new();
     obj.insert("model".into(), json!(model));
     obj.insert("created_at".into(), json!(rfc3339(SystemTime::now())));
-    let (key, value) = answer_field(endpoint, text);
-    obj.insert(key.into(), value);
+    match endpoint {
+        Endpoint::Chat => {
+            let mut message = json!({ "role": "assistant", "content": text });
+            if !thinking.is_empty() {
+                message["thinking"] = json!(thinking);
+            }
+            obj.insert("message".into(), message);
+        }
+        Endpoint::Generate => {
+            obj.insert("response".into(), json!(text));
+            if !thinking.is_empty() {
+                obj.insert("thinking".into(), json!(thinking));
+            }
+        }
+    }
     obj.insert("done".into(), json!(done));
     obj
 }
 
-/// One streamed piece of the answer.
-pub fn chunk(endpoint: Endpoint, model: &str, text: &str) -> Value {
+/// One streamed piece of the answer: its text and thinking (one of them empty).
+pub fn chunk(endpoint: Endpoint, model: &str, text: (&str, &str)) -> Value {
     Value::Object(reply(endpoint, model, text, false))
 }
 
-/// The last object: the whole text (none when streamed), why it ended and the counts and times
-/// (nanoseconds). `total` is the request's time in the server, queue included; the model is
-/// loaded at start, so no request spends time loading it.
-pub fn done(endpoint: Endpoint, model: &str, text: &str, c: &Completion, total: Duration) -> Value {
+/// The last object: the whole text and thinking (none when streamed), why it ended and the counts
+/// and times (nanoseconds). `total` is the request's time in the server, queue included; the
+/// model is loaded at start, so no request spends time loading it.
+pub fn done(
+    endpoint: Endpoint,
+    model: &str,
+    text: (&str, &str),
+    c: &Completion,
+    total: Duration,
+) -> Value {
     let mut obj = reply(endpoint, model, text, true);
     obj.insert("done_reason".into(), json!(c.finish.as_str()));
     obj.insert("total_duration".into(), json!(nanos(total)));
@@ -621,7 +661,7 @@ pub fn done(endpoint: Endpoint, model: &str, text: &str, c: &Completion, total: 
 
 /// The answer to a request with nothing to answer, which Ollama takes as "load the model".
 pub fn loaded(endpoint: Endpoint, model: &str) -> Value {
-    let mut obj = reply(endpoint, model, "", true);
+    let mut obj = reply(endpoint, model, ("", ""), true);
     obj.insert("done_reason".into(), json!("load"));
     Value::Object(obj)
 }
@@ -779,6 +819,79 @@ mod tests {
     }
 
     #[test]
+    fn think_switches_the_template_and_the_split_and_thinking_goes_back() {
+        let think = |v: &str| {
+            let b = parse(
+                Endpoint::Chat,
+                &format!(r#"{{"model":"tiny","messages":[],"think":{v}}}"#),
+            )
+            .unwrap();
+            (Value::Object(b.template_kwargs), b.reasoning)
+        };
+        assert_eq!(
+            think("true"),
+            (json!({"enable_thinking": true}), Reasoning::Separate)
+        );
+        assert_eq!(
+            think("false"),
+            (json!({"enable_thinking": false}), Reasoning::Inline)
+        );
+        // Absent: the template's default, thinking separated (Ollama's default for a thinking
+        // model).
+        assert_eq!(think("null"), (json!({}), Reasoning::Separate));
+        // An assistant message's thinking is its reasoning; empty is none.
+        let b = parse(
+            Endpoint::Chat,
+            r#"{"model":"tiny","messages":[{"role":"user","content":"hi"},
+            {"role":"assistant","content":"hello","thinking":"greet back"},
+            {"role":"assistant","content":"again","thinking":""},
+            {"role":"user","content":"bye"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(b.messages[1].reasoning.as_deref(), Some("greet back"));
+        assert_eq!(b.messages[2].reasoning, None);
+        // The answer's thinking: in the message (chat) or beside the response (generate), and
+        // only when there is some.
+        let c = Completion {
+            text: "hello".into(),
+            reasoning: "greet back".into(),
+            tool_calls: Vec::new(),
+            prompt_tokens: 1,
+            completion_tokens: 2,
+            finish: crate::chat::Finish::Stop,
+            prompt_time: Duration::ZERO,
+            answer_time: Duration::ZERO,
+        };
+        let whole = done(
+            Endpoint::Chat,
+            "tiny",
+            ("hello", "greet back"),
+            &c,
+            Duration::ZERO,
+        );
+        assert_eq!(
+            whole["message"],
+            json!({"role": "assistant", "content": "hello", "thinking": "greet back"})
+        );
+        let whole = done(
+            Endpoint::Generate,
+            "tiny",
+            ("hello", "greet back"),
+            &c,
+            Duration::ZERO,
+        );
+        assert_eq!(
+            (whole["response"].clone(), whole["thinking"].clone()),
+            (json!("hello"), json!("greet back"))
+        );
+        let plain = chunk(Endpoint::Chat, "tiny", ("hello", ""));
+        assert_eq!(
+            plain["message"],
+            json!({"role": "assistant", "content": "hello"})
+        );
+    }
+
+    #[test]
     fn each_refusal_names_its_field() {
         let chat = |extra: &str| {
             format!(r#"{{"model":"tiny","messages":[{{"role":"user","content":"x"}}]{extra}}}"#)
@@ -790,8 +903,9 @@ mod tests {
             (chat(r#","format":"yaml""#), "format", 400),
             (chat(r#","format":["json"]"#), "format", 400),
             (chat(r#","tools":[{"type":"function"}]"#), "tools", 400),
-            (chat(r#","think":true"#), "think", 400),
             (chat(r#","think":"high""#), "think", 400),
+            (chat(r#","think":"low""#), "think", 400),
+            (chat(r#","think":1"#), "think", 400),
             (chat(r#","truncate":true"#), "truncate", 400),
             (chat(r#","shift":true"#), "shift", 400),
             (chat(r#","logprobs":true"#), "logprobs", 400),
@@ -828,6 +942,16 @@ mod tests {
             (
                 r#"{"model":"tiny","messages":[{"role":"assistant","content":"x","tool_calls":[{}]}]}"#.into(),
                 "messages[0].tool_calls",
+                400,
+            ),
+            (
+                r#"{"model":"tiny","messages":[{"role":"assistant","content":"x","thinking":7}]}"#.into(),
+                "messages[0].thinking",
+                400,
+            ),
+            (
+                r#"{"model":"tiny","messages":[{"role":"user","content":"x","thinking":"y"}]}"#.into(),
+                "messages[0].thinking",
                 400,
             ),
             (

@@ -77,11 +77,18 @@ async fn respond(
         tools: Tools::default(),
         format: body.format,
         template_kwargs: body.template_kwargs,
+        reasoning: body.reasoning,
     };
     let answer = answer::start(&state.queue, &state.media, request).await?;
     if !body.stream {
         let c = answer.whole().await?;
-        let whole = api::done(endpoint, &model, &c.text, &c, received.elapsed());
+        let whole = api::done(
+            endpoint,
+            &model,
+            (&c.text, &c.reasoning),
+            &c,
+            received.elapsed(),
+        );
         return Ok(Json(whole).into_response());
     }
     let lines = answer
@@ -99,8 +106,8 @@ async fn respond(
     Ok(response)
 }
 
-/// Ollama's streamed objects: one per piece of text, then the last with the counts and times; an
-/// error mid-answer is a last `{"error": "..."}` line (the status is sent already).
+/// Ollama's streamed objects: one per piece of thinking or text, then the last with the counts and
+/// times; an error mid-answer is a last `{"error": "..."}` line (the status is sent already).
 struct OllamaChunks {
     endpoint: Endpoint,
     model: String,
@@ -109,12 +116,16 @@ struct OllamaChunks {
 
 impl Chunks for OllamaChunks {
     fn text(&self, text: &str) -> Value {
-        api::chunk(self.endpoint, &self.model, text)
+        api::chunk(self.endpoint, &self.model, (text, ""))
+    }
+
+    fn reasoning(&self, text: &str) -> Value {
+        api::chunk(self.endpoint, &self.model, ("", text))
     }
 
     fn done(&self, c: &Completion) -> Vec<Value> {
         let total = self.received.elapsed();
-        vec![api::done(self.endpoint, &self.model, "", c, total)]
+        vec![api::done(self.endpoint, &self.model, ("", ""), c, total)]
     }
 
     fn error(&self, error: &ApiError) -> Value {

@@ -240,7 +240,23 @@ function addMessage(role, text, pictures) {
   article.append(meta);
   ui.log.append(article);
   scrollToEnd(true);
-  return { article, text: body, meta };
+  return { article, bubble, text: body, meta };
+}
+
+// A thinking model's reasoning, collapsed above the answer's text (made when the first piece
+// of it comes).
+function thinkingBox(view) {
+  if (!view.thinking) {
+    const box = document.createElement("details");
+    box.className = "thinking";
+    const summary = document.createElement("summary");
+    summary.textContent = "Thinking";
+    const text = document.createElement("div");
+    box.append(summary, text);
+    view.bubble.prepend(box);
+    view.thinking = text;
+  }
+  return view.thinking;
 }
 
 function showError(view, title, detail) {
@@ -367,6 +383,7 @@ async function send() {
   setStatus("Waiting for the answer…");
   const t = { start: performance.now(), first: null, end: 0, usage: null, finish: null };
   let reply = "";
+  let reasoning = "";
   let failure = null;
   try {
     const r = await fetch("/v1/chat/completions", {
@@ -386,6 +403,13 @@ async function send() {
       if (chunk.error) throw new ServerError(Number(chunk.error.code) || 500, chunk.error);
       const choice = chunk.choices && chunk.choices[0];
       if (choice) {
+        const thought = choice.delta && choice.delta.reasoning_content;
+        if (thought) {
+          if (t.first === null) t.first = performance.now();
+          reasoning += thought;
+          thinkingBox(answer).textContent = reasoning;
+          scrollToEnd(false);
+        }
         const piece = choice.delta && choice.delta.content;
         if (piece) {
           if (t.first === null) t.first = performance.now();
@@ -406,13 +430,16 @@ async function send() {
   answer.article.setAttribute("aria-busy", "false");
   setBusy(false);
 
+  // The reasoning goes back with the answer, for templates that render it (Qwen3.5's).
+  const said = reasoning ? { role: "assistant", content: reply, reasoning_content: reasoning }
+    : { role: "assistant", content: reply };
   if (!failure) {
-    state.history.push({ role: "assistant", content: reply });
+    state.history.push(said);
     answer.meta.textContent = timingsLine(t);
     setStatus("");
-  } else if (failure.name === "AbortError" && reply) {
+  } else if (failure.name === "AbortError" && (reply || reasoning)) {
     // Stopped mid-answer: the part shown stays in the conversation.
-    state.history.push({ role: "assistant", content: reply });
+    state.history.push(said);
     answer.meta.textContent = "stopped after " + seconds(t.end - t.start) + " (times measured in this page)";
     setStatus("Stopped.");
   } else {
@@ -420,7 +447,7 @@ async function send() {
     // its text and pictures are put back in the box, to edit and send again.
     state.history.pop();
     asked.article.classList.add("unsent");
-    if (!reply) answer.article.remove();
+    if (!reply && !reasoning) answer.article.remove();
     if (failure.name === "AbortError") {
       asked.meta.textContent = "stopped before the answer began; not part of the conversation";
       setStatus("Stopped.");

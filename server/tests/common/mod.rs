@@ -28,8 +28,12 @@ pub const PNG: &[u8] = b"\x89PNG\r\n\x1a\nrest";
 /// prompt of more than 400 characters is "over the context"; an image must start with the PNG
 /// magic. With tools in use and a last text "call", it calls each tool with `{"n": 1}` after the
 /// text "ok". It keeps every request it is given and counts the ones cancelled mid-answer.
+/// A thinking one (`thinks`) stands in for Qwen3.5: unless the request's template variables set
+/// `enable_thinking` false, its prompt opens a think block and it answers the last user text as
+/// it is, one character per token (the test writes the reasoning, `</think>` and the answer).
 struct ScriptedEngine {
     delay: Duration,
+    thinks: bool,
     cancels: Arc<AtomicUsize>,
     requests: Arc<Mutex<Vec<ChatRequest>>>,
 }
@@ -66,8 +70,11 @@ impl ChatEngine for ScriptedEngine {
                 "the prompt has {prompt} tokens, over the context of 400"
             )));
         }
+        let opens_think = self.thinks
+            && request.template_kwargs.get("enable_thinking") != Some(&Value::Bool(false));
         if !on_event(Event::Started {
             prompt_tokens: prompt,
+            opens_think,
         }) {
             return Err(EngineError::Cancelled);
         }
@@ -87,6 +94,7 @@ impl ChatEngine for ScriptedEngine {
                 .collect();
             return Ok(Completion {
                 text: "ok".into(),
+                reasoning: String::new(),
                 tool_calls,
                 prompt_tokens: prompt,
                 completion_tokens: 9,
@@ -95,13 +103,18 @@ impl ChatEngine for ScriptedEngine {
                 answer_time: ANSWER_TIME,
             });
         }
-        let answer = format!("echo({images}): {last_text}");
+        let answer = if opens_think {
+            last_text
+        } else {
+            format!("echo({images}): {last_text}")
+        };
         let max = request.sampling.max_tokens.unwrap_or(usize::MAX);
         let mut text = String::new();
         for (n, c) in answer.chars().enumerate() {
             if n == max {
                 return Ok(Completion {
                     text,
+                    reasoning: String::new(),
                     tool_calls: Vec::new(),
                     prompt_tokens: prompt,
                     completion_tokens: n,
@@ -121,6 +134,7 @@ impl ChatEngine for ScriptedEngine {
         Ok(Completion {
             completion_tokens: answer.chars().count(),
             text,
+            reasoning: String::new(),
             tool_calls: Vec::new(),
             prompt_tokens: prompt,
             finish: Finish::Stop,
@@ -143,10 +157,20 @@ pub struct Running {
 
 impl Running {
     pub fn start(options: ServeOptions, delay: Duration) -> Running {
+        Running::launch(options, delay, false)
+    }
+
+    /// [`Running::start`] over a thinking model (see `ScriptedEngine`).
+    pub fn start_thinking(options: ServeOptions) -> Running {
+        Running::launch(options, Duration::ZERO, true)
+    }
+
+    fn launch(options: ServeOptions, delay: Duration, thinks: bool) -> Running {
         let cancels = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(Mutex::new(Vec::new()));
         let engine = ScriptedEngine {
             delay,
+            thinks,
             cancels: cancels.clone(),
             requests: requests.clone(),
         };

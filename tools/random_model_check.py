@@ -28,10 +28,8 @@ transformers').
 from 4 clients at once (the conversation; another question; the pictures reversed; the first
 picture, another question and a system message; clients 1 and 3 stream), each client its turns in
 order, then every request again alone: each answer must equal its answer alone and transformers'.
-serve returns no ids: its text is compared with the decoded ids (special tokens skipped), its
-token count (`usage`) with transformers' up to <|im_end|>, the prompt rows too, and its
-finish_reason (at --shape 2b the 2B vocabulary's ids decode to nothing in the tiny tokenizer, so
-there only the counts say anything).
+serve's answers are compared by their ids (`return_token_ids`), with the prompt rows, the token
+count (`usage`) and the finish_reason.
 
 Needs torch, transformers (5.x), safetensors, pillow. CI does not run it.
 """
@@ -304,16 +302,6 @@ def judge(ours: list[int], ref: Answer, tie_gap: float) -> str:
     return "near tie" if step < len(ref.gaps) and ref.gaps[step] < tie_gap else "different"
 
 
-def judge_text(text: str, tokens: int, ref: Answer, tokenizer, tie_gap: float) -> str:
-    """Our text and token count against transformers' (the front ends that return no ids). The
-    divergence step is the longest run of transformers' ids whose text starts ours."""
-    if text == ref.text and tokens == len(ref.stopped):
-        return "same"
-    k = max(k for k in range(len(ref.stopped) + 1) if text.startswith(decode_text(tokenizer, ref.stopped[:k])))
-    step = min(k, len(ref.gaps) - 1)
-    return "near tie" if ref.gaps[step] < tie_gap else "different"
-
-
 def report(label: str, verdict: str, ref: Answer, ours: str) -> str:
     print(f"  {label}: {ref.rows} prompt rows, transformers {ref.ids} {ref.text!r}\n"
           f"    {'ours':>{len(label) - 2}}  {ours}  -> {verdict.upper()} (smallest top-2 gap {min(ref.gaps):.4f})")
@@ -420,10 +408,11 @@ def serving(args, pack: str, log_path: str):
         log.close()
 
 
-def ask(base: str, messages: list[dict], steps: int, stream: bool) -> tuple[str, int, int, str]:
+def ask(base: str, messages: list[dict], steps: int, stream: bool) -> tuple[str, list[int], int, int, str]:
     """One greedy /v1/chat/completions request, streamed (SSE, with the usage chunk) or not:
-    text, completion and prompt tokens, finish."""
-    body = {"model": "m", "messages": openai_messages(messages), "temperature": 0, "max_tokens": steps}
+    text, ids (`return_token_ids`), completion and prompt tokens, finish."""
+    body = {"model": "m", "messages": openai_messages(messages), "temperature": 0, "max_tokens": steps,
+            "return_token_ids": True}
     if stream:
         body.update(stream=True, stream_options={"include_usage": True})
     req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
@@ -433,9 +422,9 @@ def ask(base: str, messages: list[dict], steps: int, stream: bool) -> tuple[str,
             if not stream:
                 doc = json.load(r)
                 choice = doc["choices"][0]
-                return (choice["message"]["content"] or "", doc["usage"]["completion_tokens"],
+                return (choice["message"]["content"] or "", choice["token_ids"], doc["usage"]["completion_tokens"],
                         doc["usage"]["prompt_tokens"], choice["finish_reason"])
-            text, finish, usage = "", None, None
+            text, ids, finish, usage = "", None, None, None
             for line in r:
                 line = line.decode().strip()
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -445,7 +434,8 @@ def ask(base: str, messages: list[dict], steps: int, stream: bool) -> tuple[str,
                 for choice in chunk.get("choices", []):
                     text += choice.get("delta", {}).get("content") or ""
                     finish = choice.get("finish_reason") or finish
-            return text, usage["completion_tokens"], usage["prompt_tokens"], finish
+                    ids = choice.get("token_ids", ids)
+            return text, ids, usage["completion_tokens"], usage["prompt_tokens"], finish
     except urllib.error.HTTPError as e:
         raise RuntimeError(f"HTTP {e.code}: {e.read().decode(errors='replace')}") from e
 
@@ -453,8 +443,8 @@ def ask(base: str, messages: list[dict], steps: int, stream: bool) -> tuple[str,
 def check_serve(args, pack: str, convs, tokenizer, log_path: str) -> list[str]:
     """`xdna-vl serve --parallel N`: every conversation from its own client at once (each client
     asks its turns in order, the history holding transformers' answers; odd clients stream), then
-    each turn again alone. Text, token counts and finish (the API returns no ids); the answer at
-    once must be the answer alone, both transformers'."""
+    each turn again alone. Ids (`return_token_ids`), prompt rows and finish; the answer at once
+    must be the answer alone, both transformers'."""
     def client(c: int):
         return [ask(base, messages, args.steps, stream=c % 2 == 1) for messages, _ in convs[c]]
 
@@ -465,15 +455,17 @@ def check_serve(args, pack: str, convs, tokenizer, log_path: str) -> list[str]:
     verdicts = []
     for c, turns in enumerate(convs):
         for t, (_, ref) in enumerate(turns):
-            (text, tokens, rows, finish), single = together[c][t], alone[c][t]
-            verdict = judge_text(text, tokens, ref, tokenizer, args.tie_gap)
+            (text, ids, tokens, rows, finish), single = together[c][t], alone[c][t]
+            verdict = judge(ids, ref, args.tie_gap)
+            if verdict == "same" and tokens != len(ids):
+                verdict = "different"
             want_finish = "stop" if ref.stopped[-1:] == [END_OF_TURN] else "length"
             if verdict == "same" and (rows != ref.rows or finish != want_finish):
                 verdict = "different"
             if single != together[c][t]:
                 verdict = "different"  # not the answer it gets alone: a product bug, near tie or not
             verdicts.append(report(f"serve client {c} turn {t + 1}", verdict, ref,
-                                   f"{text!r} ({tokens} tokens, {rows} prompt rows, {finish})"
+                                   f"{ids} {text!r} ({tokens} tokens, {rows} prompt rows, {finish})"
                                    + ("" if single == together[c][t] else f"; alone {single!r}")))
     return verdicts
 

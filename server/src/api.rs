@@ -59,6 +59,9 @@ pub struct ChatBody {
     pub template_kwargs: Map<String, Value>,
     /// `reasoning_format`: a thinking model's reasoning in `reasoning_content` or inline.
     pub reasoning: Reasoning,
+    /// `return_token_ids` (vLLM's field): the answer's token ids in the choice's `token_ids`
+    /// (streamed: all of them in the chunk with the finish reason).
+    pub return_token_ids: bool,
 }
 
 pub(crate) fn bad(message: String, param: &str) -> ApiError {
@@ -71,7 +74,7 @@ pub(crate) fn bad(message: String, param: &str) -> ApiError {
 /// taken only when they ask for nothing; `user`, `metadata`, `store` and `service_tier` do not
 /// change the answer and are ignored). Any other field is refused by name: llama-server's
 /// `grammar` would otherwise be silently dropped.
-const CHAT_FIELDS: [&str; 27] = [
+const CHAT_FIELDS: [&str; 28] = [
     "model",
     "messages",
     "n",
@@ -94,6 +97,7 @@ const CHAT_FIELDS: [&str; 27] = [
     "response_format",
     "chat_template_kwargs",
     "reasoning_format",
+    "return_token_ids",
     "modalities",
     "user",
     "metadata",
@@ -165,6 +169,7 @@ pub fn parse_chat_body(body: &[u8], max_tokens_cap: usize) -> Result<ChatBody, A
         ));
     }
     let stream = flag(&obj, "stream")?;
+    let return_token_ids = flag(&obj, "return_token_ids")?;
     let include_usage = match obj.get("stream_options") {
         None | Some(Value::Null) => false,
         Some(Value::Object(o)) => {
@@ -187,6 +192,7 @@ pub fn parse_chat_body(body: &[u8], max_tokens_cap: usize) -> Result<ChatBody, A
         format,
         template_kwargs,
         reasoning,
+        return_token_ids,
     })
 }
 

@@ -202,6 +202,8 @@ pub struct Completion {
     pub tool_calls: Vec<ToolCall>,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// The answer's token ids, when the engine has them (`return_token_ids`; empty otherwise).
+    pub ids: Vec<u32>,
     pub finish: Finish,
     /// The time the engine spent on the prompt (its images and prefill) and on the answer (its
     /// decode steps), as it measured them (Ollama's `prompt_eval_duration` and `eval_duration`).

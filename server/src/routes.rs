@@ -123,6 +123,7 @@ async fn chat_completions(
         format,
         template_kwargs,
         reasoning,
+        return_token_ids,
         ..
     } = api::parse_chat_body(&bytes, state.max_tokens_cap)?;
     let request = answer::Request {
@@ -139,7 +140,11 @@ async fn chat_completions(
     let model = state.info.id.clone();
     if !stream {
         let c = answer.whole().await?;
-        return Ok(Json(api::completion_body(&id, created, &model, &c)).into_response());
+        let mut body = api::completion_body(&id, created, &model, &c);
+        if return_token_ids {
+            body["choices"][0]["token_ids"] = json!(c.ids);
+        }
+        return Ok(Json(body).into_response());
     }
     let role = api::chunk_body(
         &id,
@@ -153,6 +158,7 @@ async fn chat_completions(
         created,
         model,
         include_usage,
+        return_token_ids,
     });
     let events = stream::once(role)
         .chain(chunks)
@@ -168,6 +174,7 @@ struct OpenAiChunks {
     created: u64,
     model: String,
     include_usage: bool,
+    return_token_ids: bool,
 }
 
 impl answer::Chunks for OpenAiChunks {
@@ -190,13 +197,11 @@ impl answer::Chunks for OpenAiChunks {
             let delta = json!({ "tool_calls": api::tool_calls_json(&c.tool_calls, true) });
             last.push(api::chunk_body(id, created, model, delta, None));
         }
-        last.push(api::chunk_body(
-            id,
-            created,
-            model,
-            json!({}),
-            Some(c.finish.as_str()),
-        ));
+        let mut finish = api::chunk_body(id, created, model, json!({}), Some(c.finish.as_str()));
+        if self.return_token_ids {
+            finish["choices"][0]["token_ids"] = json!(c.ids);
+        }
+        last.push(finish);
         if self.include_usage {
             last.push(api::usage_chunk_body(id, created, model, c));
         }

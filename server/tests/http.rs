@@ -108,6 +108,43 @@ fn answers_whole_and_streamed_alike_with_usage() {
     server.stop().unwrap();
 }
 
+/// `return_token_ids` (vLLM's field): the answer's ids in `choices[0].token_ids`, whole and in
+/// the streamed chunk with the finish reason (the scripted engine's ids are its characters' code
+/// points). Controls: without the flag no `token_ids`; a non-boolean is refused by name.
+#[test]
+fn return_token_ids_gives_the_answers_ids_whole_and_streamed() {
+    let server = Running::start(
+        ServeOptions {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            ..ServeOptions::default()
+        },
+        Duration::ZERO,
+    );
+    let want: Vec<u32> = "echo(0): hello".chars().map(u32::from).collect();
+    let mut body = user("hello");
+    body["return_token_ids"] = json!(true);
+    let whole = chat(server.addr, body.clone()).json();
+    assert_eq!(whole["choices"][0]["token_ids"], json!(want));
+    body["stream"] = json!(true);
+    let (_, chunks) = streamed_text(&chat(server.addr, body));
+    let with_ids: Vec<&Value> = chunks
+        .iter()
+        .filter(|c| !c["choices"][0]["token_ids"].is_null())
+        .collect();
+    assert_eq!(with_ids.len(), 1);
+    assert_eq!(with_ids[0]["choices"][0]["finish_reason"], "stop");
+    assert_eq!(with_ids[0]["choices"][0]["token_ids"], json!(want));
+    // Controls.
+    let plain = chat(server.addr, user("hello")).json();
+    assert!(plain["choices"][0].get("token_ids").is_none());
+    let mut bad = user("hello");
+    bad["return_token_ids"] = json!("yes");
+    let refused = chat(server.addr, bad);
+    assert_eq!(refused.status, 400);
+    assert_eq!(refused.json()["error"]["param"], "return_token_ids");
+    server.stop().unwrap();
+}
+
 #[test]
 fn images_by_data_url_and_media_dir_and_their_refusals() {
     let dir = tempfile::tempdir().unwrap();

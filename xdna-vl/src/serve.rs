@@ -176,6 +176,7 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
             tool_calls,
             prompt_tokens: g.prompt_tokens,
             completion_tokens: g.ids.len(),
+            ids: g.ids,
             finish,
             prompt_time: g.timings.tower + g.timings.prefill,
             answer_time: g.timings.decode,

@@ -858,6 +858,7 @@ mod tests {
             tool_calls: Vec::new(),
             prompt_tokens: 1,
             completion_tokens: 2,
+            ids: Vec::new(),
             finish: crate::chat::Finish::Stop,
             prompt_time: Duration::ZERO,
             answer_time: Duration::ZERO,

@@ -98,6 +98,7 @@ impl ChatEngine for ScriptedEngine {
                 tool_calls,
                 prompt_tokens: prompt,
                 completion_tokens: 9,
+                ids: Vec::new(),
                 finish: Finish::ToolCalls,
                 prompt_time: PROMPT_TIME,
                 answer_time: ANSWER_TIME,
@@ -118,6 +119,7 @@ impl ChatEngine for ScriptedEngine {
                     tool_calls: Vec::new(),
                     prompt_tokens: prompt,
                     completion_tokens: n,
+                    ids: answer.chars().take(n).map(u32::from).collect(),
                     finish: Finish::Length,
                     prompt_time: PROMPT_TIME,
                     answer_time: ANSWER_TIME,
@@ -133,6 +135,8 @@ impl ChatEngine for ScriptedEngine {
         }
         Ok(Completion {
             completion_tokens: answer.chars().count(),
+            // The scripted engine's "token ids": the characters' code points.
+            ids: answer.chars().map(u32::from).collect(),
             text,
             reasoning: String::new(),
             tool_calls: Vec::new(),

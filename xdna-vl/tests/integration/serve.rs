@@ -165,6 +165,18 @@ fn answers_equal_xdna_vl_run_and_usage_the_engines() {
     assert_eq!(usage["prompt_tokens"], run_prompt);
     assert_eq!(usage["completion_tokens"], run_ids as u64);
     assert_eq!(r.json()["choices"][0]["finish_reason"], "stop");
+    // return_token_ids: the answer's ids, transformers' greedy ids (tests/fixtures/chat/answer.json).
+    let mut with_ids = body.clone();
+    with_ids["return_token_ids"] = json!(true);
+    let fixture: Value =
+        serde_json::from_str(&std::fs::read_to_string(chat_dir().join("answer.json")).unwrap())
+            .unwrap();
+    let ids = served.post(&with_ids).json()["choices"][0]["token_ids"].clone();
+    assert_eq!(ids, fixture["answer"]["greedy_ids"]);
+    assert!(
+        r.json()["choices"][0].get("token_ids").is_none(),
+        "control: not asked"
+    );
 
     // Streamed: the chunks add up to the same text, and the usage chunk to the same counts.
     let (s, s_usage) = streamed(&served, body.clone());

@@ -9,6 +9,7 @@ same shapes over raw HTTP).
   python3 tools/ollama_client_check.py --host http://127.0.0.1:18434 --api-key k1
 """
 import argparse
+import json
 import os
 import sys
 
@@ -64,8 +65,15 @@ def main() -> int:
     check("generate streamed equals generate whole, and equals chat", "".join(gparts) == gen.response == whole.message.content
           and glast.done and glast.eval_count == gen.eval_count)
 
+    js = client.chat(model=model, messages=messages, format="json", options=options)
+    print(f"format='json': {js.message.content!r}")
+    try:
+        json.loads(js.message.content)
+        check("format='json' answers JSON (constrained decoding)", True)
+    except ValueError:
+        check("format='json' answers JSON (constrained decoding)", js.done_reason == "length")
+
     for what, call, status in [
-        ("format='json' refused by name", lambda: client.chat(model=model, messages=messages, format="json"), 400),
         ("a think level refused by name", lambda: client.generate(model=model, prompt="x", think="high"), 400),
         ("a model this server does not serve", lambda: client.chat(model="llama3.2", messages=messages), 404),
     ]:

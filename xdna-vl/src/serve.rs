@@ -119,6 +119,9 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
         let functions = tools.functions();
         let names: Vec<&str> = functions.iter().map(|(n, _)| n.as_str()).collect();
         let mut splitter = CallSplitter::default();
+        // After a prompt that opens a think block, the reasoning is shown as it is: a call is
+        // read only after `</think>` (a `<tool_call>` the model muses about is not one).
+        let mut reasoning: Option<String> = None;
         let mut shown = String::new();
         let mut show = |t: &str, on_event: &mut dyn FnMut(api::Event<'_>) -> bool| {
             shown.push_str(t);
@@ -132,11 +135,26 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
                 prompt_tokens,
                 opens_think,
                 ..
-            } => on_event(api::Event::Started {
-                prompt_tokens,
-                opens_think: opens_think && free,
-            }),
-            engine::Event::Text(t) if reads_calls => show(&splitter.push(t), on_event),
+            } => {
+                if opens_think && free {
+                    reasoning = Some(String::new());
+                }
+                on_event(api::Event::Started {
+                    prompt_tokens,
+                    opens_think: opens_think && free,
+                })
+            }
+            engine::Event::Text(t) if reads_calls => match reasoning.as_mut() {
+                Some(held) => {
+                    let (now, after) = think_gate(held, t);
+                    if after.is_some() {
+                        reasoning = None;
+                    }
+                    show(&now, on_event)
+                        && after.is_none_or(|rest| show(&splitter.push(&rest), on_event))
+                }
+                None => show(&splitter.push(t), on_event),
+            },
             engine::Event::Text(t) => show(t, on_event),
         };
         let g = self
@@ -149,6 +167,10 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
             FinishReason::Cancelled => return Err(api::EngineError::Cancelled),
         };
         let mut tool_calls = Vec::new();
+        if let Some(held) = reasoning.take() {
+            // The answer ended inside its reasoning: what was held is reasoning too.
+            show(&held, on_event);
+        }
         if reads_calls {
             let parsed = splitter.finish(&names);
             show(&parsed.text, on_event);
@@ -182,6 +204,24 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
             answer_time: g.timings.decode,
         })
     }
+}
+
+/// Reasoning text `piece` added to what `held` keeps back: (the text to show now, the text after
+/// `</think>` once the tag has come). The tag itself is shown with the reasoning; an end of the
+/// text that could begin it is held until the next piece.
+fn think_gate(held: &mut String, piece: &str) -> (String, Option<String>) {
+    const CLOSE: &str = "</think>";
+    held.push_str(piece);
+    if let Some(i) = held.find(CLOSE) {
+        let rest = held.split_off(i + CLOSE.len());
+        return (std::mem::take(held), Some(rest));
+    }
+    let keep = (1..CLOSE.len())
+        .rev()
+        .find(|&n| held.ends_with(&CLOSE[..n]))
+        .unwrap_or(0);
+    let rest = held.split_off(held.len() - keep);
+    (std::mem::replace(held, rest), None)
 }
 
 /// The constraint a request asks for: its response format's, or the calls grammar (in the
@@ -448,6 +488,8 @@ mod tests {
         /// The template variables of each request.
         kwargs: Vec<serde_json::Value>,
         form: CallForm,
+        /// Whether its prompt opens a think block (Qwen3.5's generation prompt).
+        opens_think: bool,
     }
 
     impl Answerer for Scripted {
@@ -474,7 +516,7 @@ mod tests {
                 prompt_tokens: 1,
                 image_tokens: 0,
                 reused_tokens: 0,
-                opens_think: true,
+                opens_think: self.opens_think,
             });
             for p in &self.pieces {
                 on_event(engine::Event::Text(p));
@@ -503,12 +545,23 @@ mod tests {
         pieces: &[&str],
         tools: Tools,
     ) -> (String, Result<Completion, api::EngineError>, Scripted) {
+        answer_after(false, form, pieces, tools)
+    }
+
+    /// `answer_in` after a prompt that opens a think block (`opens_think`) or not.
+    fn answer_after(
+        opens_think: bool,
+        form: CallForm,
+        pieces: &[&str],
+        tools: Tools,
+    ) -> (String, Result<Completion, api::EngineError>, Scripted) {
         let mut engine = ServerEngine {
             answerer: Scripted {
                 pieces: pieces.iter().map(|p| p.to_string()).collect(),
                 seen: Vec::new(),
                 kwargs: Vec::new(),
                 form,
+                opens_think,
             },
             template_kwargs: Default::default(),
         };
@@ -528,6 +581,39 @@ mod tests {
             true
         });
         (streamed, c, engine.answerer)
+    }
+
+    /// After a prompt that opens a think block, a call is read only after `</think>`: a
+    /// `<tool_call>` in the reasoning is shown as text (the tag split across pieces), one after it
+    /// is a call. Control: the same reasoning after a prompt that opens nothing is read as a call.
+    #[test]
+    fn calls_in_the_reasoning_are_not_calls() {
+        let musing = ["I could ", CALL, " maybe.</th", "ink>\n\n", CALL];
+        let (streamed, c, _) =
+            answer_after(true, CallForm::Json, &musing, tools(ToolChoice::Auto, true));
+        let c = c.unwrap();
+        assert_eq!(streamed, format!("I could {CALL} maybe.</think>\n\n"));
+        assert_eq!(c.tool_calls.len(), 1, "{:?}", c.tool_calls);
+        assert_eq!(c.finish, Finish::ToolCalls);
+        // No `</think>`: all reasoning, no call.
+        let (streamed, c, _) = answer_after(
+            true,
+            CallForm::Json,
+            &["I could ", CALL],
+            tools(ToolChoice::Auto, true),
+        );
+        let c = c.unwrap();
+        assert_eq!(streamed, format!("I could {CALL}"));
+        assert!(c.tool_calls.is_empty());
+        assert_eq!(c.finish, Finish::Stop);
+        // Control: no open think block, the first call is read (and the second too).
+        let (_, c, _) = answer_after(
+            false,
+            CallForm::Json,
+            &musing,
+            tools(ToolChoice::Auto, true),
+        );
+        assert_eq!(c.unwrap().tool_calls.len(), 2);
     }
 
     fn tools(choice: ToolChoice, parallel: bool) -> Tools {
@@ -607,6 +693,7 @@ mod tests {
                     seen: Vec::new(),
                     kwargs: Vec::new(),
                     form: CallForm::Json,
+                    opens_think: true,
                 },
                 template_kwargs: Default::default(),
             };
@@ -648,6 +735,7 @@ mod tests {
                 seen: Vec::new(),
                 kwargs: Vec::new(),
                 form: CallForm::Json,
+                opens_think: false,
             },
             template_kwargs: Default::default(),
         };
@@ -685,6 +773,7 @@ mod tests {
                 seen: Vec::new(),
                 kwargs: Vec::new(),
                 form: CallForm::Json,
+                opens_think: false,
             },
             template_kwargs: serde_json::json!({"enable_thinking": false, "a": 1})
                 .as_object()

@@ -57,6 +57,8 @@ pub struct ChatTemplate {
     /// bos/eos/unk/pad strings, as the template sees them.
     special_tokens: Vec<(&'static str, String)>,
     call_form: CallForm,
+    thinks: bool,
+    takes_tools: bool,
 }
 
 impl ChatTemplate {
@@ -94,12 +96,27 @@ impl ChatTemplate {
             env,
             special_tokens,
             call_form: CallForm::of_template(source),
+            // Qwen3.5's and Qwen3's templates write and read `<think>` blocks; Qwen3-VL
+            // Instruct's do not.
+            thinks: source.contains("<think>"),
+            takes_tools: source.contains("tools"),
         })
     }
 
     /// The form this template has the model write tool calls in.
     pub fn call_form(&self) -> CallForm {
         self.call_form
+    }
+
+    /// The template has a thinking model reason in `<think>` blocks (Ollama's "thinking"
+    /// capability).
+    pub fn thinks(&self) -> bool {
+        self.thinks
+    }
+
+    /// The template renders the tools it is given (Ollama's "tools" capability).
+    pub fn takes_tools(&self) -> bool {
+        self.takes_tools
     }
 
     /// The prompt text of `messages` (JSON as transformers' messages: role, content as a string or a

@@ -260,6 +260,10 @@ pub struct ModelInfo {
     pub family: String,
     /// The model takes images (its pack has the vision tower).
     pub vision: bool,
+    /// Its chat template renders tools, and has it reason in `<think>` blocks (Ollama's "tools"
+    /// and "thinking" capabilities).
+    pub tools: bool,
+    pub thinking: bool,
     /// The model file's size in bytes and when it last changed, when known.
     pub size: Option<u64>,
     pub modified: Option<SystemTime>,

@@ -387,6 +387,8 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
         context: session.context(),
         family: session.forward().semantics().architecture.clone(),
         vision: session.takes_images(),
+        tools: session.format().template.takes_tools(),
+        thinking: session.format().template.thinks(),
         size: file.as_ref().map(|m| m.len()),
         modified: file.and_then(|m| m.modified().ok()),
     };

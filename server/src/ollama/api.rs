@@ -565,8 +565,14 @@ fn details(info: &ModelInfo) -> Value {
 
 fn capabilities(info: &ModelInfo) -> Vec<&'static str> {
     let mut caps = vec!["completion"];
-    if info.vision {
-        caps.push("vision");
+    for (has, cap) in [
+        (info.vision, "vision"),
+        (info.tools, "tools"),
+        (info.thinking, "thinking"),
+    ] {
+        if has {
+            caps.push(cap);
+        }
     }
     caps
 }
@@ -677,6 +683,8 @@ mod tests {
             context: 400,
             family: "qwen3_vl".into(),
             vision: true,
+            tools: true,
+            thinking: false,
             size: None,
             modified: None,
         }
@@ -684,6 +692,28 @@ mod tests {
 
     fn parse(endpoint: Endpoint, body: &str) -> Result<OllamaBody, ApiError> {
         parse_body(endpoint, body.as_bytes(), &info(), 256)
+    }
+
+    /// `capabilities` lists "tools" and "thinking" as the chat template has them (Qwen3.5's
+    /// has both). Control: a template without them lists neither.
+    #[test]
+    fn capabilities_follow_the_template() {
+        let thinking = ModelInfo {
+            thinking: true,
+            ..info()
+        };
+        assert_eq!(
+            show_body(&thinking)["capabilities"],
+            json!(["completion", "vision", "tools", "thinking"])
+        );
+        let plain = ModelInfo {
+            tools: false,
+            ..info()
+        };
+        assert_eq!(
+            tags_body(&plain)["models"][0]["capabilities"],
+            json!(["completion", "vision"])
+        );
     }
 
     #[test]

@@ -313,7 +313,7 @@ def report(label: str, verdict: str, ref: Answer, ours: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def check_run(args, pack: str, turns, tokenizer) -> list[str]:
+def check_run(args, pack: str, turns) -> list[str]:
     """`xdna-vl run --json`: one user turn, our greedy ids."""
     [(messages, ref)] = turns
     pictures, question = messages[0]["content"], messages[0]["content"][-1]["text"]
@@ -328,7 +328,7 @@ def check_run(args, pack: str, turns, tokenizer) -> list[str]:
     return [report("run", judge(ours["ids"], ref, args.tie_gap), ref, f"{ours['ids']} {ours['text']!r}")]
 
 
-def check_chat(args, pack: str, turns, tokenizer) -> list[str]:
+def check_chat(args, pack: str, turns) -> list[str]:
     """`xdna-vl chat --json` on a pipe: the turns one after another on one session (the cached
     prefix of the earlier turns reused), its history holding our own answers; each answer's ids
     and prompt rows against transformers'. A later turn is compared only while every earlier
@@ -440,7 +440,7 @@ def ask(base: str, messages: list[dict], steps: int, stream: bool) -> tuple[str,
         raise RuntimeError(f"HTTP {e.code}: {e.read().decode(errors='replace')}") from e
 
 
-def check_serve(args, pack: str, convs, tokenizer, log_path: str) -> list[str]:
+def check_serve(args, pack: str, convs, log_path: str) -> list[str]:
     """`xdna-vl serve --parallel N`: every conversation from its own client at once (each client
     asks its turns in order, the history holding transformers' answers; odd clients stream), then
     each turn again alone. Ids (`return_token_ids`), prompt rows and finish; the answer at once
@@ -527,12 +527,11 @@ def run_one(index: int, seed: int, work: str, args) -> list[str]:
     names = [os.path.basename(c["image"]) for m, _ in convs[0] for c in m[-1]["content"][:-1]]
     print(f"model {index}: {describe(geo)}; {args.turns} turn(s), {len(names)} pictures "
           f"({', '.join(names) or 'text only'})")
-    tok = processor.tokenizer
     if args.serve:
-        return check_serve(args, pack, convs, tok, os.path.join(out, "serve.log"))
+        return check_serve(args, pack, convs, os.path.join(out, "serve.log"))
     if args.turns > 1:
-        return check_chat(args, pack, convs[0], tok)
-    return check_run(args, pack, convs[0], tok)
+        return check_chat(args, pack, convs[0])
+    return check_run(args, pack, convs[0])
 
 
 def main(argv: list[str]) -> int:

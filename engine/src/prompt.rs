@@ -59,7 +59,7 @@ impl Prompt {
 }
 
 /// [`Prompt::opens_think`] of a prompt's text.
-pub fn opens_think(text: &str) -> bool {
+fn opens_think(text: &str) -> bool {
     text.strip_suffix('\n').unwrap_or(text).ends_with("<think>")
 }
 

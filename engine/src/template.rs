@@ -58,7 +58,6 @@ pub struct ChatTemplate {
     special_tokens: Vec<(&'static str, String)>,
     call_form: CallForm,
     thinks: bool,
-    takes_tools: bool,
 }
 
 impl ChatTemplate {
@@ -99,7 +98,6 @@ impl ChatTemplate {
             // Qwen3.5's and Qwen3's templates write and read `<think>` blocks; Qwen3-VL
             // Instruct's do not.
             thinks: source.contains("<think>"),
-            takes_tools: source.contains("tools"),
         })
     }
 
@@ -112,11 +110,6 @@ impl ChatTemplate {
     /// capability).
     pub fn thinks(&self) -> bool {
         self.thinks
-    }
-
-    /// The template renders the tools it is given (Ollama's "tools" capability).
-    pub fn takes_tools(&self) -> bool {
-        self.takes_tools
     }
 
     /// The prompt text of `messages` (JSON as transformers' messages: role, content as a string or a

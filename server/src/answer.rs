@@ -16,7 +16,7 @@ use crate::chat::{
 use crate::error::ApiError;
 use crate::media::{self, MediaPolicy};
 use crate::queue::{Job, JobEvent, Queue};
-use crate::think::{Piece, Reasoning, ThinkSplitter};
+use crate::think::{append, Piece, Reasoning, ThinkSplitter};
 
 /// The request body, refused with 413 past `limit` bytes (by its Content-Length before reading).
 pub async fn read_body(limit: usize, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
@@ -116,20 +116,14 @@ impl Answer {
     /// Waits for the whole answer.
     pub async fn whole(mut self) -> Result<Completion, ApiError> {
         let (mut text, mut reasoning) = (String::new(), String::new());
-        let mut add = |pieces: Vec<Piece>| {
-            for p in pieces {
-                match p {
-                    Piece::Reasoning(r) => reasoning.push_str(&r),
-                    Piece::Content(t) => text.push_str(&t),
-                }
-            }
-        };
         loop {
             match self.receiver.recv().await {
-                Some(JobEvent::Text(t)) => add(self.splitter.push(&t)),
+                Some(JobEvent::Text(t)) => {
+                    append(self.splitter.push(&t), &mut reasoning, &mut text)
+                }
                 Some(JobEvent::Done(Ok(c))) => {
                     debug_assert!(c.prompt_tokens == self.prompt_tokens);
-                    add(self.splitter.finish());
+                    append(self.splitter.finish(), &mut reasoning, &mut text);
                     return Ok(Completion {
                         text,
                         reasoning,

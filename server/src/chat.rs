@@ -260,9 +260,7 @@ pub struct ModelInfo {
     pub family: String,
     /// The model takes images (its pack has the vision tower).
     pub vision: bool,
-    /// Its chat template renders tools, and has it reason in `<think>` blocks (Ollama's "tools"
-    /// and "thinking" capabilities).
-    pub tools: bool,
+    /// Its chat template has it reason in `<think>` blocks (Ollama's "thinking" capability).
     pub thinking: bool,
     /// The model file's size in bytes and when it last changed, when known.
     pub size: Option<u64>,

@@ -169,35 +169,41 @@ impl ThinkSplitter {
 
 /// Where the longest end of `s` that is a proper prefix of `</think>` starts (`s.len()` when
 /// none is): the text from there could still become the tag.
-fn tag_prefix_start(s: &str) -> usize {
+pub fn tag_prefix_start(s: &str) -> usize {
     (1..CLOSE.len().min(s.len() + 1))
         .rev()
         .find(|&k| s.ends_with(&CLOSE[..k]))
         .map_or(s.len(), |k| s.len() - k)
 }
 
-/// The reasoning and the content of a whole answer given in `chunks`, as the pieces say.
-pub fn split_whole<'a>(
-    reasoning: Reasoning,
-    prompt_opens_think: bool,
-    chunks: impl IntoIterator<Item = &'a str>,
-) -> (String, String) {
-    let mut splitter = ThinkSplitter::new(reasoning, prompt_opens_think);
-    let mut pieces: Vec<Piece> = chunks.into_iter().flat_map(|c| splitter.push(c)).collect();
-    pieces.extend(splitter.finish());
-    let (mut r, mut c) = (String::new(), String::new());
+/// `pieces` added to a whole answer's `reasoning` and `content`.
+pub fn append(pieces: Vec<Piece>, reasoning: &mut String, content: &mut String) {
     for p in pieces {
         match p {
-            Piece::Reasoning(t) => r.push_str(&t),
-            Piece::Content(t) => c.push_str(&t),
+            Piece::Reasoning(t) => reasoning.push_str(&t),
+            Piece::Content(t) => content.push_str(&t),
         }
     }
-    (r, c)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reasoning and the content of a whole answer given in `chunks`.
+    fn split_whole<'a>(
+        reasoning: Reasoning,
+        prompt_opens_think: bool,
+        chunks: impl IntoIterator<Item = &'a str>,
+    ) -> (String, String) {
+        let mut splitter = ThinkSplitter::new(reasoning, prompt_opens_think);
+        let (mut r, mut c) = (String::new(), String::new());
+        for chunk in chunks {
+            append(splitter.push(chunk), &mut r, &mut c);
+        }
+        append(splitter.finish(), &mut r, &mut c);
+        (r, c)
+    }
 
     const QWEN35: &str = "The user greets.\nSay hi back.\n</think>\n\nHi there!";
 

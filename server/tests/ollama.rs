@@ -217,10 +217,7 @@ fn every_route_is_what_the_python_client_reads() {
     assert_eq!(listed["size"], 1234);
     assert_eq!(listed["modified_at"], "2023-11-14T22:13:20.000000Z");
     assert_eq!(listed["details"]["family"], "qwen3_vl");
-    assert_eq!(
-        listed["capabilities"],
-        json!(["completion", "vision", "tools"])
-    );
+    assert_eq!(listed["capabilities"], json!(["completion", "vision"]));
 
     // /api/show by either name the client may use, and by `name` as older clients send it.
     for body in [
@@ -236,10 +233,7 @@ fn every_route_is_what_the_python_client_reads() {
             Vec::<String>::new()
         );
         assert_eq!(show["model_info"]["qwen3_vl.context_length"], 400);
-        assert_eq!(
-            show["capabilities"],
-            json!(["completion", "vision", "tools"])
-        );
+        assert_eq!(show["capabilities"], json!(["completion", "vision"]));
     }
     let version = request(addr, "GET", "/api/version", None, b"").json();
     assert!(

@@ -210,17 +210,13 @@ impl<A: Answerer> ChatEngine for ServerEngine<A> {
 /// `</think>` once the tag has come). The tag itself is shown with the reasoning; an end of the
 /// text that could begin it is held until the next piece.
 fn think_gate(held: &mut String, piece: &str) -> (String, Option<String>) {
-    const CLOSE: &str = "</think>";
+    use server::think::{tag_prefix_start, CLOSE};
     held.push_str(piece);
     if let Some(i) = held.find(CLOSE) {
         let rest = held.split_off(i + CLOSE.len());
         return (std::mem::take(held), Some(rest));
     }
-    let keep = (1..CLOSE.len())
-        .rev()
-        .find(|&n| held.ends_with(&CLOSE[..n]))
-        .unwrap_or(0);
-    let rest = held.split_off(held.len() - keep);
+    let rest = held.split_off(tag_prefix_start(held));
     (std::mem::replace(held, rest), None)
 }
 
@@ -387,7 +383,6 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
         context: session.context(),
         family: session.forward().semantics().architecture.clone(),
         vision: session.takes_images(),
-        tools: session.format().template.takes_tools(),
         thinking: session.format().template.thinks(),
         size: file.as_ref().map(|m| m.len()),
         modified: file.and_then(|m| m.modified().ok()),
@@ -494,6 +489,18 @@ mod tests {
         opens_think: bool,
     }
 
+    impl Scripted {
+        fn new(pieces: &[&str], form: CallForm, opens_think: bool) -> Scripted {
+            Scripted {
+                pieces: pieces.iter().map(|p| p.to_string()).collect(),
+                seen: Vec::new(),
+                kwargs: Vec::new(),
+                form,
+                opens_think,
+            }
+        }
+    }
+
     impl Answerer for Scripted {
         fn image(&self, name: &str, _: &[u8]) -> engine::Result<engine::Image> {
             Err(EngineError::Prompt(format!("{name}: no images here")))
@@ -558,13 +565,7 @@ mod tests {
         tools: Tools,
     ) -> (String, Result<Completion, api::EngineError>, Scripted) {
         let mut engine = ServerEngine {
-            answerer: Scripted {
-                pieces: pieces.iter().map(|p| p.to_string()).collect(),
-                seen: Vec::new(),
-                kwargs: Vec::new(),
-                form,
-                opens_think,
-            },
+            answerer: Scripted::new(pieces, form, opens_think),
             template_kwargs: Default::default(),
         };
         let request = ChatRequest {
@@ -690,13 +691,7 @@ mod tests {
     fn an_open_think_block_is_told_for_free_answers_only() {
         let opens = |format: ResponseFormat, tools: Tools| {
             let mut engine = ServerEngine {
-                answerer: Scripted {
-                    pieces: vec!["{}".into()],
-                    seen: Vec::new(),
-                    kwargs: Vec::new(),
-                    form: CallForm::Json,
-                    opens_think: true,
-                },
+                answerer: Scripted::new(&["{}"], CallForm::Json, true),
                 template_kwargs: Default::default(),
             };
             let request = ChatRequest {
@@ -732,13 +727,7 @@ mod tests {
     #[test]
     fn history_reasoning_becomes_the_templates_reasoning_content() {
         let engine = ServerEngine {
-            answerer: Scripted {
-                pieces: Vec::new(),
-                seen: Vec::new(),
-                kwargs: Vec::new(),
-                form: CallForm::Json,
-                opens_think: false,
-            },
+            answerer: Scripted::new(&[], CallForm::Json, false),
             template_kwargs: Default::default(),
         };
         let request = ChatRequest {
@@ -770,13 +759,7 @@ mod tests {
     #[test]
     fn server_template_variables_sit_under_the_requests_own() {
         let mut engine = ServerEngine {
-            answerer: Scripted {
-                pieces: vec!["ok".into()],
-                seen: Vec::new(),
-                kwargs: Vec::new(),
-                form: CallForm::Json,
-                opens_think: false,
-            },
+            answerer: Scripted::new(&["ok"], CallForm::Json, false),
             template_kwargs: serde_json::json!({"enable_thinking": false, "a": 1})
                 .as_object()
                 .unwrap()

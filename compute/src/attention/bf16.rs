@@ -179,13 +179,13 @@ pub(crate) mod x86 {
     use super::super::x86::{register_tiles, running_max, RegisterTile, Rows, Zmm};
     use super::super::{BlockState, HeadShape, Planted, QueryBlock, KEY_TILE, MAX_TILE_ROWS};
     use super::PackedKvBf16;
-
-    /// [`super::ONES`] as one 32-bit lane: bf16 1.0 is 0x3F80.
-    const ONES_PAIR: i32 = 0x3F80_3F80;
     use crate::kernels::bf16_dot::x86::{dpbf16_zmm, to_bf16_zmm};
     use crate::kernels::round_row_bf16;
     use half::bf16;
     use std::arch::x86_64::*;
+
+    /// [`super::ONES`] as one 32-bit lane: bf16 1.0 is 0x3F80.
+    const ONES_PAIR: i32 = 0x3F80_3F80;
 
     /// The bf16 block: `state` after all of `kv`'s tiles (`finish` makes the outputs).
     ///
@@ -291,8 +291,8 @@ pub(crate) mod x86 {
 
     /// [`super::pack_tile`] on AVX-512 BF16: 16 keys' 16 pairs at a time rounded (one zmm of
     /// pairs a key) and transposed in registers to 16 pair rows of 16 keys; values of two keys
-    /// rounded together and interleaved column by column. The keys' `vpscatterdd` this replaced
-    /// took ~7 of the 206 ms of `bench attention --segment 784` (PERF.md).
+    /// rounded together and interleaved column by column. Not `vpscatterdd`: a scatter per key
+    /// costs about 3% of `bench attention --segment 784` (PERF.md).
     ///
     /// # Safety
     /// AVX-512 F, BW and BF16; as [`super::pack_tile`], whose checks hold.

@@ -457,28 +457,38 @@ fn partial_tiles_and_blocks_give_the_oracle_bits() {
     }
 }
 
+/// `|got − 2^t| / 2^t`.
+fn rel_to_pow2(got: f32, t: f64) -> f64 {
+    (got as f64 - t.exp2()).abs() / t.exp2()
+}
+
+/// The worst [`rel_to_pow2`] of `pow2` over the exponents a softmax meets: −126 ..= 0.5 on a
+/// dense grid (1/1024 apart, a little wider as |t| grows).
+fn worst_on_the_grid(pow2: impl Fn(f32) -> f32) -> f64 {
+    let mut worst = 0f64;
+    let mut t = -126.0f32;
+    while t <= 0.5 {
+        worst = worst.max(rel_to_pow2(pow2(t), t as f64));
+        t += 1.0 / 1024.0 + t.abs() * 1e-6;
+    }
+    worst
+}
+
 /// `oracle::pow2` is `2^t` within 2e-7 relative (about 1.7 ulp) over the exponents a softmax
 /// meets (−126 ..= 0.5, a dense grid and every tenth), and a normal power of 2 below −126 (`2^−126`
 /// times `2^f`'s polynomial at 0). Control: an exponent 2^−20 off (an error of 6.6e-7) is out of
 /// the bound.
 #[test]
 fn pow2_is_two_to_the_power() {
-    let rel = |got: f32, t: f64| (got as f64 - t.exp2()).abs() / t.exp2();
-    let mut worst = 0f64;
-    let mut t = -126.0f32;
-    while t <= 0.5 {
-        let e = rel(oracle::pow2(t), t as f64);
-        worst = worst.max(e);
-        t += 1.0 / 1024.0 + t.abs() * 1e-6;
-    }
+    let mut worst = worst_on_the_grid(oracle::pow2);
     for i in 0..=1265 {
         let t = -126.0 + 0.1 * i as f32;
-        worst = worst.max(rel(oracle::pow2(t), t as f64));
+        worst = worst.max(rel_to_pow2(oracle::pow2(t), t as f64));
     }
     assert!(worst < 2e-7, "pow2: worst relative error {worst:e}");
     assert_eq!(oracle::pow2(-300.0), oracle::pow2(-126.0));
     assert!(oracle::pow2(f32::NAN).is_nan());
-    let off = rel(oracle::pow2(-3.25 + 1.0 / (1 << 20) as f32), -3.25);
+    let off = rel_to_pow2(oracle::pow2(-3.25 + 1.0 / (1 << 20) as f32), -3.25);
     assert!(off > 2e-7, "a shifted exponent went unseen ({off:e})");
 }
 
@@ -488,14 +498,8 @@ fn pow2_is_two_to_the_power() {
 #[test]
 fn the_bf16_pow2_is_two_to_the_power() {
     use super::bf16::P2_BF16;
-    let rel = |got: f32, t: f64| (got as f64 - t.exp2()).abs() / t.exp2();
-    let mut worst = 0f64;
-    let mut t = -126.0f32;
-    while t <= 0.5 {
-        worst = worst.max(rel(oracle::pow2_by(&P2_BF16, t), t as f64));
-        t += 1.0 / 1024.0 + t.abs() * 1e-6;
-    }
+    let worst = worst_on_the_grid(|t| oracle::pow2_by(&P2_BF16, t));
     assert!(worst < 1.02e-4, "bf16 pow2: worst relative error {worst:e}");
-    let off = rel(oracle::pow2_by(&P2_BF16, -3.25 + 1.0 / 4096.0), -3.25);
+    let off = rel_to_pow2(oracle::pow2_by(&P2_BF16, -3.25 + 1.0 / 4096.0), -3.25);
     assert!(off > 1.02e-4, "a shifted exponent went unseen ({off:e})");
 }

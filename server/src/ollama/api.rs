@@ -565,11 +565,8 @@ fn details(info: &ModelInfo) -> Value {
 
 fn capabilities(info: &ModelInfo) -> Vec<&'static str> {
     let mut caps = vec!["completion"];
-    for (has, cap) in [
-        (info.vision, "vision"),
-        (info.tools, "tools"),
-        (info.thinking, "thinking"),
-    ] {
+    // No "tools": these routes refuse `tools` (NOT_IMPLEMENTED).
+    for (has, cap) in [(info.vision, "vision"), (info.thinking, "thinking")] {
         if has {
             caps.push(cap);
         }
@@ -683,7 +680,6 @@ mod tests {
             context: 400,
             family: "qwen3_vl".into(),
             vision: true,
-            tools: true,
             thinking: false,
             size: None,
             modified: None,
@@ -694,8 +690,9 @@ mod tests {
         parse_body(endpoint, body.as_bytes(), &info(), 256)
     }
 
-    /// `capabilities` lists "tools" and "thinking" as the chat template has them (Qwen3.5's
-    /// has both). Control: a template without them lists neither.
+    /// `capabilities` lists "thinking" as the chat template has it (Qwen3.5's does), and never
+    /// "tools" (these routes refuse them). Control: a template without thinking lists only what
+    /// the pack has.
     #[test]
     fn capabilities_follow_the_template() {
         let thinking = ModelInfo {
@@ -704,14 +701,10 @@ mod tests {
         };
         assert_eq!(
             show_body(&thinking)["capabilities"],
-            json!(["completion", "vision", "tools", "thinking"])
+            json!(["completion", "vision", "thinking"])
         );
-        let plain = ModelInfo {
-            tools: false,
-            ..info()
-        };
         assert_eq!(
-            tags_body(&plain)["models"][0]["capabilities"],
+            tags_body(&info())["models"][0]["capabilities"],
             json!(["completion", "vision"])
         );
     }

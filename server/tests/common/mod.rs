@@ -186,7 +186,6 @@ impl Running {
             context: 400,
             family: "qwen3_vl".into(),
             vision: true,
-            tools: true,
             thinking: false,
             size: Some(1234),
             modified: Some(std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000)),

@@ -77,7 +77,7 @@ unsafe fn few_tile<V: PanelLanes, const R: usize>(
             for r in 0..R {
                 let ar = a[r].as_ptr();
                 let from = (*corr[r].as_ptr().add(g)).wrapping_neg();
-                let dot = V::group_dot_from(w, from, ar.add(even), ar.add(odd));
+                let dot = V::group_dot(w, from, ar.add(even), ar.add(odd));
                 acc[r] = V::add_f(acc[r], V::mul_f(V::cvt(dot), scale));
             }
         }

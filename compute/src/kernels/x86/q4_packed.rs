@@ -253,28 +253,15 @@ pub(crate) trait PanelLanes {
     /// # Safety
     /// The CPU must support `Self`'s features; `p` must point to `LANES` writable floats.
     unsafe fn store_f(p: *mut f32, v: Self::F);
-    /// One q4 group of a packed panel against one activation row: lane c is `Σ_j wg[j][c] · a_j`
-    /// over the 8 chunks, where chunk j < 4 reads `even[4j..]` and chunk j >= 4 `odd[4(j-4)..]`.
+    /// `from` plus one q4 group of a packed panel against one activation row: lane c is `from +
+    /// Σ_j wg[j][c] · a_j` over the 8 chunks, where chunk j < 4 reads `even[4j..]` and chunk j >= 4
+    /// `odd[4(j-4)..]` (`from` = minus the group's offset sum: the exact integer the kernels
+    /// scale; a form may start its accumulator there).
     ///
     /// # Safety
     /// The CPU must support `Self`'s features; `wg` must point to the group's `32 * LANES` readable
     /// bytes, `even` and `odd` to 16 readable codes each.
-    unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> Self::I;
-    /// `from` plus [`PanelLanes::group_dot`] (`from` = minus the group's offset sum: the exact
-    /// integer the kernels scale). A form may start its accumulator at `from` instead of adding it.
-    ///
-    /// # Safety
-    /// As [`PanelLanes::group_dot`].
-    #[inline(always)]
-    unsafe fn group_dot_from(wg: *const u8, from: i32, even: *const i8, odd: *const i8) -> Self::I {
-        // SAFETY: `group_dot`'s contract is this one; `sub_i` and `set1_i` need only the features.
-        unsafe {
-            Self::sub_i(
-                Self::group_dot(wg, even, odd),
-                Self::set1_i(from.wrapping_neg()),
-            )
-        }
-    }
+    unsafe fn group_dot(wg: *const u8, from: i32, even: *const i8, odd: *const i8) -> Self::I;
     /// One group of a whole pack panel of 16 rows (chunk-major): vector t holds every row's chunk
     /// t (bytes `4 t..4 t + 4` of its group), lane = row. Their low nibbles are the group's packed
     /// chunks 0..4 (even elements), the high ones chunks 4..8 (odd elements).
@@ -408,8 +395,7 @@ pub(super) unsafe fn q4_packed_tile<V: PanelLanes, const R: usize>(
             let (even, odd) = q4_halves(g, groups);
             for r in 0..R {
                 let ar = a[r].as_ptr();
-                let acc =
-                    V::group_dot_from(wg, corr[r][g].wrapping_neg(), ar.add(even), ar.add(odd));
+                let acc = V::group_dot(wg, corr[r][g].wrapping_neg(), ar.add(even), ar.add(odd));
                 sum[r] = V::add_f(sum[r], V::mul_f(V::cvt(acc), scale));
             }
         }

@@ -131,14 +131,7 @@ impl PanelLanes for Zmm {
     /// The CPU must support AVX-512 F and VNNI; `wg` must point to 512 readable bytes, `even` and
     /// `odd` to 16 readable codes each.
     #[inline(always)]
-    unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> Self::I {
-        // SAFETY: `vnni_group_dot`'s contract is this one.
-        unsafe { vnni_group_dot::<Self>(wg, 0, even, odd) }
-    }
-    /// # Safety
-    /// As [`PanelLanes::group_dot`].
-    #[inline(always)]
-    unsafe fn group_dot_from(wg: *const u8, from: i32, even: *const i8, odd: *const i8) -> __m512i {
+    unsafe fn group_dot(wg: *const u8, from: i32, even: *const i8, odd: *const i8) -> Self::I {
         // SAFETY: `vnni_group_dot`'s contract is this one.
         unsafe { vnni_group_dot::<Self>(wg, from, even, odd) }
     }
@@ -624,9 +617,14 @@ impl<G: PairGroupDot> PanelLanes for YmmPair<G> {
     /// The CPU must support AVX2; `wg` must point to 512 readable bytes, `even` and `odd` to 16
     /// readable codes each.
     #[inline(always)]
-    unsafe fn group_dot(wg: *const u8, even: *const i8, odd: *const i8) -> Self::I {
-        // SAFETY: `G::group_dot`'s contract is this one.
-        unsafe { G::group_dot(wg, even, odd) }
+    unsafe fn group_dot(wg: *const u8, from: i32, even: *const i8, odd: *const i8) -> Self::I {
+        // SAFETY: `G::group_dot`'s contract is this one; `sub_i` and `set1_i` are register-only.
+        unsafe {
+            Self::sub_i(
+                G::group_dot(wg, even, odd),
+                Self::set1_i(from.wrapping_neg()),
+            )
+        }
     }
     /// # Safety
     /// The CPU must support AVX2; `p` must point to 256 readable bytes.

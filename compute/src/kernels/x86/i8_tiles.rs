@@ -3,7 +3,7 @@
 //! rows x [`Dot::I8_MANY_COLS`] weight rows (4 x 4 on VNNI, `wide.rs`), or on AVX2 the i16 kernel
 //! of `i8_pairs.rs`.
 
-use super::{hsum_epi32, i8_pairs, map_n, panel_rows, Dot, GEMV_PREFETCH_MIN};
+use super::{hsum_epi32, i8_pairs, map_n, panel_rows, Dot, GEMV_PREFETCH_L2, GEMV_PREFETCH_MIN};
 use crate::kernels::activations::SIMD_BYTES;
 use crate::kernels::row_blocks::{row_blocks, INT_BLOCK_BYTES};
 use crate::kernels::{Activations, FEW_MAX_ROWS, PANEL};
@@ -66,9 +66,11 @@ pub(super) unsafe fn i8_tile<D: Dot, const R: usize, const C: usize>(
 
 /// [`i8_tile`] for one activation row and one weight row, prefetching the weight stream: at each
 /// 64 bytes `off` of the row it fetches the line at address `pf + off` (the caller's distance ahead
-/// of the row; a prefetch never faults, even past the weight). The same sum as
-/// `i8_tile::<D, 1, 1>` (integer adds, in any order the same). The prefetch measured 6-9% less time
-/// per i8 decode token.
+/// of the row; a prefetch never faults, even past the weight), and into L2 the line
+/// [`GEMV_PREFETCH_L2`] past `off`. The same sum as `i8_tile::<D, 1, 1>` (integer adds, in any order
+/// the same). The L1 prefetch measured 6-9% less time per i8 decode token; the L2 one took the
+/// decode GEMVs of a token from 83-84% to 88-90% of the read probe (`bench gemm --kinds i8 --rows
+/// 1`, 57.6 / 59.1 -> 54.3 / 55.5 ms, alternated).
 ///
 /// # Safety
 /// The CPU must support `D`'s features. (The row lengths are asserted; `pf` may be any address.)
@@ -90,6 +92,7 @@ unsafe fn i8_row_dot<D: Dot>(a: &[i8], w: &[i8], k: usize, offset: i32, pf: usiz
         let mut off = 0;
         while off + 2 * SIMD_BYTES <= steps * SIMD_BYTES {
             _mm_prefetch::<_MM_HINT_T0>((pf + off) as *const i8);
+            _mm_prefetch::<_MM_HINT_T1>(wp.wrapping_add(GEMV_PREFETCH_L2 + off));
             // The loads: `off + 64 <= k` and both rows hold `k` codes.
             let w0 = _mm256_loadu_si256(wp.add(off) as *const __m256i);
             let w1 = _mm256_loadu_si256(wp.add(off + SIMD_BYTES) as *const __m256i);

@@ -13,7 +13,7 @@
 //! and one row's are the GEMV's.
 
 use super::q4_packed::{panel_scales, q4_pack_panel, PanelLanes, MAX_LANES, Q4_TILE_ROWS};
-use super::{copy_live, panel_rows, GEMV_PREFETCH_MIN};
+use super::{copy_live, panel_rows, GEMV_PREFETCH_L2, GEMV_PREFETCH_MIN};
 use crate::kernels::{q4_halves, Activations, Q4Codes, FEW_MAX_ROWS, PANEL};
 use half::bf16;
 use packs::quant::{Q4_CHUNK, Q4_CHUNKS, Q4_GROUP, Q4_PANEL};
@@ -132,14 +132,15 @@ unsafe fn few_tiles<V: PanelLanes>(
 /// The CPU must support `V`'s features (`V::LANES` = 16). `base` must point to a whole pack panel
 /// of `groups` groups (group g's chunk t at `base + 256 g + 64 t`); `sp` must hold the panel's
 /// scales as f32 (`g * 16 + lane`, `groups * 16` floats); every row of `a` and `corr` as
-/// [`few_tile`] requires for `groups` groups; `sum` holds at least `a.len()` vectors; a prefetch
-/// never faults.
+/// [`few_tile`] requires for `groups` groups; `sum` holds at least `a.len()` vectors. The codes
+/// ahead of the panel and the bf16 scales at `next_scales` (the next panel's) are prefetched; a
+/// prefetch never faults.
 #[inline(always)]
 unsafe fn panel_direct<V: PanelLanes>(
     base: *const u8,
     sp: *const f32,
     groups: usize,
-    pf: (usize, usize),
+    next_scales: usize,
     a: &[&[i8]],
     corr: &[&[i32]],
     sum: &mut [V::F],
@@ -150,13 +151,17 @@ unsafe fn panel_direct<V: PanelLanes>(
     // groups below `groups`.
     unsafe {
         for g in 0..groups {
-            // The panel's distance ahead in address order: this group's 256 bytes of codes, and
-            // every other group a line of the scales (16 rows' scales are 32 bytes a group).
+            // This group's 256 bytes of codes at both distances ahead in address order, and every
+            // other group a line of the next panel's scales (16 rows' scales are 32 bytes a group).
             for i in 0..PANEL_GROUP_BYTES / 64 {
-                _mm_prefetch::<_MM_HINT_T0>((pf.0 + PANEL_GROUP_BYTES * g + 64 * i) as *const i8);
+                let line = PANEL_GROUP_BYTES * g + 64 * i;
+                _mm_prefetch::<_MM_HINT_T0>(
+                    base.wrapping_add(GEMV_PREFETCH_MIN + line) as *const i8
+                );
+                _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(GEMV_PREFETCH_L2 + line) as *const i8);
             }
             if g % 2 == 0 {
-                _mm_prefetch::<_MM_HINT_T0>((pf.1 + 32 * g) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>((next_scales + 32 * g) as *const i8);
             }
             let scale = V::load_f(sp.add(g * V::LANES));
             let p = base.add(PANEL_GROUP_BYTES * g);
@@ -217,10 +222,10 @@ pub(super) unsafe fn q4_block_few_from<V: PanelLanes>(
     // The buffers leave the thread-local while the kernel runs: no SIMD code inside a closure.
     let (mut ss, mut wp, mut sp) = FEW_PANEL.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     ss.resize(groups * lanes, 0.0);
-    // A fixed distance ahead in the panels' address order: a whole 16-row panel ahead (16 KB at
-    // K 2048, 48 KB at K 6144) decoded about 15% slower than 8 KB (46.6 / 51.2 against 40.3 /
-    // 44.7 ms/token), and 2-12 KB all measured alike (PERF.md, "Chunk-major q4 panels").
-    let dist = GEMV_PREFETCH_MIN;
+    // Fixed distances ahead in the panels' address order (`panel_direct`): into L1 a whole 16-row
+    // panel ahead (16 KB at K 2048, 48 KB at K 6144) decoded about 15% slower than 8 KB (46.6 /
+    // 51.2 against 40.3 / 44.7 ms/token), and 2-12 KB all measured alike (PERF.md, "Chunk-major
+    // q4 panels"); further on into L2 ([`GEMV_PREFETCH_L2`]).
     let a: [&[i8]; FEW_MAX_ROWS] = std::array::from_fn(|r| acts.codes(src(r.min(rows - 1))));
     let corr: [&[i32]; FEW_MAX_ROWS] = std::array::from_fn(|r| acts.sums(src(r.min(rows - 1))));
     for j0 in (0..nb).step_by(lanes) {
@@ -228,10 +233,7 @@ pub(super) unsafe fn q4_block_few_from<V: PanelLanes>(
         let mut sum = [unsafe { V::zero_f() }; FEW_MAX_ROWS];
         match codes.panel_at(j0).filter(|_| j0 + lanes <= nb) {
             Some(at) => {
-                let pf = (
-                    codes.all().as_ptr() as usize + at + dist,
-                    scales.as_ptr() as usize + (j0 + lanes) * groups * 2,
-                );
+                let next_scales = scales.as_ptr() as usize + (j0 + lanes) * groups * 2;
                 // SAFETY: `V`'s features include AVX2; the rows `j0..j0 + 16` are below
                 // `out[0].len()`, rows of the block with `groups` scales each, and `ss` holds
                 // `groups * 16` floats (resized above). The panel at `at` is a whole pack panel
@@ -243,7 +245,7 @@ pub(super) unsafe fn q4_block_few_from<V: PanelLanes>(
                         codes.all().as_ptr().add(at),
                         ss.as_ptr(),
                         groups,
-                        pf,
+                        next_scales,
                         &a[..rows],
                         &corr[..rows],
                         &mut sum,

@@ -99,13 +99,27 @@ pub enum RuntimeError {
 pub enum PackLinear {
     Table(LinearIndex),
     Head,
+    /// The head's first rows (the logits of the first token ids only): made by
+    /// [`PackLinear::head_rows`], which checks the count against the pack.
+    HeadRows(usize),
 }
 
 impl PackLinear {
+    /// The head's first `rows` rows, if that is a prefix of it ([`Linear::first_rows`]).
+    pub fn head_rows(pack: &Pack, rows: usize) -> Option<PackLinear> {
+        pack.head()
+            .first_rows(rows)
+            .map(|_| PackLinear::HeadRows(rows))
+    }
+
     pub fn resolve<'p>(self, pack: &'p Pack) -> Linear<'p> {
         match self {
             PackLinear::Table(at) => pack.linear_at(at),
             PackLinear::Head => pack.head(),
+            PackLinear::HeadRows(rows) => pack
+                .head()
+                .first_rows(rows)
+                .expect("a prefix of the head: checked by PackLinear::head_rows"),
         }
     }
 }

@@ -48,6 +48,9 @@ pub struct Decoder {
     keep_hidden: bool,
     /// The MTP head's output rows of its last step.
     mtp_out: Vec<f32>,
+    /// The head the MTP head's logits come from ([`Decoder::set_mtp_vocab`]): the LM head, or
+    /// its first rows; and their count.
+    mtp_logits: (LinearHandle, usize),
 }
 
 impl Decoder {
@@ -94,6 +97,7 @@ impl Decoder {
         let final_norm = pack.norm_index(packs::names::FINAL_NORM)?;
         let mtp = qwen3_5::mtp::Mtp::resolve(pack, runtime)?;
         let head = runtime.register(pack, &[PackLinear::Head])?[0];
+        let vocab = sem.vocab_size;
         let routing = sem.moe.as_ref().map(|m| Routing {
             num_experts: m.num_experts,
             top_k: m.top_k,
@@ -126,6 +130,7 @@ impl Decoder {
             options,
             trace: Vec::new(),
             mtp,
+            mtp_logits: (head, vocab),
             hidden: Vec::new(),
             keep_hidden: false,
             mtp_out: Vec::new(),
@@ -265,6 +270,34 @@ impl Decoder {
         &self.hidden
     }
 
+    /// The MTP head's logits over the first `ids` token ids only (rounded up to a whole q4 panel
+    /// of 16, at most the vocabulary): what a draft may propose. A draft only proposes; the model
+    /// verifies it, so answers are unchanged, and a token past the range is found by the
+    /// verifying row instead. The head is most of a draft's cost (Qwen3.5's 248,320 rows against
+    /// one layer), and byte-level BPE ids are in merge order, the most frequent pieces first.
+    /// Returns the ids the logits now cover.
+    pub fn set_mtp_vocab(&mut self, ids: usize) -> Result<usize, DecoderError> {
+        let vocab = self.sem.vocab_size;
+        let rows = ids
+            .clamp(1, vocab)
+            .next_multiple_of(packs::quant::Q4_PANEL)
+            .min(vocab);
+        if rows == self.mtp_logits.1 {
+            return Ok(rows);
+        }
+        self.mtp_logits = if rows == vocab {
+            (self.head, vocab)
+        } else {
+            let at = PackLinear::head_rows(&self.pack, rows).ok_or_else(|| {
+                DecoderError::Options(format!(
+                    "the MTP drafts' vocabulary: {rows} rows are not a prefix of the head"
+                ))
+            })?;
+            (self.runtime.register(&self.pack, &[at])?[0], rows)
+        };
+        Ok(rows)
+    }
+
     /// The MTP head's cache for one sequence: one attention layer, `capacity` slots.
     pub fn new_mtp_cache(&self, capacity: usize, dtype: KvDtype) -> KvCache {
         KvCache::new(dtype, 1, capacity, self.shape.kv_heads, self.shape.head_dim)
@@ -280,7 +313,8 @@ impl Decoder {
     /// hidden state of a row, or the head's own output row when chaining) and `embeds` row r (the
     /// embedding fed after that row), at `hybrid`'s positions; its K/V go to `cache` (from
     /// [`Decoder::new_mtp_cache`]) from its next slot. Returns the head's logits of the rows
-    /// `logits` asks for: the token two after each row's.
+    /// `logits` asks for: the token two after each row's, over the ids [`Decoder::set_mtp_vocab`]
+    /// chose (all by default).
     pub fn mtp_step(
         &mut self,
         cache: &mut KvCache,
@@ -343,11 +377,11 @@ impl Decoder {
                 let r = mtp.forward(&step, cache, &mut self.state, hidden, embeds, &mut out);
                 self.mtp_out = out;
                 r?;
-                let vocab = self.sem.vocab_size;
+                let (head, vocab) = self.mtp_logits;
                 let s = &mut self.state.scratch;
                 self.runtime.gemm(
                     &self.pack,
-                    self.head,
+                    head,
                     &self.mtp_out[(rows - n) * h..rows * h],
                     n,
                     grow(&mut s.logits, n * vocab),

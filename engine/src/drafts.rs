@@ -64,6 +64,12 @@ pub enum DraftSource {
 /// The most draft tokens a step may carry (`--drafts 0..=16`).
 pub const MAX_DRAFTS: usize = 16;
 
+/// The token ids MTP drafts choose among by default (`--draft-vocab`): the first 65,536, about a
+/// quarter of Qwen3.5's 248,320 (EAGLE-3's draft vocabulary keeps a quarter of Llama 3's too).
+/// The LM head read per draft is most of its cost: at the 0.8B shape a 4-row window with 3 MTP
+/// drafts took 40.5-41.1 ms, 15.8-16.4 of them in the head's steps (PERF.md).
+pub const MTP_VOCAB: usize = 65536;
+
 /// Deliberate mistakes, for controls (no flag reaches them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DraftAblation {

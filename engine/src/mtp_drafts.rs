@@ -6,6 +6,7 @@
 //! previous draft's embedding and the head's own output row. The chained rows are dropped from
 //! the head's cache again: only rows computed from the model's own hidden states stay.
 
+use compute::ops::sampling::argmax;
 use decoder::{Decoder, HybridInputs, KvCache, KvDtype, Logits};
 
 use crate::error::Result;
@@ -150,14 +151,4 @@ impl MtpDrafter {
         let _ = self.cache.truncate(done);
         Ok(drafts)
     }
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
 }

@@ -14,7 +14,7 @@ use vision::preprocess::PreprocessOptions;
 
 use crate::assets::ChatAssets;
 use crate::decoding::{Decoding, Next};
-use crate::drafts::{DraftAblation, DraftSource, Drafter, PromptLookup, MAX_DRAFTS};
+use crate::drafts::{DraftAblation, DraftSource, Drafter, PromptLookup, MAX_DRAFTS, MTP_VOCAB};
 use crate::error::{EngineError, Result};
 use crate::format::ChatFormat;
 use crate::images::{ImageEncoder, ImageSettings, TowerEncoder};
@@ -42,6 +42,10 @@ pub struct SessionOptions {
     pub drafts: usize,
     /// Where the drafts come from: prompt lookup, or the pack's MTP head (Qwen3.5).
     pub draft_source: DraftSource,
+    /// MTP drafts propose only among the first this many token ids (`None`: all of them;
+    /// [`Decoder::set_mtp_vocab`]). Answers are the same either way; only how often a draft is
+    /// right and what a draft costs change.
+    pub mtp_vocab: Option<usize>,
     /// Deliberate mistakes in the draft windows' rollback, for controls.
     pub draft_ablation: DraftAblation,
 }
@@ -55,6 +59,7 @@ impl Default for SessionOptions {
             ablation: PromptAblation::default(),
             drafts: 0,
             draft_source: DraftSource::PromptLookup,
+            mtp_vocab: Some(MTP_VOCAB),
             draft_ablation: DraftAblation::default(),
         }
     }
@@ -243,6 +248,9 @@ impl Session {
             DraftSource::Mtp if forward.has_mtp() => {
                 // The head reads every row's final hidden state.
                 forward.keep_last_hidden(true);
+                if let Some(ids) = options.mtp_vocab {
+                    forward.set_mtp_vocab(ids)?;
+                }
                 Some(MtpDrafter::new(&forward, options.context, options.kv_dtype))
             }
             DraftSource::Mtp => {

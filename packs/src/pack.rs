@@ -124,6 +124,43 @@ pub struct Linear<'a> {
     pub data: LinearData<'a>,
 }
 
+impl<'a> Linear<'a> {
+    /// The weight's first `rows` output rows, as a weight of its own: `None` when `rows` is 0 or
+    /// more than `n`, or for q4 when it is neither `n` nor a whole number of panels (the pack
+    /// layout keeps whole panels of [`crate::quant::Q4_PANEL`] rows in row order, so such a prefix
+    /// is the first bytes of the codes).
+    pub fn first_rows(&self, rows: usize) -> Option<Linear<'a>> {
+        use crate::quant::{Q4_GROUP, Q4_PANEL};
+        if rows == 0 || rows > self.n {
+            return None;
+        }
+        let k = self.k;
+        let data = match self.data {
+            LinearData::F32(w) => LinearData::F32(&w[..rows * k]),
+            LinearData::Bf16(w) => LinearData::Bf16(&w[..rows * k]),
+            LinearData::I8 { codes, scales } => LinearData::I8 {
+                codes: &codes[..rows * k],
+                scales: &scales[..rows],
+            },
+            LinearData::Q4 { codes, scales } => {
+                if rows != self.n && !rows.is_multiple_of(Q4_PANEL) {
+                    return None;
+                }
+                LinearData::Q4 {
+                    codes: &codes[..rows * k / 2],
+                    scales: &scales[..rows * k / Q4_GROUP],
+                }
+            }
+        };
+        Some(Linear {
+            name: self.name,
+            n: rows,
+            k,
+            data,
+        })
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub enum LinearData<'a> {
     F32(&'a [f32]),

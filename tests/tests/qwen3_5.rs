@@ -348,6 +348,49 @@ fn the_mtp_head_matches_its_reference_whole_and_row_by_row() {
     assert!(checked >= 3, "an MTP fixture is missing");
 }
 
+/// `--draft-vocab`: the MTP head's logits over the first ids only are those ids' logits of the
+/// whole head, bit for bit, on a q4 pack (whose prefix must be whole 16-row panels) and an f32
+/// one; a count between panels rounds up. Control: the same count of rows taken one panel later
+/// differs.
+#[test]
+fn the_mtp_head_over_the_first_ids_gives_their_logits_of_the_whole_head() {
+    let case = Case::new("q35-odd");
+    for kind in [QuantKind::Q4, QuantKind::F32] {
+        let (_dir, pack) = case.pack(kind);
+        let mut f = forward(&pack, options());
+        let (hidden, embeds, hybrid) = mtp_inputs(&case, &mut f);
+        let vocab = f.semantics().vocab_size;
+        let n = embeds.len() / f.semantics().hidden_size;
+        let whole = mtp_logits(&mut f, &hidden, &embeds, &hybrid);
+        assert!(
+            vocab > 48,
+            "{}: a vocabulary of {vocab} has no prefix to test",
+            case.name
+        );
+        assert_eq!(
+            f.set_mtp_vocab(40).unwrap(),
+            48,
+            "40 ids round up to 3 panels"
+        );
+        let first = mtp_logits(&mut f, &hidden, &embeds, &hybrid);
+        assert_eq!(first.len(), n * 48);
+        let rows_of = |from: usize| -> Vec<f32> {
+            (0..n)
+                .flat_map(|r| {
+                    whole[r * vocab + from..r * vocab + from + 48]
+                        .iter()
+                        .copied()
+                })
+                .collect()
+        };
+        assert_eq!(first, rows_of(0), "{kind}: the first 48 ids' logits");
+        assert_ne!(first, rows_of(16), "{kind}: control, one panel later");
+        // Back to all of them (more than the vocabulary is all of it).
+        assert_eq!(f.set_mtp_vocab(usize::MAX).unwrap(), vocab);
+        assert_eq!(mtp_logits(&mut f, &hidden, &embeds, &hybrid), whole);
+    }
+}
+
 /// The head's logits over `hidden` / `embeds` (all rows, a fresh head cache).
 fn mtp_logits(
     f: &mut Decoder,

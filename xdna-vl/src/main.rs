@@ -66,6 +66,7 @@ pub fn open_session(model: &ModelArgs) -> Result<Session, String> {
         kv_dtype: model.kv_dtype(),
         drafts: model.drafts.n,
         draft_source: model.drafts.source,
+        mtp_vocab: model.draft_vocab.0,
         ..SessionOptions::default()
     };
     Session::open(&pack, assets.as_ref(), &options).map_err(|e| e.to_string())

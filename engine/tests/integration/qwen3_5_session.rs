@@ -194,6 +194,42 @@ fn mtp_drafts_are_proposed_and_a_pack_without_the_head_is_refused() {
     assert!(e.contains("no MTP head"), "{e}");
 }
 
+/// `--draft-vocab`: MTP drafts chosen among the first 256 of the 512 ids still give
+/// transformers' greedy ids (the model verifies every draft). Control: the same drafts with
+/// windows that keep a rejected row give other ids, so the drafted windows are checked.
+#[test]
+fn mtp_drafts_among_the_first_ids_only_leave_the_answer_unchanged() {
+    let runs = &answers()["runs"];
+    let assets = ChatAssets::from_dir(&dir().join("Qwen3.5-tiny")).unwrap();
+    let session = |keep_one_row_too_many| {
+        let options = SessionOptions {
+            context: 256,
+            runtime: compute::RuntimeOptions::host(2),
+            drafts: 3,
+            draft_source: engine::DraftSource::Mtp,
+            mtp_vocab: Some(256),
+            draft_ablation: engine::DraftAblation {
+                keep_one_row_too_many,
+            },
+            ..SessionOptions::default()
+        };
+        Session::new(&pack(), &assets, &options).unwrap()
+    };
+    let mut s = session(false);
+    for run in ["text", "two_images"] {
+        let msgs = messages(&mut s, &runs[run]);
+        let g = s.generate(&msgs, &greedy(), &mut |_| true).unwrap();
+        assert_eq!(g.ids, ids(&runs[run]["greedy_ids"]), "{run}");
+        assert!(g.timings.drafts_proposed > 0, "{run}: no drafts proposed");
+    }
+    let mut wrong = session(true);
+    let differing = ["text", "two_images"]
+        .iter()
+        .filter(|run| answer_of(&mut wrong, run) != ids(&runs[**run]["greedy_ids"]))
+        .count();
+    assert!(differing >= 1, "the planted rollback went unnoticed");
+}
+
 /// `serve --parallel`: Qwen3.5 conversations beside each other (each sequence with its own
 /// recurrent state, prompts prefilled in 4-row slices between the others' decode rows) answer
 /// as alone, and the pool gets every cache back.

@@ -287,6 +287,16 @@ fn bad_input_is_refused_by_name_with_status_2() {
         &xdna_vl(&["serve", "/no/such.pack", "--drafts", "99"], None, None),
         "--drafts 99",
     );
+    for bad in ["0", "lots", "-5"] {
+        refused(
+            &xdna_vl(
+                &["chat", "/no/such.pack", &format!("--draft-vocab={bad}")],
+                None,
+                None,
+            ),
+            &format!("--draft-vocab {bad}: must be a positive number of token ids"),
+        );
+    }
     refused(
         &run(&["--prompt", "hi", "--chat-template-kwargs", "[1]"]),
         "--chat-template-kwargs [1]: must be a JSON object",
@@ -617,7 +627,8 @@ fn a_bf16_kv_cache_is_chosen_by_flag() {
 }
 
 /// A Qwen3.5 pack (tests/fixtures/chat-qwen3_5) through the same commands: `run` with two
-/// pictures gives transformers' greedy ids, with and without the MTP head's drafts.
+/// pictures gives transformers' greedy ids, with and without the MTP head's drafts (among all
+/// ids, or the first 100 only).
 #[test]
 fn run_on_a_qwen3_5_pack_gives_transformers_answer() {
     let fx = root().join("tests/fixtures/chat-qwen3_5");
@@ -629,7 +640,12 @@ fn run_on_a_qwen3_5_pack_gives_transformers_answer() {
     let opts = packs::build::BuildOptions::new(packs::QuantKind::F32);
     packs::build::build_from_hf(&fx.join("Qwen3.5-tiny"), &pack, &opts).unwrap();
     let (p1, p2) = (fx.join("picture-1.png"), fx.join("picture-2.png"));
-    for drafts in ["off", "mtp", "mtp:2"] {
+    for (drafts, vocab) in [
+        ("off", "all"),
+        ("mtp", "65536"),
+        ("mtp:2", "all"),
+        ("mtp", "100"),
+    ] {
         let o = xdna_vl(
             &[
                 "run",
@@ -645,6 +661,8 @@ fn run_on_a_qwen3_5_pack_gives_transformers_answer() {
                 "--json",
                 "--drafts",
                 drafts,
+                "--draft-vocab",
+                vocab,
             ],
             None,
             None,

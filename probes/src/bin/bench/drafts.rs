@@ -205,7 +205,7 @@ pub fn run(
     c: &Common,
     shape: &RandomShape,
     kinds: &[QuantKind],
-    k: usize,
+    (k, mtp_vocab): (usize, Option<usize>),
     tokens_n: usize,
     source: Source,
 ) -> Value {
@@ -265,6 +265,13 @@ pub fn run(
                 (ids, s, n, g, HeadTime::default(), r)
             }
             Source::Mtp => {
+                let covered = match mtp_vocab {
+                    Some(ids) => f.set_mtp_vocab(ids).unwrap_or_else(|e| refuse(e)),
+                    None => vocab,
+                };
+                if !c.json {
+                    println!("  the MTP head's logits cover the first {covered} of {vocab} ids");
+                }
                 let (ids, s, n, g, h) =
                     mtp_drafted(&mut f, vocab, &truth, k, PROMPT + tokens_n + k + 8);
                 (ids, s, n, g, h, 0.0)
@@ -314,6 +321,7 @@ pub fn run(
         "threads": c.threads,
         "k": k,
         "source": format!("{source:?}").to_lowercase(),
+        "mtp_vocab": mtp_vocab,
         "tokens": tokens_n,
         "prompt_rows": PROMPT,
         "kinds": kinds_json,

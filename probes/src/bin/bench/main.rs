@@ -120,6 +120,10 @@ enum Mode {
         /// the cost of MTP drafting at 100% acceptance). Example: --shape qwen3.5-2b --source mtp
         #[arg(long, default_value = "oracle")]
         source: drafts::Source,
+        /// With --source mtp: the token ids the head's logits cover (`xdna-vl --draft-vocab`:
+        /// the first N, or all). Example: --draft-vocab all
+        #[arg(long, value_name = "N|all", default_value = "65536")]
+        draft_vocab: String,
     },
     /// A new conversation joining running decodes, as `serve --parallel` schedules it (each step
     /// one row per running conversation and the next slice of the new prompt): its time to the
@@ -267,8 +271,22 @@ fn main() {
             prefill_chunk,
             others,
         }) => join::run(c, &shape, &kinds, *prompt_rows, *prefill_chunk, *others),
-        Some(Mode::Drafts { k, tokens, source }) => {
-            drafts::run(c, &shape, &kinds, *k, *tokens, *source)
+        Some(Mode::Drafts {
+            k,
+            tokens,
+            source,
+            draft_vocab,
+        }) => {
+            let vocab = match draft_vocab.as_str() {
+                "all" => None,
+                n => match n.parse::<usize>() {
+                    Ok(n) if n > 0 => Some(n),
+                    _ => refuse(format!(
+                        "--draft-vocab {n}: must be a positive number of token ids or all"
+                    )),
+                },
+            };
+            drafts::run(c, &shape, &kinds, (*k, vocab), *tokens, *source)
         }
     };
     if c.json {

@@ -308,6 +308,94 @@ fn conversations_beside_each_other_answer_as_alone() {
     }
 }
 
+/// `serve --parallel --drafts mtp`: each conversation's MTP head drafts from its own rows of the
+/// shared forward. Three conversations started together, greedy and seeded sampled, answer as
+/// each does alone in the scheduler; greedy, as transformers. A sampled answer takes a draft by
+/// a draw, so it shows the drafts themselves. Control: drafters reading the first
+/// conversation's rows change a sampled answer (greedy ones stay right: the model checks them).
+#[test]
+fn mtp_drafts_beside_each_other_are_each_conversations_own() {
+    use engine::{Scheduler, SchedulerAblation, SchedulerOptions};
+    let runs = &answers()["runs"];
+    let mut s = session_with(0, false);
+    let sampled = SamplingParams {
+        max_tokens: 12,
+        temperature: 0.9,
+        top_k: 40,
+        seed: 7,
+        ..SamplingParams::default()
+    };
+    let mut convs: Vec<(Vec<Message>, SamplingParams)> = Vec::new();
+    for run in ["text", "two_images", "chat"] {
+        let m = messages(&mut s, &runs[run]);
+        convs.push((m.clone(), greedy()));
+        convs.push((m, sampled.clone()));
+    }
+    let options = SchedulerOptions {
+        parallel: 6,
+        prefill_chunk: 4,
+        drafts: 3,
+    };
+    let start = |ablation| {
+        Scheduler::start_ablated(session_with(3, true), options, ablation)
+            .unwrap()
+            .0
+    };
+    // (ids, drafts proposed, drafts kept) of each conversation, alone and together.
+    let answer = |h: &engine::SchedulerHandle, (m, p): &(Vec<Message>, SamplingParams)| {
+        let g = h.generate(m, p, &mut |_| true).unwrap();
+        (g.ids, g.timings.drafts_proposed, g.timings.drafts_accepted)
+    };
+    let alone: Vec<_> = convs
+        .iter()
+        .map(|c| answer(&start(SchedulerAblation::default()), c))
+        .collect();
+    for (run, a) in ["text", "two_images"].iter().zip(alone.iter().step_by(2)) {
+        assert_eq!(a.0, ids(&runs[*run]["greedy_ids"]), "{run}");
+        assert!(a.1 > 0, "{run}: no MTP drafts proposed");
+    }
+    // All six submitted at once; the answers and how many shared a forward.
+    let together = |ablation| -> (Vec<_>, usize) {
+        let h = start(ablation);
+        let go = std::sync::Barrier::new(convs.len());
+        let answers = std::thread::scope(|scope| {
+            let threads: Vec<_> = convs
+                .iter()
+                .map(|c| {
+                    let (h, go) = (h.clone(), &go);
+                    scope.spawn(move || {
+                        go.wait();
+                        answer(&h, c)
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        (answers, h.most_at_once())
+    };
+    for _ in 0..3 {
+        assert_eq!(together(SchedulerAblation::default()).0, alone);
+    }
+    // The control needs conversations side by side: a sequence alone reads its own rows.
+    let wrong = (0..5)
+        .map(|_| {
+            together(SchedulerAblation {
+                mtp_reads_the_first_rows: true,
+                ..SchedulerAblation::default()
+            })
+        })
+        .find(|(_, most)| *most >= 3)
+        .expect("three conversations never shared a forward")
+        .0;
+    for (w, a) in wrong.iter().zip(&alone).step_by(2) {
+        assert_eq!(w.0, a.0, "the model checks every draft");
+    }
+    assert_ne!(
+        wrong, alone,
+        "drafters reading another's rows went unnoticed"
+    );
+}
+
 /// `serve --parallel`: a Qwen3.5 prompt that starts as a running conversation copies the running
 /// one's rows only up to a prompt state it kept (the DeltaNet state cannot be cut elsewhere):
 /// the same two pictures and question again copy all but the last row, K/V and recurrent state,

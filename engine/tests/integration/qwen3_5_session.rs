@@ -93,6 +93,24 @@ fn messages(s: &mut Session, run: &Value) -> Vec<Message> {
         .collect()
 }
 
+/// The text, two-picture and second-turn runs, each greedy and then seeded sampled.
+fn greedy_and_sampled(s: &mut Session) -> Vec<(Vec<Message>, SamplingParams)> {
+    let sampled = SamplingParams {
+        max_tokens: 12,
+        temperature: 0.9,
+        top_k: 40,
+        seed: 7,
+        ..SamplingParams::default()
+    };
+    let mut convs = Vec::new();
+    for run in ["text", "two_images", "chat"] {
+        let m = messages(s, &answers()["runs"][run]);
+        convs.push((m.clone(), greedy()));
+        convs.push((m, sampled.clone()));
+    }
+    convs
+}
+
 fn answer_of(s: &mut Session, run: &str) -> Vec<u32> {
     let run = &answers()["runs"][run];
     let msgs = messages(s, run);
@@ -237,20 +255,8 @@ fn mtp_drafts_among_the_first_ids_only_leave_the_answer_unchanged() {
 fn conversations_beside_each_other_answer_as_alone() {
     use engine::{Scheduler, SchedulerOptions};
     let runs = &answers()["runs"];
-    let sampled = SamplingParams {
-        max_tokens: 12,
-        temperature: 0.9,
-        top_k: 40,
-        seed: 7,
-        ..SamplingParams::default()
-    };
     let mut s = session_with(0, false);
-    let mut convs = Vec::new();
-    for run in ["text", "two_images", "chat"] {
-        let m = messages(&mut s, &runs[run]);
-        convs.push((m.clone(), greedy()));
-        convs.push((m, sampled.clone()));
-    }
+    let convs = greedy_and_sampled(&mut s);
     let alone: Vec<Vec<u32>> = convs
         .iter()
         .map(|(m, p)| {
@@ -317,20 +323,7 @@ fn conversations_beside_each_other_answer_as_alone() {
 fn mtp_drafts_beside_each_other_are_each_conversations_own() {
     use engine::{Scheduler, SchedulerAblation, SchedulerOptions};
     let runs = &answers()["runs"];
-    let mut s = session_with(0, false);
-    let sampled = SamplingParams {
-        max_tokens: 12,
-        temperature: 0.9,
-        top_k: 40,
-        seed: 7,
-        ..SamplingParams::default()
-    };
-    let mut convs: Vec<(Vec<Message>, SamplingParams)> = Vec::new();
-    for run in ["text", "two_images", "chat"] {
-        let m = messages(&mut s, &runs[run]);
-        convs.push((m.clone(), greedy()));
-        convs.push((m, sampled.clone()));
-    }
+    let convs = greedy_and_sampled(&mut session_with(0, false));
     let options = SchedulerOptions {
         parallel: 6,
         prefill_chunk: 4,

@@ -2,7 +2,8 @@
 """The official OpenAI Python client against `xdna-vl serve`: pictures as data URLs, streamed and
 not, /v1/models, a wrong key refused, structured output (response_format json_schema, and the
 client's own `parse` into a pydantic model) and tool calls (tool_choice required and named, whole
-and streamed, the calls and a tool's result sent back). Needs `pip install openai`; CI does not run
+and streamed, the calls and a tool's result sent back), `return_token_ids`, and with `--thinking`
+(a thinking chat template) `reasoning_content` and `reasoning_format: none`. Needs `pip install openai`; CI does not run
 it (the Rust tests in xdna-vl/tests/integration/serve.rs and structured.rs check the same over raw
 HTTP).
 
@@ -111,6 +112,49 @@ def check_tools(client) -> bool:
         print("unknown response_format: 400", e.body.get("param") if isinstance(e.body, dict) else "")
     return ok
 
+def extra(obj, name):
+    """A response field the client does not model (pydantic keeps it as an extra)."""
+    return (getattr(obj, "model_extra", None) or {}).get(name)
+
+
+def check_token_ids(client) -> bool:
+    """vLLM's `return_token_ids`: the answer's ids, whole and in the streamed finish chunk."""
+    messages = [{"role": "user", "content": "Count to three."}]
+    whole = client.chat.completions.create(model="x", messages=messages, max_tokens=8, temperature=0,
+                                           extra_body={"return_token_ids": True})
+    ids = extra(whole.choices[0], "token_ids")
+    streamed = []
+    for chunk in client.chat.completions.create(model="x", messages=messages, max_tokens=8, temperature=0,
+                                                stream=True, extra_body={"return_token_ids": True}):
+        if chunk.choices and extra(chunk.choices[0], "token_ids"):
+            streamed += extra(chunk.choices[0], "token_ids")
+    plain = client.chat.completions.create(model="x", messages=messages, max_tokens=8, temperature=0)
+    good = isinstance(ids, list) and len(ids) == whole.usage.completion_tokens and streamed == ids \
+        and extra(plain.choices[0], "token_ids") is None
+    print(f"return_token_ids: {ids} (streamed {streamed}) {'ok' if good else 'BAD'}")
+    return good
+
+
+def check_reasoning(client) -> bool:
+    """A thinking template's reasoning in `reasoning_content` (whole and streamed), inline with
+    `reasoning_format: none`."""
+    messages = [{"role": "user", "content": "Think, then answer: red or green?"}]
+    whole = client.chat.completions.create(model="x", messages=messages, max_tokens=24, temperature=0)
+    reasoning = extra(whole.choices[0].message, "reasoning_content")
+    parts = []
+    for chunk in client.chat.completions.create(model="x", messages=messages, max_tokens=24, temperature=0,
+                                                stream=True):
+        if chunk.choices and extra(chunk.choices[0].delta, "reasoning_content"):
+            parts.append(extra(chunk.choices[0].delta, "reasoning_content"))
+    inline = client.chat.completions.create(model="x", messages=messages, max_tokens=24, temperature=0,
+                                            extra_body={"reasoning_format": "none"})
+    good = bool(reasoning) and "".join(parts) == reasoning \
+        and extra(inline.choices[0].message, "reasoning_content") is None \
+        and reasoning.strip() in (inline.choices[0].message.content or "")
+    print(f"reasoning_content: {reasoning!r}, content {whole.choices[0].message.content!r} {'ok' if good else 'BAD'}")
+    return good
+
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PICTURES = [os.path.join(HERE, "..", "tests", "fixtures", "chat", f) for f in ("picture-1.png", "picture-2.png")]
 
@@ -125,6 +169,9 @@ def main() -> int:
     ap.add_argument("--base-url", default="http://127.0.0.1:8080/v1")
     ap.add_argument("--api-key", default="none")
     ap.add_argument("--prompt", default="Describe these pictures.")
+    ap.add_argument("--thinking", action="store_true",
+                    help="the served chat template opens a <think> block (Qwen3.5's hub template): "
+                         "check reasoning_content")
     a = ap.parse_args()
     client = openai.OpenAI(base_url=a.base_url, api_key=a.api_key)
     content = [{"type": "image_url", "image_url": {"url": data_url(p)}} for p in PICTURES]
@@ -144,6 +191,9 @@ def main() -> int:
     ok = "".join(parts) == text and usage.completion_tokens == whole.usage.completion_tokens
     ok &= check_structured(client)
     ok &= check_tools(client)
+    ok &= check_token_ids(client)
+    if a.thinking:
+        ok &= check_reasoning(client)
     if a.api_key != "none":
         try:
             openai.OpenAI(base_url=a.base_url, api_key=a.api_key + "-wrong").models.list()

@@ -334,9 +334,10 @@ impl Scheduler {
         // A running sequence holding more of the prompt lends its rows: they are copied in.
         let held = reuse_prefix(&cached, &keys, &s.prompt, |r| r);
         let mut copied = 0;
-        let lent = match self.mtp_drafts() {
-            true => None,
-            false => self.longest_running_prefix(&keys, &s.prompt),
+        let lent = if self.mtp_drafts() {
+            None
+        } else {
+            self.longest_running_prefix(&keys, &s.prompt)
         };
         if let Some((from, rows)) = lent {
             if rows > held {
@@ -538,7 +539,7 @@ impl Scheduler {
             }
         };
         debug_assert!(logits.iter().all(|l| l.len() % vocab == 0));
-        if self.mtp {
+        if self.mtp_drafts() {
             self.hand_rows_to_drafters();
         }
         let mut done = Vec::new();

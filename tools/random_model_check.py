@@ -507,6 +507,9 @@ def run_one(index: int, seed: int, work: str, args) -> list[str]:
     model = cls(hr.build_config(spec)).eval()
     hr.randomize_norms(model, torch.Generator().manual_seed(int(rng.integers(0, 2**31))))
     hr.save_checkpoint(model, spec, ck)
+    if args.drafts.startswith("mtp"):
+        # Random mtp.* weights as hub checkpoints carry (transformers ignores them).
+        hr.add_mtp(dict(spec, seed=int(rng.integers(0, 2**31))), model, ck)
     del model  # the 2B shape holds 8.5 GB of f32 weights: one copy at a time
     gc.collect()
     # f32 compute on the bf16 values, as the bf16 pack computes
@@ -555,7 +558,8 @@ def main(argv: list[str]) -> int:
                     help="ask `xdna-vl serve --parallel N` from 4 clients at once (the model's conversation "
                          "and variants of it), then each alone")
     ap.add_argument("--parallel", type=int, default=4, help="--serve: serve's --parallel (1 reuses the cached prefix)")
-    ap.add_argument("--drafts", default="off", help="xdna-vl's --drafts (N prompt-lookup drafts; the ids must not change)")
+    ap.add_argument("--drafts", default="off", help="xdna-vl's --drafts (N prompt-lookup drafts, or mtp[:N] with the "
+                                                    "Qwen3.5 families: random mtp.* weights are added; the ids must not change)")
     ap.add_argument("--keep", help="keep the models and pictures under this directory")
     args = ap.parse_args(argv)
     if args.turns < 1 or args.parallel < 1:

@@ -293,7 +293,13 @@ impl Decoder {
                     "the MTP drafts' vocabulary: {rows} rows are not a prefix of the head"
                 ))
             })?;
-            (self.runtime.register(&self.pack, &[at])?[0], rows)
+            let handle = self.runtime.register(&self.pack, &[at]).map_err(|e| {
+                DecoderError::Options(format!(
+                    "the MTP drafts' first {rows} ids (--draft-vocab): {e}; choose a vocabulary \
+                     the backend has designs for, or all"
+                ))
+            })?;
+            (handle[0], rows)
         };
         Ok(rows)
     }

@@ -130,3 +130,52 @@ fn unquantized_packs_and_missing_designs_are_refused_by_name() {
     assert!(e.contains("i8"), "{e}");
     println!("{e}");
 }
+
+/// Qwen3.5 (tests/fixtures/chat-qwen3_5: DeltaNet and gated-attention layers, the MTP head) on
+/// the software NPU: the plan covers every linear of the pack (it used to ask for Qwen3-VL's
+/// projections in every layer and refused the pack), and the device's logits, and the MTP
+/// head's over the first ids, equal the host's byte for byte.
+#[test]
+fn a_qwen3_5_pack_plans_and_runs_on_the_device_as_on_the_host() {
+    let checkpoint = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/chat-qwen3_5/Qwen3.5-tiny");
+    for kind in [QuantKind::I8, QuantKind::Q4] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(format!("q35-{kind}.pack"));
+        let opts = packs::build::BuildOptions::new(kind);
+        packs::build::build_from_hf(&checkpoint, &path, &opts).unwrap();
+        let pack = std::sync::Arc::new(packs::Pack::open(&path).unwrap());
+        assert!(pack.semantics().delta_net.is_some());
+        let config = emu_config(&pack, &dir.path().join("designs"));
+        let mut host = Decoder::new(&pack, &common::host(), options()).unwrap();
+        let mut device = Decoder::new(
+            &pack,
+            &common::runtime(GemmChoice::Device, &config),
+            options(),
+        )
+        .unwrap();
+        for f in [&mut host, &mut device] {
+            assert_eq!(f.set_mtp_vocab(64).unwrap(), 64);
+        }
+        let (h, d) = (run(&mut host, PROMPT), run(&mut device, PROMPT));
+        assert_eq!(h.len(), d.len());
+        let differing = h.iter().zip(&d).filter(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(differing.count(), 0, "{kind}: logits differ");
+        let hidden = vec![0.25f32; host.semantics().hidden_size];
+        let mtp = |f: &mut Decoder| {
+            let mut cache = f.new_mtp_cache(8, decoder::KvDtype::F32);
+            let planes = decoder::HybridInputs::text(0);
+            f.mtp_step(&mut cache, &hidden, &hidden, &planes, Logits::LastRow)
+                .unwrap()
+                .to_vec()
+        };
+        let (hm, dm) = (mtp(&mut host), mtp(&mut device));
+        assert_eq!(hm.len(), 64);
+        assert_eq!(
+            hm.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            dm.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{kind}: the MTP head's logits differ"
+        );
+        assert!(device.runtime().take_stats().launches > 0);
+    }
+}

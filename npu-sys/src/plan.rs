@@ -106,51 +106,52 @@ pub fn kind_of(data: &LinearData<'_>) -> Option<DesignKind> {
 
 /// `q_proj`, `gate_proj`, ...: the projection's name in the checkpoint.
 pub fn role_of(p: Proj) -> &'static str {
-    let suffix = p.suffix();
-    let without_weight = suffix.strip_suffix(".weight").unwrap_or(suffix);
-    without_weight.rsplit('.').next().unwrap_or(without_weight)
+    decoder_role(p.suffix())
 }
 
-/// Every linear of the pack's decoder (seven per layer), its head, and its vision tower's linears
-/// when it has one (they share the device session: `Tower::prepare`).
+/// Every linear the runtime makes resident, in the pack's order: each linear tensor (the
+/// decoder's layers of either family, Qwen3.5's DeltaNet and gated attention projections, the
+/// experts, the MTP head's, the vision tower's; they share the device session:
+/// `Tower::prepare`), and the LM head when it is the tied embedding (no tensor of its own). A
+/// draft vocabulary's first head rows (`--draft-vocab`) run on the head's design.
 pub fn pack_linears(pack: &Pack) -> Result<Vec<LinearShape>, PackError> {
-    let layers = pack.semantics().num_layers;
-    let mut linears = Vec::with_capacity(layers * Proj::ALL.len() + 1);
-    for layer in 0..layers {
-        for p in Proj::ALL {
-            let linear = pack.linear(&names::proj(layer, p))?;
-            linears.push(LinearShape {
-                role: role_of(p).to_string(),
-                kind: kind_of(&linear.data),
-                k: linear.k,
-                n: linear.n,
-            });
+    let mut linears = Vec::new();
+    for t in pack.tensors() {
+        if t.kind != packs::TensorKind::Linear {
+            continue;
         }
+        let linear = pack.linear(&t.name)?;
+        let role = if t.name.starts_with(VISION_PREFIX) {
+            vision_role(&t.name)
+        } else if t.name == names::LM_HEAD {
+            "lm_head".to_string()
+        } else {
+            decoder_role(&t.name).to_string()
+        };
+        linears.push(LinearShape {
+            role,
+            kind: kind_of(&linear.data),
+            k: linear.k,
+            n: linear.n,
+        });
     }
     let head = pack.head();
-    let role = if head.name == names::LM_HEAD {
-        "lm_head"
-    } else {
-        "lm_head (tied embedding)"
-    };
-    linears.push(LinearShape {
-        role: role.into(),
-        kind: kind_of(&head.data),
-        k: head.k,
-        n: head.n,
-    });
-    for t in pack.tensors() {
-        if t.kind == packs::TensorKind::Linear && t.name.starts_with(VISION_PREFIX) {
-            let linear = pack.linear(&t.name)?;
-            linears.push(LinearShape {
-                role: vision_role(&t.name),
-                kind: kind_of(&linear.data),
-                k: linear.k,
-                n: linear.n,
-            });
-        }
+    if head.name != names::LM_HEAD {
+        linears.push(LinearShape {
+            role: "lm_head (tied embedding)".into(),
+            kind: kind_of(&head.data),
+            k: head.k,
+            n: head.n,
+        });
     }
     Ok(linears)
+}
+
+/// `q_proj`, `in_proj_qkv`, `gate_proj`, ...: a decoder linear's name in the checkpoint without
+/// its path (the layer, the expert, the block kind).
+fn decoder_role(name: &str) -> &str {
+    let without_weight = name.strip_suffix(".weight").unwrap_or(name);
+    without_weight.rsplit('.').next().unwrap_or(without_weight)
 }
 
 const VISION_PREFIX: &str = "model.visual.";

@@ -84,7 +84,8 @@ impl Lcg {
         (self.0 >> 33) as u32
     }
     fn i8(&mut self) -> i8 {
-        (self.next() % 255) as i32 as i8 - 127i8.wrapping_add(0)
+        // -127..=127 (the subtraction in i32: in i8 it overflowed, which debug builds refuse).
+        ((self.next() % 255) as i32 - 127) as i8
     }
     fn f32(&mut self) -> f32 {
         (self.next() % 2001) as f32 / 1000.0 - 1.0

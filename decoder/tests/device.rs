@@ -34,19 +34,29 @@ fn run(f: &mut Decoder, prompt: usize) -> Vec<f32> {
     out
 }
 
+/// The pack's decoder on the host and on the software NPU (designs for it written under `dir`),
+/// and the device's configuration.
+fn host_and_device(
+    pack: &std::sync::Arc<packs::Pack>,
+    dir: &std::path::Path,
+) -> (Decoder, Decoder, compute::DeviceConfig) {
+    let config = emu_config(pack, &dir.join("designs"));
+    let host = Decoder::new(pack, &common::host(), options()).unwrap();
+    let device = Decoder::new(
+        pack,
+        &common::runtime(GemmChoice::Device, &config),
+        options(),
+    )
+    .unwrap();
+    (host, device, config)
+}
+
 #[test]
 fn device_logits_are_byte_identical_to_the_host_for_i8_and_q4() {
     for kind in [QuantKind::I8, QuantKind::Q4] {
         let dir = tempfile::tempdir().unwrap();
         let pack = tiny_pack(dir.path(), kind);
-        let config = emu_config(&pack, &dir.path().join("designs"));
-        let mut host = Decoder::new(&pack, &common::host(), options()).unwrap();
-        let mut device = Decoder::new(
-            &pack,
-            &common::runtime(GemmChoice::Device, &config),
-            options(),
-        )
-        .unwrap();
+        let (mut host, mut device, config) = host_and_device(&pack, dir.path());
         // 20 rows fit the 128 tile; 140 rows loop over two 128-row tiles.
         for prompt in [PROMPT, 140] {
             host.reset();
@@ -146,14 +156,7 @@ fn a_qwen3_5_pack_plans_and_runs_on_the_device_as_on_the_host() {
         packs::build::build_from_hf(&checkpoint, &path, &opts).unwrap();
         let pack = std::sync::Arc::new(packs::Pack::open(&path).unwrap());
         assert!(pack.semantics().delta_net.is_some());
-        let config = emu_config(&pack, &dir.path().join("designs"));
-        let mut host = Decoder::new(&pack, &common::host(), options()).unwrap();
-        let mut device = Decoder::new(
-            &pack,
-            &common::runtime(GemmChoice::Device, &config),
-            options(),
-        )
-        .unwrap();
+        let (mut host, mut device, _) = host_and_device(&pack, dir.path());
         for f in [&mut host, &mut device] {
             assert_eq!(f.set_mtp_vocab(64).unwrap(), 64);
         }

@@ -57,6 +57,11 @@ impl MtpDrafter {
         }
     }
 
+    /// Bytes a row of the head's cache takes.
+    pub fn bytes_per_token(&self) -> usize {
+        self.cache.bytes_per_token()
+    }
+
     /// Forgets everything at and after slot `slot` (a rolled-back window, a new prompt's rows).
     pub fn truncate(&mut self, slot: usize) {
         let done = self.cache.len();

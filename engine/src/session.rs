@@ -351,9 +351,11 @@ impl Session {
     pub fn history(&self) -> &[Message] {
         &self.history
     }
-    /// Bytes one conversation's KV cache of the context's slots takes.
+    /// Bytes one conversation's KV cache of the context's slots takes, with its MTP head's
+    /// (one more attention layer) when the head drafts.
     pub fn kv_bytes_per_sequence(&self) -> usize {
-        self.forward.kv().bytes_per_token() * self.context
+        let head = self.mtp.as_ref().map_or(0, MtpDrafter::bytes_per_token);
+        (self.forward.kv().bytes_per_token() + head) * self.context
     }
     pub fn context(&self) -> usize {
         self.context

@@ -197,6 +197,10 @@ fn mtp_drafts_are_proposed_and_a_pack_without_the_head_is_refused() {
         g.timings.decode_steps
     );
     assert!(g.timings.drafts_proposed > 0, "the head proposed nothing");
+    // The head's cache is one more attention layer per conversation, in serve's budget too.
+    let plain = session_with(3, false).kv_bytes_per_sequence();
+    let layers = s.forward().kv().layers();
+    assert_eq!(s.kv_bytes_per_sequence(), plain / layers * (layers + 1));
     // A Qwen3-VL pack has no head: refused by name, not decoded without drafts.
     let options = SessionOptions {
         draft_source: engine::DraftSource::Mtp,

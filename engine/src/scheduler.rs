@@ -38,7 +38,6 @@ use crate::format::ChatFormat;
 use crate::image_rows::ImageRowsCache;
 use crate::images::ImageEncoder;
 use crate::message::Message;
-use crate::mtp_drafts::MtpDrafter;
 use crate::prompt::{Prompt, PromptAblation, PromptBuilder};
 use crate::sampling::SamplingParams;
 use crate::session::{
@@ -108,8 +107,6 @@ struct Running {
     decoding: Decoding,
     /// What the next decode step feeds: the sampled token, then its drafts.
     window: Vec<u32>,
-    /// With MTP drafts: the head's drafter of this sequence (its own head cache).
-    mtp: Option<MtpDrafter>,
     /// The prompt's ids (prompt lookup reads them with the answer's).
     prompt_ids: Vec<u32>,
     /// The rotary position of the sampled token the next step feeds (`window[0]`).
@@ -159,8 +156,6 @@ pub struct Scheduler {
     inbox: Receiver<Submission>,
     prefill_chunk: usize,
     drafts: usize,
-    /// Drafts come from the MTP head (each sequence its drafter) instead of prompt lookup.
-    mtp: bool,
     context: usize,
     /// Free caches, as the handles see it.
     free_count: Arc<AtomicUsize>,
@@ -179,9 +174,6 @@ pub struct SchedulerAblation {
     /// Prompts arriving together are admitted at once, each prefilling their shared prefix
     /// beside the others, instead of waiting for the first to hold it.
     pub no_prefix_wait: bool,
-    /// Every sequence's MTP drafter reads the forward's first rows (the first sequence's) as its
-    /// hidden states, instead of its own.
-    pub mtp_reads_the_first_rows: bool,
 }
 
 /// Fewest shared prompt rows a waiting prompt waits for a running sequence to prefill, to copy
@@ -263,7 +255,6 @@ impl Scheduler {
             most_at_once,
             prefill_chunk: options.prefill_chunk,
             drafts: options.drafts,
-            mtp: parts.mtp,
             context: parts.context,
             ablation,
         };
@@ -327,19 +318,10 @@ impl Scheduler {
             keys: mut cached,
             ..
         } = self.free.swap_remove(best);
-        if self.mtp_drafts() {
-            // The head has not read those rows: it would draft from fewer rows than alone.
-            cached.clear();
-        }
         // A running sequence holding more of the prompt lends its rows: they are copied in.
         let held = reuse_prefix(&cached, &keys, &s.prompt, |r| r);
         let mut copied = 0;
-        let lent = if self.mtp_drafts() {
-            None
-        } else {
-            self.longest_running_prefix(&keys, &s.prompt)
-        };
-        if let Some((from, rows)) = lent {
+        if let Some((from, rows)) = self.longest_running_prefix(&keys, &s.prompt) {
             if rows > held {
                 let src = &self.running[from].cache;
                 copied = if self.ablation.copy_one_row_short {
@@ -389,9 +371,6 @@ impl Scheduler {
         let mut timings = s.timings;
         timings.prefilled_tokens = new_rows;
         timings.copied_tokens = copied;
-        let mtp = self
-            .mtp_drafts()
-            .then(|| MtpDrafter::new(&self.decoder, self.context, cache.dtype()));
         self.running.push(Running {
             cache,
             keys,
@@ -402,7 +381,6 @@ impl Scheduler {
             fed: 0,
             decoding,
             window: Vec::new(),
-            mtp,
             prompt_ids: s.prompt.ids.clone(),
             next_rotary_pos: s.prompt.next_rotary_pos(),
             timings,
@@ -419,7 +397,7 @@ impl Scheduler {
     /// state before the running prompt's last row is kept, so only a prompt that starts with the
     /// whole running prompt waits. The wait ends when the runner's prompt is in or it leaves.
     fn waits_for_a_prefix(&self, s: &Submission) -> bool {
-        if self.ablation.no_prefix_wait || self.mtp_drafts() {
+        if self.ablation.no_prefix_wait {
             return false;
         }
         let keys = row_keys(&s.prompt);
@@ -539,72 +517,16 @@ impl Scheduler {
             }
         };
         debug_assert!(logits.iter().all(|l| l.len() % vocab == 0));
-        if self.mtp_drafts() {
-            self.hand_rows_to_drafters();
-        }
         let mut done = Vec::new();
         let drafts = self.drafts;
-        let decoder = &mut self.decoder;
         for (i, (r, mut l)) in self.running.iter_mut().zip(logits).enumerate() {
-            let outcome = advance(
-                r,
-                &mut l,
-                &self.format,
-                (self.context, vocab),
-                (drafts, decoder),
-            );
-            if let Some(outcome) = outcome {
+            if let Some(outcome) = advance(r, &mut l, &self.format, self.context, vocab, drafts) {
                 done.push((i, outcome));
             }
         }
         for (i, outcome) in done.into_iter().rev() {
             let r = self.running.remove(i);
             self.finish(r, outcome);
-        }
-    }
-
-    /// Whether drafts come from the MTP head. Its sequences then prefill their whole prompt: the
-    /// head drafts from every row the model ran for the sequence (its hidden states are not kept
-    /// with a pooled or lent prefix), so a conversation's drafts, and a sampled answer's draws,
-    /// are those it has alone, whatever the pool held.
-    fn mtp_drafts(&self) -> bool {
-        self.mtp && self.drafts > 0
-    }
-
-    /// After a forward: each sequence's MTP drafter gets its rows of it (their final hidden
-    /// states, in the sequences' order, the embeddings fed and their positions), before any
-    /// window is walked and rolled back.
-    fn hand_rows_to_drafters(&mut self) {
-        let h = self.decoder.semantics().hidden_size;
-        let hidden = self.decoder.last_hidden();
-        let mut row0 = 0;
-        let mut embeds = Vec::new();
-        for r in self.running.iter_mut() {
-            let (rows, hybrid) = match r.slices.get(r.fed) {
-                Some((e, hybrid)) => {
-                    embeds.clear();
-                    embeds.extend_from_slice(e);
-                    (e.len() / h, hybrid.clone())
-                }
-                None => {
-                    embeds.resize(r.window.len() * h, 0.0);
-                    for (row, &id) in embeds.chunks_exact_mut(h).zip(&r.window) {
-                        self.decoder.embed_row(id, row);
-                    }
-                    (r.window.len(), HybridInputs::text(r.next_rotary_pos))
-                }
-            };
-            if let Some(m) = r.mtp.as_mut() {
-                let first = r.cache.len() - rows;
-                let from = if self.ablation.mtp_reads_the_first_rows {
-                    0
-                } else {
-                    row0
-                };
-                let mine = &hidden[from * h..(from + rows) * h];
-                m.ran_rows(first, (&[], mine), &embeds, &hybrid);
-            }
-            row0 += rows;
         }
     }
 
@@ -662,8 +584,9 @@ fn advance(
     r: &mut Running,
     logits: &mut [f32],
     format: &ChatFormat,
-    (context, vocab): (usize, usize),
-    (drafts, decoder): (usize, &mut Decoder),
+    context: usize,
+    vocab: usize,
+    drafts: usize,
 ) -> Option<Result<FinishReason>> {
     // The rows of this step whose logits are here: 1, or a decode step's window.
     let mut rows = 1;
@@ -732,9 +655,6 @@ fn advance(
             "a draft window could not roll back to slot {kept}; serve without --drafts"
         ))));
     }
-    if let Some(m) = r.mtp.as_mut() {
-        m.truncate(kept);
-    }
     if decode_step {
         // The kept rows' positions are used; the next token's follows them.
         r.next_rotary_pos += row as i64 + 1;
@@ -750,12 +670,7 @@ fn advance(
             };
             r.window.clear();
             r.window.push(token);
-            if let Some(m) = r.mtp.as_mut().filter(|_| k > 0) {
-                match m.propose(decoder, token, k) {
-                    Ok(d) => r.window.extend(d.into_iter().take(k)),
-                    Err(e) => return Some(Err(e)),
-                }
-            } else if k > 0 {
+            if k > 0 {
                 let mut seen = r.prompt_ids.clone();
                 seen.extend_from_slice(r.decoding.ids());
                 r.window.extend(

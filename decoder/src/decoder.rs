@@ -46,8 +46,10 @@ pub struct Decoder {
     /// With `keep_last_hidden` on: every row's final (normed) hidden state of the last step.
     hidden: Vec<f32>,
     keep_hidden: bool,
-    /// The MTP head's output rows of its last step.
+    /// The MTP head's output rows (a buffer that keeps its largest size), and how many rows its
+    /// last step wrote.
     mtp_out: Vec<f32>,
+    mtp_rows: usize,
     /// The head the MTP head's logits come from ([`Decoder::set_mtp_vocab`]): the LM head, or
     /// its first rows; and their count.
     mtp_logits: (LinearHandle, usize),
@@ -134,6 +136,7 @@ impl Decoder {
             hidden: Vec::new(),
             keep_hidden: false,
             mtp_out: Vec::new(),
+            mtp_rows: 0,
         })
     }
 
@@ -312,7 +315,7 @@ impl Decoder {
     /// The MTP head's output rows of its last step (`rows x hidden`): a chained draft reads the
     /// last one as its hidden state.
     pub fn mtp_hidden(&self) -> &[f32] {
-        &self.mtp_out
+        &self.mtp_out[..self.mtp_rows * self.sem.hidden_size]
     }
 
     /// The MTP head over rows of one sequence: row r reads `hidden` row r (the model's final
@@ -382,7 +385,9 @@ impl Decoder {
                 let mut out = std::mem::take(&mut self.mtp_out);
                 let r = mtp.forward(&step, cache, &mut self.state, hidden, embeds, &mut out);
                 self.mtp_out = out;
+                self.mtp_rows = 0;
                 r?;
+                self.mtp_rows = rows;
                 let (head, vocab) = self.mtp_logits;
                 let s = &mut self.state.scratch;
                 self.runtime.gemm(

@@ -391,6 +391,41 @@ fn the_mtp_head_over_the_first_ids_gives_their_logits_of_the_whole_head() {
     }
 }
 
+/// A chained MTP draft reads the head's output row of its last step (`Decoder::mtp_hidden`): after
+/// a step of many rows (a prompt's catch-up), a one-row step's output is that one row, the row a
+/// decoder that never ran the larger step gives. Before, the buffer kept its largest size and a
+/// chained draft read a stale row of an earlier step (found by comparing a conversation's drafts
+/// beside others and alone in `serve`).
+#[test]
+fn the_mtp_heads_output_is_its_last_steps_rows() {
+    let case = Case::new("q35-odd");
+    let (_dir, pack) = case.pack(QuantKind::F32);
+    let mut f = forward(&pack, options());
+    let (hidden, embeds, hybrid) = mtp_inputs(&case, &mut f);
+    let h = f.semantics().hidden_size;
+    let n = embeds.len() / h;
+    assert!(n > 1);
+    let mut fresh = forward(&pack, options());
+    let one = hybrid.slice_rows(0, 1, n, h);
+    let last_row = |f: &mut Decoder| {
+        let mut cache = f.new_mtp_cache(16, decoder::KvDtype::F32);
+        f.mtp_step(
+            &mut cache,
+            &hidden[..h],
+            &embeds[..h],
+            &one,
+            Logits::LastRow,
+        )
+        .unwrap();
+        f.mtp_hidden().to_vec()
+    };
+    mtp_logits(&mut f, &hidden, &embeds, &hybrid);
+    assert_eq!(f.mtp_hidden().len(), n * h, "the many-row step's rows");
+    let after = last_row(&mut f);
+    assert_eq!(after.len(), h, "one row after a step of {n}");
+    assert_eq!(after, last_row(&mut fresh));
+}
+
 /// The head's logits over `hidden` / `embeds` (all rows, a fresh head cache).
 fn mtp_logits(
     f: &mut Decoder,

@@ -35,6 +35,7 @@ impl Pending {
 }
 
 pub struct MtpDrafter {
+    hidden_size: usize,
     cache: KvCache,
     pending: Pending,
     /// The inputs of one head step, reused.
@@ -47,6 +48,7 @@ impl MtpDrafter {
     /// A drafter for `decoder`'s pack (it must carry the head) with `capacity` slots.
     pub fn new(decoder: &Decoder, capacity: usize, dtype: KvDtype) -> MtpDrafter {
         MtpDrafter {
+            hidden_size: decoder.semantics().hidden_size,
             cache: decoder.new_mtp_cache(capacity, dtype),
             pending: Pending::default(),
             next_embeds: Vec::new(),
@@ -83,14 +85,25 @@ impl MtpDrafter {
         hybrid: &HybridInputs,
         before: &[f32],
     ) {
+        self.ran_rows(first_slot, (before, decoder.last_hidden()), embeds, hybrid);
+    }
+
+    /// [`MtpDrafter::ran`] with the rows' hidden states given: `hidden.0` then `hidden.1` (a
+    /// sequence's rows of a forward over several).
+    pub fn ran_rows(
+        &mut self,
+        first_slot: usize,
+        hidden: (&[f32], &[f32]),
+        embeds: &[f32],
+        hybrid: &HybridInputs,
+    ) {
         self.truncate(first_slot);
-        let h = decoder.semantics().hidden_size;
-        let rows = embeds.len() / h;
-        debug_assert_eq!(before.len() + decoder.last_hidden().len(), rows * h);
+        let rows = embeds.len() / self.hidden_size;
+        debug_assert_eq!(hidden.0.len() + hidden.1.len(), embeds.len());
         debug_assert_eq!(self.cache.len() + self.pending.rows(), first_slot);
         let p = &mut self.pending;
-        p.hidden.extend_from_slice(before);
-        p.hidden.extend_from_slice(decoder.last_hidden());
+        p.hidden.extend_from_slice(hidden.0);
+        p.hidden.extend_from_slice(hidden.1);
         p.embeds.extend_from_slice(embeds);
         p.positions
             .extend((0..rows).map(|r| hybrid.position(r, rows)));

@@ -38,6 +38,7 @@ use crate::format::ChatFormat;
 use crate::image_rows::ImageRowsCache;
 use crate::images::ImageEncoder;
 use crate::message::Message;
+use crate::mtp_drafts::MtpDrafter;
 use crate::prompt::{Prompt, PromptAblation, PromptBuilder};
 use crate::sampling::SamplingParams;
 use crate::session::{
@@ -107,6 +108,10 @@ struct Running {
     decoding: Decoding,
     /// What the next decode step feeds: the sampled token, then its drafts.
     window: Vec<u32>,
+    /// With MTP drafts: the head's drafter of this sequence (its own head cache).
+    mtp: Option<MtpDrafter>,
+    /// Every draft the head proposed, in order (kept for `SchedulerAblation::record_drafts`).
+    proposed: Vec<u32>,
     /// The prompt's ids (prompt lookup reads them with the answer's).
     prompt_ids: Vec<u32>,
     /// The rotary position of the sampled token the next step feeds (`window[0]`).
@@ -117,6 +122,10 @@ struct Running {
     decode_start: Option<Instant>,
     events: Sender<SeqEvent>,
 }
+
+/// With `SchedulerAblation::record_drafts`: each finished sequence's prompt ids and the MTP drafts
+/// it proposed.
+type RecordedDrafts = Arc<Mutex<Vec<(Vec<u32>, Vec<u32>)>>>;
 
 /// What the handles share.
 struct Shared {
@@ -134,6 +143,7 @@ struct Shared {
     free_count: Arc<AtomicUsize>,
     most_at_once: Arc<AtomicUsize>,
     parallel: usize,
+    drafted: RecordedDrafts,
 }
 
 /// A caller's way to the scheduler; clone one per worker.
@@ -156,11 +166,14 @@ pub struct Scheduler {
     inbox: Receiver<Submission>,
     prefill_chunk: usize,
     drafts: usize,
+    /// Drafts come from the MTP head (each sequence its drafter) instead of prompt lookup.
+    mtp: bool,
     context: usize,
     /// Free caches, as the handles see it.
     free_count: Arc<AtomicUsize>,
     /// The most sequences one step has run.
     most_at_once: Arc<AtomicUsize>,
+    drafted: RecordedDrafts,
     ablation: SchedulerAblation,
 }
 
@@ -174,6 +187,12 @@ pub struct SchedulerAblation {
     /// Prompts arriving together are admitted at once, each prefilling their shared prefix
     /// beside the others, instead of waiting for the first to hold it.
     pub no_prefix_wait: bool,
+    /// Every sequence's MTP drafter reads the forward's first rows (the first sequence's) as its
+    /// hidden states, instead of its own.
+    pub mtp_reads_the_first_rows: bool,
+    /// Keep each finished sequence's MTP drafts for [`SchedulerHandle::recorded_drafts`] (not a
+    /// mistake: what the tests compare).
+    pub record_drafts: bool,
 }
 
 /// Fewest shared prompt rows a waiting prompt waits for a running sequence to prefill, to copy
@@ -228,6 +247,7 @@ impl Scheduler {
         let format = Arc::new(parts.format);
         let free_count = Arc::new(AtomicUsize::new(options.parallel));
         let most_at_once = Arc::new(AtomicUsize::new(0));
+        let drafted = Arc::new(Mutex::new(Vec::new()));
         let merge = parts.encoder.as_ref().map_or(2, |e| e.merge_size());
         let shared = Arc::new(Shared {
             inbox: Mutex::new(sender),
@@ -242,6 +262,7 @@ impl Scheduler {
             free_count: free_count.clone(),
             most_at_once: most_at_once.clone(),
             parallel: options.parallel,
+            drafted: drafted.clone(),
         });
         let scheduler = Scheduler {
             decoder: parts.decoder,
@@ -253,8 +274,10 @@ impl Scheduler {
             inbox,
             free_count,
             most_at_once,
+            drafted,
             prefill_chunk: options.prefill_chunk,
             drafts: options.drafts,
+            mtp: parts.mtp,
             context: parts.context,
             ablation,
         };
@@ -318,10 +341,19 @@ impl Scheduler {
             keys: mut cached,
             ..
         } = self.free.swap_remove(best);
+        if self.mtp_drafts() {
+            // The head has not read those rows: it would draft from fewer rows than alone.
+            cached.clear();
+        }
         // A running sequence holding more of the prompt lends its rows: they are copied in.
         let held = reuse_prefix(&cached, &keys, &s.prompt, |r| r);
         let mut copied = 0;
-        if let Some((from, rows)) = self.longest_running_prefix(&keys, &s.prompt) {
+        let lent = if self.mtp_drafts() {
+            None
+        } else {
+            self.longest_running_prefix(&keys, &s.prompt)
+        };
+        if let Some((from, rows)) = lent {
             if rows > held {
                 let src = &self.running[from].cache;
                 copied = if self.ablation.copy_one_row_short {
@@ -371,6 +403,9 @@ impl Scheduler {
         let mut timings = s.timings;
         timings.prefilled_tokens = new_rows;
         timings.copied_tokens = copied;
+        let mtp = self
+            .mtp_drafts()
+            .then(|| MtpDrafter::new(&self.decoder, self.context, cache.dtype()));
         self.running.push(Running {
             cache,
             keys,
@@ -381,6 +416,8 @@ impl Scheduler {
             fed: 0,
             decoding,
             window: Vec::new(),
+            mtp,
+            proposed: Vec::new(),
             prompt_ids: s.prompt.ids.clone(),
             next_rotary_pos: s.prompt.next_rotary_pos(),
             timings,
@@ -397,7 +434,7 @@ impl Scheduler {
     /// state before the running prompt's last row is kept, so only a prompt that starts with the
     /// whole running prompt waits. The wait ends when the runner's prompt is in or it leaves.
     fn waits_for_a_prefix(&self, s: &Submission) -> bool {
-        if self.ablation.no_prefix_wait {
+        if self.ablation.no_prefix_wait || self.mtp_drafts() {
             return false;
         }
         let keys = row_keys(&s.prompt);
@@ -517,16 +554,72 @@ impl Scheduler {
             }
         };
         debug_assert!(logits.iter().all(|l| l.len() % vocab == 0));
+        if self.mtp_drafts() {
+            self.hand_rows_to_drafters();
+        }
         let mut done = Vec::new();
         let drafts = self.drafts;
+        let decoder = &mut self.decoder;
         for (i, (r, mut l)) in self.running.iter_mut().zip(logits).enumerate() {
-            if let Some(outcome) = advance(r, &mut l, &self.format, self.context, vocab, drafts) {
+            let outcome = advance(
+                r,
+                &mut l,
+                &self.format,
+                (self.context, vocab),
+                (drafts, decoder),
+            );
+            if let Some(outcome) = outcome {
                 done.push((i, outcome));
             }
         }
         for (i, outcome) in done.into_iter().rev() {
             let r = self.running.remove(i);
             self.finish(r, outcome);
+        }
+    }
+
+    /// Whether drafts come from the MTP head. Its sequences then prefill their whole prompt: the
+    /// head drafts from every row the model ran for the sequence (its hidden states are not kept
+    /// with a pooled or lent prefix), so a conversation's drafts, and a sampled answer's draws,
+    /// are those it has alone, whatever the pool held.
+    fn mtp_drafts(&self) -> bool {
+        self.mtp && self.drafts > 0
+    }
+
+    /// After a forward: each sequence's MTP drafter gets its rows of it (their final hidden
+    /// states, in the sequences' order, the embeddings fed and their positions), before any
+    /// window is walked and rolled back.
+    fn hand_rows_to_drafters(&mut self) {
+        let h = self.decoder.semantics().hidden_size;
+        let hidden = self.decoder.last_hidden();
+        let mut row0 = 0;
+        let mut embeds = Vec::new();
+        for r in self.running.iter_mut() {
+            let (rows, hybrid) = match r.slices.get(r.fed) {
+                Some((e, hybrid)) => {
+                    embeds.clear();
+                    embeds.extend_from_slice(e);
+                    (e.len() / h, hybrid.clone())
+                }
+                None => {
+                    embeds.resize(r.window.len() * h, 0.0);
+                    for (row, &id) in embeds.chunks_exact_mut(h).zip(&r.window) {
+                        self.decoder.embed_row(id, row);
+                    }
+                    (r.window.len(), HybridInputs::text(r.next_rotary_pos))
+                }
+            };
+            if let Some(m) = r.mtp.as_mut() {
+                let first = r.cache.len() - rows;
+                let from = if self.ablation.mtp_reads_the_first_rows {
+                    0
+                } else {
+                    row0
+                };
+                let mine = &hidden[from * h..(from + rows) * h];
+                m.ran_rows(first, (&[], mine), &embeds, &hybrid);
+            }
+            row0 += rows;
         }
     }
 
@@ -543,6 +636,10 @@ impl Scheduler {
 
     /// The sequence leaves: its cache goes back to the pool, its caller hears the end.
     fn finish(&mut self, r: Running, outcome: Result<FinishReason>) {
+        if self.ablation.record_drafts {
+            let mut d = self.drafted.lock().unwrap_or_else(|p| p.into_inner());
+            d.push((r.prompt_ids.clone(), r.proposed.clone()));
+        }
         let Running {
             cache,
             mut keys,
@@ -584,9 +681,8 @@ fn advance(
     r: &mut Running,
     logits: &mut [f32],
     format: &ChatFormat,
-    context: usize,
-    vocab: usize,
-    drafts: usize,
+    (context, vocab): (usize, usize),
+    (drafts, decoder): (usize, &mut Decoder),
 ) -> Option<Result<FinishReason>> {
     // The rows of this step whose logits are here: 1, or a decode step's window.
     let mut rows = 1;
@@ -655,6 +751,9 @@ fn advance(
             "a draft window could not roll back to slot {kept}; serve without --drafts"
         ))));
     }
+    if let Some(m) = r.mtp.as_mut() {
+        m.truncate(kept);
+    }
     if decode_step {
         // The kept rows' positions are used; the next token's follows them.
         r.next_rotary_pos += row as i64 + 1;
@@ -670,7 +769,15 @@ fn advance(
             };
             r.window.clear();
             r.window.push(token);
-            if k > 0 {
+            if let Some(m) = r.mtp.as_mut().filter(|_| k > 0) {
+                match m.propose(decoder, token, k) {
+                    Ok(d) => {
+                        r.proposed.extend(d.iter().take(k));
+                        r.window.extend(d.into_iter().take(k));
+                    }
+                    Err(e) => return Some(Err(e)),
+                }
+            } else if k > 0 {
                 let mut seen = r.prompt_ids.clone();
                 seen.extend_from_slice(r.decoding.ids());
                 r.window.extend(
@@ -702,6 +809,17 @@ impl SchedulerHandle {
     /// Conversations answered at once (caches in the pool).
     pub fn parallel(&self) -> usize {
         self.shared.parallel
+    }
+
+    /// With `SchedulerAblation::record_drafts`: each finished conversation's prompt ids and the
+    /// MTP drafts it proposed, in the order they finished.
+    #[doc(hidden)]
+    pub fn recorded_drafts(&self) -> Vec<(Vec<u32>, Vec<u32>)> {
+        self.shared
+            .drafted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The most conversations one forward has run so far.

@@ -178,6 +178,9 @@ pub(crate) struct SessionParts {
     pub no_encoder: String,
     pub context: usize,
     pub ablation: PromptAblation,
+    /// Drafts come from the MTP head (`--drafts mtp`): the decoder keeps every row's hidden
+    /// state and its head's logits cover the chosen ids.
+    pub mtp: bool,
 }
 
 pub struct Session {
@@ -324,6 +327,7 @@ impl Session {
             no_encoder: self.no_encoder,
             context: self.context,
             ablation: self.ablation,
+            mtp: self.mtp.is_some(),
         }
     }
 

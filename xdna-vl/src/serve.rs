@@ -363,13 +363,6 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("--chat-template-kwargs: {e}"))?;
     let session = crate::open_session(&args.model)?;
     let parallel = parallel(args, session.kv_bytes_per_sequence())?;
-    let drafts = args.model.drafts;
-    if parallel > 1 && drafts.source == engine::DraftSource::Mtp && drafts.n > 0 {
-        return Err(format!(
-            "--drafts mtp with --parallel {parallel}: the MTP head drafts for one conversation at a \
-             time; use --parallel 1, or --drafts N (prompt lookup) with --parallel"
-        ));
-    }
     let id = match &args.model.pack {
         Some(p) => p
             .file_stem()
@@ -415,7 +408,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
         let scheduler = SchedulerOptions {
             parallel,
             prefill_chunk: args.prefill_chunk,
-            drafts: drafts.n,
+            drafts: args.model.drafts.n,
         };
         let (handle, _thread) = Scheduler::start(session, scheduler).map_err(|e| e.to_string())?;
         (0..parallel)

@@ -318,6 +318,89 @@ fn conversations_beside_each_other_answer_as_alone() {
     }
 }
 
+/// `serve --parallel --drafts mtp`: each conversation's MTP head drafts from its own rows of the
+/// shared forward. Six conversations (greedy and seeded sampled) submitted at once answer as each
+/// does alone in the scheduler, greedy ones as transformers, and each proposes the very drafts it
+/// proposes alone. Control: drafters reading the forward's first rows propose other drafts (the
+/// greedy answers stay right: the model checks every draft).
+#[test]
+fn mtp_drafts_beside_each_other_are_each_conversations_own() {
+    use engine::{Scheduler, SchedulerAblation, SchedulerOptions};
+    let runs = &answers()["runs"];
+    let convs = greedy_and_sampled(&mut session_with(0, false));
+    let options = SchedulerOptions {
+        parallel: 6,
+        prefill_chunk: 4,
+        drafts: 3,
+    };
+    let start = |mtp_reads_the_first_rows| {
+        let ablation = SchedulerAblation {
+            mtp_reads_the_first_rows,
+            record_drafts: true,
+            ..SchedulerAblation::default()
+        };
+        Scheduler::start_ablated(session_with(3, true), options, ablation)
+            .unwrap()
+            .0
+    };
+    let answer = |h: &engine::SchedulerHandle, (m, p): &(Vec<Message>, SamplingParams)| {
+        h.generate(m, p, &mut |_| true).unwrap().ids
+    };
+    // Each conversation alone: its ids and its drafts (prompt ids, drafts proposed).
+    let (alone, mut drafted): (Vec<_>, Vec<_>) = convs
+        .iter()
+        .map(|c| {
+            let h = start(false);
+            let ids = answer(&h, c);
+            (ids, h.recorded_drafts().remove(0))
+        })
+        .unzip();
+    drafted.sort();
+    for (run, a) in ["text", "two_images"].iter().zip(alone.iter().step_by(2)) {
+        assert_eq!(a, &ids(&runs[*run]["greedy_ids"]), "{run}");
+    }
+    assert!(drafted.iter().all(|(_, d)| !d.is_empty()), "no MTP drafts");
+    // All six submitted at once: the answers, every conversation's drafts, and how many shared
+    // a forward.
+    let together = |first_rows| {
+        let h = start(first_rows);
+        let go = std::sync::Barrier::new(convs.len());
+        let answers: Vec<_> = std::thread::scope(|scope| {
+            let threads: Vec<_> = convs
+                .iter()
+                .map(|c| {
+                    let (h, go) = (h.clone(), &go);
+                    scope.spawn(move || {
+                        go.wait();
+                        answer(&h, c)
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let mut d = h.recorded_drafts();
+        d.sort();
+        (answers, d, h.most_at_once())
+    };
+    for _ in 0..3 {
+        let (answers, d, _) = together(false);
+        assert_eq!(answers, alone);
+        assert_eq!(d, drafted, "the drafts beside others are not those alone");
+    }
+    // The control needs conversations side by side: a sequence alone reads its own rows.
+    let (answers, wrong, _) = (0..5)
+        .map(|_| together(true))
+        .find(|(_, _, most)| *most >= 3)
+        .expect("three conversations never shared a forward");
+    for (w, a) in answers.iter().zip(&alone).step_by(2) {
+        assert_eq!(w, a, "the model checks every draft");
+    }
+    assert_ne!(
+        wrong, drafted,
+        "drafters reading another's rows went unnoticed"
+    );
+}
+
 /// `serve --parallel`: a Qwen3.5 prompt that starts as a running conversation copies the running
 /// one's rows only up to a prompt state it kept (the DeltaNet state cannot be cut elsewhere):
 /// the same two pictures and question again copy all but the last row, K/V and recurrent state,

@@ -46,13 +46,12 @@ pub struct Decoder {
     /// With `keep_last_hidden` on: every row's final (normed) hidden state of the last step.
     hidden: Vec<f32>,
     keep_hidden: bool,
-    /// The MTP head's output rows (a buffer that keeps its largest size), and how many rows its
-    /// last step wrote.
+    /// The MTP head's output rows of its last step (cut to them: `grow` keeps a buffer's largest
+    /// size, and a chained draft reads the last row).
     mtp_out: Vec<f32>,
-    mtp_rows: usize,
     /// The head the MTP head's logits come from ([`Decoder::set_mtp_vocab`]): the LM head, or
-    /// its first rows; and their count.
-    mtp_logits: (LinearHandle, usize),
+    /// its first rows.
+    mtp_logits: LinearHandle,
 }
 
 impl Decoder {
@@ -99,7 +98,6 @@ impl Decoder {
         let final_norm = pack.norm_index(packs::names::FINAL_NORM)?;
         let mtp = qwen3_5::mtp::Mtp::resolve(pack, runtime)?;
         let head = runtime.register(pack, &[PackLinear::Head])?[0];
-        let vocab = sem.vocab_size;
         let routing = sem.moe.as_ref().map(|m| Routing {
             num_experts: m.num_experts,
             top_k: m.top_k,
@@ -132,11 +130,10 @@ impl Decoder {
             options,
             trace: Vec::new(),
             mtp,
-            mtp_logits: (head, vocab),
+            mtp_logits: head,
             hidden: Vec::new(),
             keep_hidden: false,
             mtp_out: Vec::new(),
-            mtp_rows: 0,
         })
     }
 
@@ -285,11 +282,11 @@ impl Decoder {
             .clamp(1, vocab)
             .next_multiple_of(packs::quant::Q4_PANEL)
             .min(vocab);
-        if rows == self.mtp_logits.1 {
+        if rows == self.mtp_vocab() {
             return Ok(rows);
         }
         self.mtp_logits = if rows == vocab {
-            (self.head, vocab)
+            self.head
         } else {
             let at = PackLinear::head_rows(&self.pack, rows).ok_or_else(|| {
                 DecoderError::Options(format!(
@@ -302,9 +299,14 @@ impl Decoder {
                      the backend has designs for, or all"
                 ))
             })?;
-            (handle[0], rows)
+            handle[0]
         };
         Ok(rows)
+    }
+
+    /// The token ids the MTP head's logits cover ([`Decoder::set_mtp_vocab`]).
+    fn mtp_vocab(&self) -> usize {
+        self.mtp_logits.weight(&self.pack).linear.n
     }
 
     /// The MTP head's cache for one sequence: one attention layer, `capacity` slots.
@@ -315,7 +317,7 @@ impl Decoder {
     /// The MTP head's output rows of its last step (`rows x hidden`): a chained draft reads the
     /// last one as its hidden state.
     pub fn mtp_hidden(&self) -> &[f32] {
-        &self.mtp_out[..self.mtp_rows * self.sem.hidden_size]
+        &self.mtp_out
     }
 
     /// The MTP head over rows of one sequence: row r reads `hidden` row r (the model's final
@@ -384,11 +386,10 @@ impl Decoder {
                 rotary_tables(&self.rotary, &segments, &mut self.state.scratch);
                 let mut out = std::mem::take(&mut self.mtp_out);
                 let r = mtp.forward(&step, cache, &mut self.state, hidden, embeds, &mut out);
+                out.truncate(if r.is_ok() { rows * h } else { 0 });
                 self.mtp_out = out;
-                self.mtp_rows = 0;
                 r?;
-                self.mtp_rows = rows;
-                let (head, vocab) = self.mtp_logits;
+                let (head, vocab) = (self.mtp_logits, self.mtp_vocab());
                 let s = &mut self.state.scratch;
                 self.runtime.gemm(
                     &self.pack,

@@ -70,6 +70,19 @@ pub const MAX_DRAFTS: usize = 16;
 /// drafts took 40.5-41.1 ms, 15.8-16.4 of them in the head's steps (PERF.md).
 pub const MTP_VOCAB: usize = 65536;
 
+/// `--draft-vocab N|all`: the token ids MTP drafts choose among (`None`: all of them).
+pub fn parse_draft_vocab(s: &str) -> Result<Option<usize>, String> {
+    match s {
+        "all" => Ok(None),
+        _ => match s.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => Err(format!(
+                "--draft-vocab {s}: must be a positive number of token ids (like {MTP_VOCAB}) or all"
+            )),
+        },
+    }
+}
+
 /// Deliberate mistakes, for controls (no flag reaches them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DraftAblation {

@@ -33,7 +33,9 @@ pub mod tool_calls;
 
 pub use assets::ChatAssets;
 pub use constraint::{Constraint, Grammar, TokenSpace};
-pub use drafts::{DraftAblation, DraftSource, Drafter, PromptLookup, MAX_DRAFTS, MTP_VOCAB};
+pub use drafts::{
+    parse_draft_vocab, DraftAblation, DraftSource, Drafter, PromptLookup, MAX_DRAFTS, MTP_VOCAB,
+};
 pub use error::{EngineError, Result};
 pub use format::ChatFormat;
 pub use generation_config::GenerationConfig;

@@ -42,8 +42,8 @@ use crate::mtp_drafts::MtpDrafter;
 use crate::prompt::{Prompt, PromptAblation, PromptBuilder};
 use crate::sampling::SamplingParams;
 use crate::session::{
-    answer_params, prompt_fits, prompt_input, refuse_images, reuse_prefix, row_keys, Event,
-    FinishReason, Generation, RowKey, Session, Timings,
+    answer_params, prompt_fits, prompt_input, refuse_images, reuse_prefix, row_keys, token_embeds,
+    Event, FinishReason, Generation, RowKey, Session, Timings,
 };
 use crate::template::TemplateInputs;
 
@@ -166,8 +166,12 @@ pub struct Scheduler {
     inbox: Receiver<Submission>,
     prefill_chunk: usize,
     drafts: usize,
-    /// Drafts come from the MTP head (each sequence its drafter) instead of prompt lookup.
-    mtp: bool,
+    /// Drafts come from the MTP head (each sequence its drafter) instead of prompt lookup. Its
+    /// sequences then prefill their whole prompt: the head drafts from every row the model ran
+    /// for the sequence (its hidden states are not kept with a pooled or lent prefix), so a
+    /// conversation's drafts, and a sampled answer's draws, are those it has alone, whatever the
+    /// pool held.
+    mtp_drafts: bool,
     context: usize,
     /// Free caches, as the handles see it.
     free_count: Arc<AtomicUsize>,
@@ -277,7 +281,7 @@ impl Scheduler {
             drafted,
             prefill_chunk: options.prefill_chunk,
             drafts: options.drafts,
-            mtp: parts.mtp,
+            mtp_drafts: parts.mtp && options.drafts > 0,
             context: parts.context,
             ablation,
         };
@@ -341,14 +345,14 @@ impl Scheduler {
             keys: mut cached,
             ..
         } = self.free.swap_remove(best);
-        if self.mtp_drafts() {
+        if self.mtp_drafts {
             // The head has not read those rows: it would draft from fewer rows than alone.
             cached.clear();
         }
         // A running sequence holding more of the prompt lends its rows: they are copied in.
         let held = reuse_prefix(&cached, &keys, &s.prompt, |r| r);
         let mut copied = 0;
-        let lent = if self.mtp_drafts() {
+        let lent = if self.mtp_drafts {
             None
         } else {
             self.longest_running_prefix(&keys, &s.prompt)
@@ -404,7 +408,7 @@ impl Scheduler {
         timings.prefilled_tokens = new_rows;
         timings.copied_tokens = copied;
         let mtp = self
-            .mtp_drafts()
+            .mtp_drafts
             .then(|| MtpDrafter::new(&self.decoder, self.context, cache.dtype()));
         self.running.push(Running {
             cache,
@@ -434,7 +438,7 @@ impl Scheduler {
     /// state before the running prompt's last row is kept, so only a prompt that starts with the
     /// whole running prompt waits. The wait ends when the runner's prompt is in or it leaves.
     fn waits_for_a_prefix(&self, s: &Submission) -> bool {
-        if self.ablation.no_prefix_wait || self.mtp_drafts() {
+        if self.ablation.no_prefix_wait || self.mtp_drafts {
             return false;
         }
         let keys = row_keys(&s.prompt);
@@ -554,7 +558,7 @@ impl Scheduler {
             }
         };
         debug_assert!(logits.iter().all(|l| l.len() % vocab == 0));
-        if self.mtp_drafts() {
+        if self.mtp_drafts {
             self.hand_rows_to_drafters();
         }
         let mut done = Vec::new();
@@ -578,14 +582,6 @@ impl Scheduler {
         }
     }
 
-    /// Whether drafts come from the MTP head. Its sequences then prefill their whole prompt: the
-    /// head drafts from every row the model ran for the sequence (its hidden states are not kept
-    /// with a pooled or lent prefix), so a conversation's drafts, and a sampled answer's draws,
-    /// are those it has alone, whatever the pool held.
-    fn mtp_drafts(&self) -> bool {
-        self.mtp && self.drafts > 0
-    }
-
     /// After a forward: each sequence's MTP drafter gets its rows of it (their final hidden
     /// states, in the sequences' order, the embeddings fed and their positions), before any
     /// window is walked and rolled back.
@@ -593,22 +589,9 @@ impl Scheduler {
         let h = self.decoder.semantics().hidden_size;
         let hidden = self.decoder.last_hidden();
         let mut row0 = 0;
-        let mut embeds = Vec::new();
         for r in self.running.iter_mut() {
-            let (rows, hybrid) = match r.slices.get(r.fed) {
-                Some((e, hybrid)) => {
-                    embeds.clear();
-                    embeds.extend_from_slice(e);
-                    (e.len() / h, hybrid.clone())
-                }
-                None => {
-                    embeds.resize(r.window.len() * h, 0.0);
-                    for (row, &id) in embeds.chunks_exact_mut(h).zip(&r.window) {
-                        self.decoder.embed_row(id, row);
-                    }
-                    (r.window.len(), HybridInputs::text(r.next_rotary_pos))
-                }
-            };
+            let slice = r.slices.get(r.fed);
+            let rows = slice.map_or(r.window.len(), |(e, _)| e.len() / h);
             if let Some(m) = r.mtp.as_mut() {
                 let first = r.cache.len() - rows;
                 let from = if self.ablation.mtp_reads_the_first_rows {
@@ -616,8 +599,15 @@ impl Scheduler {
                 } else {
                     row0
                 };
-                let mine = &hidden[from * h..(from + rows) * h];
-                m.ran_rows(first, (&[], mine), &embeds, &hybrid);
+                let mine = (&[][..], &hidden[from * h..(from + rows) * h]);
+                match slice {
+                    Some((embeds, hybrid)) => m.ran_rows(first, mine, embeds, hybrid),
+                    None => {
+                        let embeds = token_embeds(&self.decoder, &r.window);
+                        let text = HybridInputs::text(r.next_rotary_pos);
+                        m.ran_rows(first, mine, &embeds, &text);
+                    }
+                }
             }
             row0 += rows;
         }

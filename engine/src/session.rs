@@ -178,7 +178,7 @@ pub(crate) struct SessionParts {
     pub no_encoder: String,
     pub context: usize,
     pub ablation: PromptAblation,
-    /// Drafts come from the MTP head (`--drafts mtp`): the decoder keeps every row's hidden
+    /// Drafts may come from the MTP head (`--drafts mtp`): the decoder keeps every row's hidden
     /// state and its head's logits cover the chosen ids.
     pub mtp: bool,
 }
@@ -739,7 +739,7 @@ pub(crate) fn reuse_prefix(
 }
 
 /// The embedding rows of `tokens` (`tokens x hidden`).
-fn token_embeds(decoder: &Decoder, tokens: &[u32]) -> Vec<f32> {
+pub(crate) fn token_embeds(decoder: &Decoder, tokens: &[u32]) -> Vec<f32> {
     let h = decoder.semantics().hidden_size;
     let mut out = vec![0.0; tokens.len() * h];
     for (row, &t) in out.chunks_exact_mut(h).zip(tokens) {

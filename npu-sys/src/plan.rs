@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use packs::names::{self, Proj};
+use packs::names;
 use packs::{LinearData, Pack, PackError};
 use serde::Serialize;
 
@@ -102,11 +102,6 @@ pub fn kind_of(data: &LinearData<'_>) -> Option<DesignKind> {
         LinearData::Q4 { .. } => Some(DesignKind::Q4),
         LinearData::F32(_) | LinearData::Bf16(_) => None,
     }
-}
-
-/// `q_proj`, `gate_proj`, ...: the projection's name in the checkpoint.
-pub fn role_of(p: Proj) -> &'static str {
-    decoder_role(p.suffix())
 }
 
 /// Every linear the runtime makes resident, in the pack's order: each linear tensor (the
@@ -318,7 +313,11 @@ mod tests {
 
     #[test]
     fn roles_are_checkpoint_names() {
-        let roles: Vec<&str> = Proj::ALL.into_iter().map(role_of).collect();
+        let names: Vec<String> = names::Proj::ALL
+            .into_iter()
+            .map(|p| names::proj(3, p))
+            .collect();
+        let roles: Vec<&str> = names.iter().map(|n| decoder_role(n)).collect();
         assert_eq!(
             roles,
             [

@@ -175,10 +175,10 @@ pub struct ModelArgs {
     /// With --drafts mtp: the head proposes only among the first N token ids (rounded up to 16),
     /// or `all`. The answer is the same either way (the model checks every draft); a smaller
     /// range makes each draft cheaper (the LM head is most of its cost) and misses the tokens
-    /// past it. Default 65536 (byte-level BPE ids come in merge order, frequent pieces first).
-    /// Examples: --draft-vocab 32768, --draft-vocab all
-    #[arg(long, value_name = "N|all", default_value = "65536", value_parser = parse_draft_vocab)]
-    pub draft_vocab: DraftVocab,
+    /// past it. Default 65536 (byte-level BPE ids come in merge order, frequent pieces first);
+    /// refused without --drafts mtp. Examples: --draft-vocab 32768, --draft-vocab all
+    #[arg(long, value_name = "N|all", value_parser = parse_draft_vocab)]
+    pub draft_vocab: Option<DraftVocab>,
     /// Extra variables for the checkpoint's chat template, a JSON object (as transformers'
     /// apply_chat_template(**kwargs) and llama-server's flag of the same name); `serve` gives
     /// them to every request, whose own `chat_template_kwargs` override them. Qwen3.5's
@@ -263,17 +263,9 @@ fn parse_drafts(s: &str) -> Result<DraftsArg, String> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DraftVocab(pub Option<usize>);
 
-/// `--draft-vocab N|all`.
+/// `--draft-vocab N|all` ([`engine::parse_draft_vocab`]).
 fn parse_draft_vocab(s: &str) -> Result<DraftVocab, String> {
-    match s {
-        "all" => Ok(DraftVocab(None)),
-        _ => match s.parse::<usize>() {
-            Ok(n) if n > 0 => Ok(DraftVocab(Some(n))),
-            _ => Err(format!(
-                "--draft-vocab {s}: must be a positive number of token ids (like 65536) or all"
-            )),
-        },
-    }
+    engine::parse_draft_vocab(s).map(DraftVocab)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

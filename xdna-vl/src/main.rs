@@ -57,6 +57,12 @@ pub fn open_session(model: &ModelArgs) -> Result<Session, String> {
     if model.ctx == 0 {
         return Err("--ctx 0: the context must hold at least one token".into());
     }
+    if model.draft_vocab.is_some() && model.drafts.source != engine::DraftSource::Mtp {
+        return Err(
+            "--draft-vocab: applies to the MTP head's drafts only; add --drafts mtp or drop it"
+                .into(),
+        );
+    }
     if model.runtime.threads == 0 {
         return Err("--threads 0: at least one thread is needed".into());
     }
@@ -66,7 +72,7 @@ pub fn open_session(model: &ModelArgs) -> Result<Session, String> {
         kv_dtype: model.kv_dtype(),
         drafts: model.drafts.n,
         draft_source: model.drafts.source,
-        mtp_vocab: model.draft_vocab.0,
+        mtp_vocab: model.draft_vocab.map_or(Some(engine::MTP_VOCAB), |v| v.0),
         ..SessionOptions::default()
     };
     Session::open(&pack, assets.as_ref(), &options).map_err(|e| e.to_string())

@@ -287,6 +287,11 @@ fn bad_input_is_refused_by_name_with_status_2() {
         &xdna_vl(&["serve", "/no/such.pack", "--drafts", "99"], None, None),
         "--drafts 99",
     );
+    // Accepted only where it applies: prompt-lookup drafts have no head to restrict.
+    refused(
+        &run(&["--prompt", "hi", "--drafts", "4", "--draft-vocab", "100"]),
+        "--draft-vocab: applies to the MTP head's drafts only",
+    );
     for bad in ["0", "lots", "-5"] {
         refused(
             &xdna_vl(
@@ -641,32 +646,30 @@ fn run_on_a_qwen3_5_pack_gives_transformers_answer() {
     packs::build::build_from_hf(&fx.join("Qwen3.5-tiny"), &pack, &opts).unwrap();
     let (p1, p2) = (fx.join("picture-1.png"), fx.join("picture-2.png"));
     for (drafts, vocab) in [
-        ("off", "all"),
-        ("mtp", "65536"),
-        ("mtp:2", "all"),
-        ("mtp", "100"),
+        ("off", None),
+        ("mtp", None),
+        ("mtp:2", Some("all")),
+        ("mtp", Some("100")),
     ] {
-        let o = xdna_vl(
-            &[
-                "run",
-                pack.to_str().unwrap(),
-                "--image",
-                p1.to_str().unwrap(),
-                "--image",
-                p2.to_str().unwrap(),
-                "--prompt",
-                "Describe these pictures.",
-                "--max-tokens",
-                "12",
-                "--json",
-                "--drafts",
-                drafts,
-                "--draft-vocab",
-                vocab,
-            ],
-            None,
-            None,
-        );
+        let mut args = vec![
+            "run",
+            pack.to_str().unwrap(),
+            "--image",
+            p1.to_str().unwrap(),
+            "--image",
+            p2.to_str().unwrap(),
+            "--prompt",
+            "Describe these pictures.",
+            "--max-tokens",
+            "12",
+            "--json",
+            "--drafts",
+            drafts,
+        ];
+        if let Some(v) = vocab {
+            args.extend(["--draft-vocab", v]);
+        }
+        let o = xdna_vl(&args, None, None);
         assert_eq!(o.code, 0, "--drafts {drafts}: {}", o.stderr);
         let v: Value = serde_json::from_str(&o.stdout).unwrap();
         assert_eq!(

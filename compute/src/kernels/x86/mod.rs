@@ -87,12 +87,11 @@ pub(super) fn has_avx512_vnni() -> bool {
 const GEMV_PREFETCH_MIN: usize = 8192;
 
 /// How far ahead (bytes of weight codes, in address order) the q4 few-row kernel and the i8 GEMV
-/// also prefetch into L2 (`prefetcht1`), beside their L1 prefetch ([`GEMV_PREFETCH_MIN`]) ahead. Without it the
-/// weight stream and the arithmetic barely overlapped: the decode GEMVs of a token ran at 74-80%
-/// of the read probe, with the arithmetic alone at ~40 GB/s a thread from L2 against ~17 from
-/// DRAM. 64 KB in L2 took them to 87-88% (`bench gemm --kinds q4 --rows 1`, 37.0-37.4 -> 33.0-33.7
-/// ms, alternated three times); 32 KB measured 86%, 128 KB 81%. An L1 prefetch this far ahead
-/// would evict lines before their use (32 KB L1), which is why a whole panel ahead in L1 was slower.
+/// also prefetch into L2 (`prefetcht1`), beside their L1 prefetch ([`GEMV_PREFETCH_MIN`]).
+/// Without it the weight stream and the arithmetic barely overlapped (the arithmetic alone runs
+/// at ~40 GB/s a thread from L2, DRAM gives ~17): a token's decode GEMVs ran at 74-80% of the
+/// read probe, with it 81-88% (PERF.md); 32 KB measured alike, 128 KB worse. An L1 prefetch this
+/// far ahead would evict lines before their use (32 KB L1).
 const GEMV_PREFETCH_L2: usize = 65536;
 
 /// The integer dot primitive of an instruction set. Every method accumulates, per 32-bit lane, the

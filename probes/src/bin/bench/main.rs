@@ -121,9 +121,9 @@ enum Mode {
         #[arg(long, default_value = "oracle")]
         source: drafts::Source,
         /// With --source mtp: the token ids the head's logits cover (`xdna-vl --draft-vocab`:
-        /// the first N, or all). Example: --draft-vocab all
-        #[arg(long, value_name = "N|all", default_value = "65536")]
-        draft_vocab: String,
+        /// the first N, or all; default 65536). Example: --draft-vocab all
+        #[arg(long, value_name = "N|all")]
+        draft_vocab: Option<String>,
     },
     /// A new conversation joining running decodes, as `serve --parallel` schedules it (each step
     /// one row per running conversation and the next slice of the new prompt): its time to the
@@ -277,14 +277,12 @@ fn main() {
             source,
             draft_vocab,
         }) => {
-            let vocab = match draft_vocab.as_str() {
-                "all" => None,
-                n => match n.parse::<usize>() {
-                    Ok(n) if n > 0 => Some(n),
-                    _ => refuse(format!(
-                        "--draft-vocab {n}: must be a positive number of token ids or all"
-                    )),
-                },
+            if draft_vocab.is_some() && *source != drafts::Source::Mtp {
+                refuse("--draft-vocab: applies to --source mtp only; drop it or add --source mtp");
+            }
+            let vocab = match draft_vocab {
+                Some(v) => engine::parse_draft_vocab(v).unwrap_or_else(|e| refuse(e)),
+                None => Some(engine::MTP_VOCAB),
             };
             drafts::run(c, &shape, &kinds, (*k, vocab), *tokens, *source)
         }

@@ -49,6 +49,9 @@ pub struct Decoder {
     /// The MTP head's output rows of its last step (cut to them: `grow` keeps a buffer's largest
     /// size, and a chained draft reads the last row).
     mtp_out: Vec<f32>,
+    /// The MTP head's inputs of its last step (hidden, embeddings), the sequences' rows one after
+    /// another; reused.
+    mtp_in: (Vec<f32>, Vec<f32>),
     /// The head the MTP head's logits come from ([`Decoder::set_mtp_vocab`]): the LM head, or
     /// its first rows.
     mtp_logits: LinearHandle,
@@ -134,6 +137,7 @@ impl Decoder {
             hidden: Vec::new(),
             keep_hidden: false,
             mtp_out: Vec::new(),
+            mtp_in: (Vec::new(), Vec::new()),
         })
     }
 
@@ -334,6 +338,29 @@ impl Decoder {
         hybrid: &HybridInputs,
         logits: Logits,
     ) -> Result<&[f32], DecoderError> {
+        let mut one = [MtpSequenceStep {
+            cache,
+            hidden,
+            embeds,
+            hybrid,
+            logits,
+        }];
+        let out = self.mtp_step_sequences(&mut one).map_err(|e| match e {
+            DecoderError::InSequence { source, .. } => *source,
+            e => e,
+        })?;
+        Ok(out.logits)
+    }
+
+    /// [`Decoder::mtp_step`] over the rows of several sequences at once: every GEMM of the head
+    /// (its layer and its logits) runs once over all rows, attention per sequence over its own
+    /// head cache, as [`Decoder::step_sequences`] does for the model. A row's result does not
+    /// depend on the rows beside it. [`Decoder::mtp_hidden`] then holds the sequences' output
+    /// rows one after another. A refusal names the sequence by index; no cache advances.
+    pub fn mtp_step_sequences(
+        &mut self,
+        sequences: &mut [MtpSequenceStep<'_>],
+    ) -> Result<SequenceLogits<'_>, DecoderError> {
         let h = self.sem.hidden_size;
         let Some(mtp) = self.mtp.take() else {
             return Err(DecoderError::Options(format!(
@@ -341,70 +368,137 @@ impl Decoder {
                 self.pack.path().display()
             )));
         };
-        let rows = embeds.len() / h.max(1);
-        let result = (|| {
-            if rows == 0 || embeds.len() != rows * h || hidden.len() != rows * h {
-                return Err(DecoderError::Options(format!(
+        let result = self.mtp_run(&mtp, sequences, h);
+        self.mtp = Some(mtp);
+        let spans = result?;
+        let vocab = self.mtp_vocab();
+        let out_rows: usize = spans.iter().map(|s| s.1).sum();
+        Ok(SequenceLogits {
+            logits: &self.state.scratch.logits[..out_rows * vocab],
+            spans,
+            vocab,
+        })
+    }
+
+    /// The checks and the pass of [`Decoder::mtp_step_sequences`]; returns each sequence's
+    /// (first row, rows) in the logits.
+    fn mtp_run(
+        &mut self,
+        mtp: &qwen3_5::mtp::Mtp,
+        sequences: &mut [MtpSequenceStep<'_>],
+        h: usize,
+    ) -> Result<Vec<(usize, usize)>, DecoderError> {
+        if sequences.is_empty() {
+            return Err(DecoderError::Options(
+                "mtp_step_sequences needs at least one sequence".into(),
+            ));
+        }
+        let mut segments = Vec::with_capacity(sequences.len());
+        let mut row0 = 0;
+        for (i, seq) in sequences.iter().enumerate() {
+            let in_seq = |e: DecoderError| DecoderError::InSequence {
+                index: i,
+                source: Box::new(e),
+            };
+            let rows = seq.embeds.len() / h.max(1);
+            if rows == 0 || seq.embeds.len() != rows * h || seq.hidden.len() != rows * h {
+                return Err(in_seq(DecoderError::Options(format!(
                     "mtp_step: {} hidden and {} embedding values, expected the same positive \
                      number of rows of {h}",
-                    hidden.len(),
-                    embeds.len()
+                    seq.hidden.len(),
+                    seq.embeds.len()
+                ))));
+            }
+            if seq.cache.layers() != 1 || seq.cache.kv_dim() != self.shape.kv_dim() {
+                return Err(in_seq(DecoderError::Options(
+                    "the MTP head's cache must come from Decoder::new_mtp_cache".into(),
                 )));
             }
-            if cache.layers() != 1 || cache.kv_dim() != self.shape.kv_dim() {
-                return Err(DecoderError::Options(
-                    "the MTP head's cache must come from Decoder::new_mtp_cache".into(),
-                ));
-            }
-            self.check_hybrid(hybrid, rows)?;
-            self.check_room(cache, cache.len(), rows)?;
-            let segments = [Segment {
-                row0: 0,
+            self.check_hybrid(seq.hybrid, rows).map_err(in_seq)?;
+            self.check_room(seq.cache, seq.cache.len(), rows)
+                .map_err(in_seq)?;
+            segments.push(Segment {
+                row0,
                 rows,
-                start_slot: cache.len(),
-                hybrid,
-            }];
-            let runtime = self.runtime.clone();
-            let n = match logits {
-                Logits::LastRow => 1,
-                Logits::AllRows => rows,
+                start_slot: seq.cache.len(),
+                hybrid: seq.hybrid,
+            });
+            row0 += rows;
+        }
+        let rows = row0;
+        // The head reads its rows' inputs one after another, as the model's step reads `x`.
+        let (mut hidden, mut embeds) = (
+            std::mem::take(&mut self.mtp_in.0),
+            std::mem::take(&mut self.mtp_in.1),
+        );
+        hidden.clear();
+        embeds.clear();
+        for seq in sequences.iter() {
+            hidden.extend_from_slice(seq.hidden);
+            embeds.extend_from_slice(seq.embeds);
+        }
+        let which: Vec<Logits> = sequences.iter().map(|s| s.logits).collect();
+        let mut caches: Vec<&mut KvCache> = sequences.iter_mut().map(|s| &mut *s.cache).collect();
+        let runtime = self.runtime.clone();
+        let result = runtime.pass(|| {
+            let step = Step {
+                pack: &self.pack,
+                runtime: &self.runtime,
+                pool: self.runtime.pool(),
+                rows,
+                segments: &segments,
+                hidden: h,
+                intermediate: self.sem.intermediate_size,
+                eps: self.eps,
+                shape: self.shape,
+                rotary_dim: self.rotary.head_dim,
+                ablation: self.options.ablation,
             };
-            runtime.pass(|| {
-                let step = Step {
-                    pack: &self.pack,
-                    runtime: &self.runtime,
-                    pool: self.runtime.pool(),
-                    rows,
-                    segments: &segments,
-                    hidden: h,
-                    intermediate: self.sem.intermediate_size,
-                    eps: self.eps,
-                    shape: self.shape,
-                    rotary_dim: self.rotary.head_dim,
-                    ablation: self.options.ablation,
+            rotary_tables(&self.rotary, &segments, &mut self.state.scratch);
+            let mut out = std::mem::take(&mut self.mtp_out);
+            let r = mtp.forward(
+                &step,
+                &mut caches,
+                &mut self.state,
+                &hidden,
+                &embeds,
+                &mut out,
+            );
+            out.truncate(if r.is_ok() { rows * h } else { 0 });
+            self.mtp_out = out;
+            r?;
+            // The wanted rows, segment after segment, into one GEMM over the head.
+            let mut spans = Vec::with_capacity(segments.len());
+            let mut out_rows = 0;
+            for (seg, w) in segments.iter().zip(&which) {
+                let n = match w {
+                    Logits::LastRow => 1,
+                    Logits::AllRows => seg.rows,
                 };
-                rotary_tables(&self.rotary, &segments, &mut self.state.scratch);
-                let mut out = std::mem::take(&mut self.mtp_out);
-                let r = mtp.forward(&step, cache, &mut self.state, hidden, embeds, &mut out);
-                out.truncate(if r.is_ok() { rows * h } else { 0 });
-                self.mtp_out = out;
-                r?;
-                let (head, vocab) = (self.mtp_logits, self.mtp_vocab());
-                let s = &mut self.state.scratch;
-                self.runtime.gemm(
-                    &self.pack,
-                    head,
-                    &self.mtp_out[(rows - n) * h..rows * h],
-                    n,
-                    grow(&mut s.logits, n * vocab),
-                )?;
-                cache.commit(cache.len() + rows);
-                Ok(n * vocab)
-            })
-        })();
-        self.mtp = Some(mtp);
-        let len = result?;
-        Ok(&self.state.scratch.logits[..len])
+                spans.push((out_rows, n));
+                out_rows += n;
+            }
+            let (head, vocab) = (self.mtp_logits, self.mtp_vocab());
+            let s = &mut self.state.scratch;
+            let xn = grow(&mut s.xn, out_rows * h);
+            for (seg, &(at, n)) in segments.iter().zip(&spans) {
+                let first = seg.row0 + seg.rows - n;
+                xn[at * h..(at + n) * h].copy_from_slice(&self.mtp_out[first * h..(first + n) * h]);
+            }
+            self.runtime.gemm(
+                &self.pack,
+                head,
+                &s.xn[..out_rows * h],
+                out_rows,
+                grow(&mut s.logits, out_rows * vocab),
+            )?;
+            for (seg, kv) in segments.iter().zip(caches.iter_mut()) {
+                kv.commit(seg.start_slot + seg.rows);
+            }
+            Ok(spans)
+        });
+        self.mtp_in = (hidden, embeds);
+        result
     }
 
     /// One forward over the rows of several sequences: every GEMM runs once over all rows (one
@@ -868,7 +962,20 @@ pub struct SequenceStep<'a> {
     pub logits: Logits,
 }
 
-/// The logits of a [`Decoder::step_sequences`], sequence by sequence.
+/// One sequence's part of [`Decoder::mtp_step_sequences`]: its head cache (from
+/// [`Decoder::new_mtp_cache`]; its rows go to the next free slots), the rows' inputs (`rows x
+/// hidden` each: the hidden state a row reads and the embedding fed after it), their positions,
+/// and which rows' logits it wants.
+pub struct MtpSequenceStep<'a> {
+    pub cache: &'a mut KvCache,
+    pub hidden: &'a [f32],
+    pub embeds: &'a [f32],
+    pub hybrid: &'a HybridInputs,
+    pub logits: Logits,
+}
+
+/// The logits of a [`Decoder::step_sequences`] (or [`Decoder::mtp_step_sequences`]), sequence by
+/// sequence.
 pub struct SequenceLogits<'a> {
     logits: &'a [f32],
     /// Per sequence: (first row, rows) in `logits`.

@@ -16,7 +16,7 @@ pub mod qwen3_vl;
 pub mod recurrent;
 mod step;
 
-pub use decoder::{decode_step, Decoder, SequenceLogits, SequenceStep, StepInput};
+pub use decoder::{decode_step, Decoder, MtpSequenceStep, SequenceLogits, SequenceStep, StepInput};
 pub use error::DecoderError;
 pub use hybrid::HybridInputs;
 pub use kv::{KvCache, KvDtype};

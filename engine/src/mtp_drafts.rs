@@ -7,7 +7,7 @@
 //! the head's cache again: only rows computed from the model's own hidden states stay.
 
 use compute::ops::sampling::argmax;
-use decoder::{Decoder, HybridInputs, KvCache, KvDtype, Logits};
+use decoder::{Decoder, HybridInputs, KvCache, KvDtype, Logits, MtpSequenceStep};
 
 use crate::error::Result;
 
@@ -38,10 +38,20 @@ pub struct MtpDrafter {
     hidden_size: usize,
     cache: KvCache,
     pending: Pending,
-    /// The inputs of one head step, reused.
+    /// The inputs of one head step, reused: the embeddings each row reads, the hidden state a
+    /// chained row reads, one embedding row, and the rows' positions.
     next_embeds: Vec<f32>,
     chained_hidden: Vec<f32>,
     row: Vec<f32>,
+    hybrid: HybridInputs,
+}
+
+/// One sequence's ask for drafts ([`propose_drafts`]): its drafter, the token just sampled after
+/// the model's last row, and how many drafts at most.
+pub struct DraftAsk<'a> {
+    pub drafter: &'a mut MtpDrafter,
+    pub token: u32,
+    pub k: usize,
 }
 
 impl MtpDrafter {
@@ -54,6 +64,7 @@ impl MtpDrafter {
             next_embeds: Vec::new(),
             chained_hidden: Vec::new(),
             row: Vec::new(),
+            hybrid: HybridInputs::default(),
         }
     }
 
@@ -110,15 +121,27 @@ impl MtpDrafter {
     }
 
     /// Up to `k` drafts to follow `token` (sampled after the model's last row): the head catches
-    /// up over the pending rows, then chains.
+    /// up over the pending rows, then chains. [`propose_drafts`] for one sequence.
     pub fn propose(&mut self, decoder: &mut Decoder, token: u32, k: usize) -> Result<Vec<u32>> {
+        let mut ask = [DraftAsk {
+            drafter: self,
+            token,
+            k,
+        }];
+        Ok(propose_drafts(decoder, &mut ask)?.pop().unwrap_or_default())
+    }
+
+    /// Whether `k` drafts can be made now: rows to catch up over and room for them and the chain.
+    fn can_draft(&self, k: usize) -> bool {
         let n = self.pending.rows();
-        if k == 0 || n == 0 || self.cache.len() + n + k > self.cache.capacity() {
-            return Ok(Vec::new());
-        }
-        let h = decoder.semantics().hidden_size;
+        k > 0 && n > 0 && self.cache.len() + n + k <= self.cache.capacity()
+    }
+
+    /// The catch-up step's inputs: row r reads the embedding fed at row r + 1, the last row the
+    /// sampled `token`'s, at the pending rows' positions.
+    fn catch_up_inputs(&mut self, decoder: &Decoder, token: u32) {
+        let (h, n) = (self.hidden_size, self.pending.rows());
         self.row.resize(h, 0.0);
-        // Row r reads the embedding fed at row r + 1; the last row, the sampled token's.
         self.next_embeds.clear();
         self.next_embeds
             .extend_from_slice(&self.pending.embeds[h..]);
@@ -130,43 +153,110 @@ impl MtpDrafter {
                 planes[plane * n + r] = v;
             }
         }
-        let last = self.pending.positions[n - 1];
-        let hybrid = HybridInputs {
+        self.hybrid = HybridInputs {
             planes: Some(planes),
             ..HybridInputs::default()
         };
-        let done = self.cache.len() + n;
-        let logits = decoder.mtp_step(
-            &mut self.cache,
-            &self.pending.hidden,
-            &self.next_embeds,
-            &hybrid,
-            Logits::LastRow,
-        )?;
-        let mut drafts = vec![argmax(logits)];
-        self.pending.truncate(0);
-        for i in 1..k {
-            // The chained row reads the head's own last output row as its hidden state.
-            let out = decoder.mtp_hidden();
-            self.chained_hidden.clear();
-            self.chained_hidden.extend_from_slice(&out[out.len() - h..]);
-            decoder.embed_row(drafts[i - 1], &mut self.row);
-            let p = last[0] + i as i64;
-            let chained = HybridInputs {
-                planes: Some(vec![p, p, p]),
-                ..HybridInputs::default()
-            };
-            let logits = decoder.mtp_step(
-                &mut self.cache,
-                &self.chained_hidden,
-                &self.row,
-                &chained,
-                Logits::LastRow,
-            )?;
-            drafts.push(argmax(logits));
-        }
-        // Only rows read from the model's own hidden states stay in the head's cache.
-        let _ = self.cache.truncate(done);
-        Ok(drafts)
     }
+
+    /// The chained step's inputs: draft `i` (its embedding, at `i` after the last caught-up
+    /// row's position) reads the head's own output row of the step before.
+    fn chain_inputs(&mut self, decoder: &Decoder, draft: u32, last: [i64; 3], i: usize) {
+        decoder.embed_row(draft, &mut self.row);
+        let p = last[0] + i as i64;
+        self.hybrid = HybridInputs {
+            planes: Some(vec![p, p, p]),
+            ..HybridInputs::default()
+        };
+    }
+}
+
+/// Drafts for several sequences at once, each as [`MtpDrafter::propose`] would make it alone: one
+/// head step over every sequence's catch-up rows, then one over every chained row per draft (the
+/// head's weights read once per step, not once per sequence). An ask that cannot draft (k 0,
+/// nothing to catch up over, no room) gets none.
+pub fn propose_drafts(decoder: &mut Decoder, asks: &mut [DraftAsk<'_>]) -> Result<Vec<Vec<u32>>> {
+    let h = decoder.semantics().hidden_size;
+    let mut drafts = vec![Vec::new(); asks.len()];
+    let live: Vec<bool> = asks.iter().map(|a| a.drafter.can_draft(a.k)).collect();
+    // Per live ask: the cache length to go back to (only rows read from the model's own hidden
+    // states stay) and the last caught-up row's position.
+    let mut keep = vec![(0, [0i64; 3]); asks.len()];
+    for (i, a) in asks.iter_mut().enumerate().filter(|(i, _)| live[*i]) {
+        let d = &mut *a.drafter;
+        let n = d.pending.rows();
+        keep[i] = (d.cache.len() + n, d.pending.positions[n - 1]);
+        d.catch_up_inputs(decoder, a.token);
+    }
+    let most = asks
+        .iter()
+        .zip(&live)
+        .filter(|(_, &l)| l)
+        .map(|(a, _)| a.k)
+        .max()
+        .unwrap_or(0);
+    for t in 0..most {
+        // Draft t: the catch-up step (t = 0) or one chained row for each ask wanting more.
+        let drafting: Vec<usize> = (0..asks.len())
+            .filter(|&i| live[i] && asks[i].k > t)
+            .collect();
+        if t > 0 {
+            for &i in &drafting {
+                asks[i]
+                    .drafter
+                    .chain_inputs(decoder, drafts[i][t - 1], keep[i].1, t);
+            }
+        }
+        let mut steps: Vec<MtpSequenceStep<'_>> = asks
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, a)| live[*i] && a.k > t)
+            .map(|(_, a)| {
+                let MtpDrafter {
+                    cache,
+                    pending,
+                    next_embeds,
+                    chained_hidden,
+                    row,
+                    hybrid,
+                    ..
+                } = &mut *a.drafter;
+                let (hidden, embeds) = if t == 0 {
+                    (&pending.hidden[..], &next_embeds[..])
+                } else {
+                    (&chained_hidden[..], &row[..])
+                };
+                MtpSequenceStep {
+                    cache,
+                    hidden,
+                    embeds,
+                    hybrid,
+                    logits: Logits::LastRow,
+                }
+            })
+            .collect();
+        let out = decoder.mtp_step_sequences(&mut steps)?;
+        let rows: Vec<usize> = steps.iter().map(|s| s.embeds.len() / h).collect();
+        drop(steps);
+        for (j, &i) in drafting.iter().enumerate() {
+            drafts[i].push(argmax(out.of(j)));
+        }
+        // The next chained row of each reads its last output row of this step.
+        let out_rows = decoder.mtp_hidden();
+        let mut end = 0;
+        for (&i, &n) in drafting.iter().zip(&rows) {
+            end += n;
+            let d = &mut *asks[i].drafter;
+            d.chained_hidden.clear();
+            d.chained_hidden
+                .extend_from_slice(&out_rows[(end - 1) * h..end * h]);
+            if t == 0 {
+                d.pending.truncate(0);
+            }
+        }
+    }
+    for (i, a) in asks.iter_mut().enumerate().filter(|(i, _)| live[*i]) {
+        let _ = a.drafter.cache.truncate(keep[i].0);
+    }
+    Ok(drafts)
 }

@@ -38,7 +38,7 @@ use crate::format::ChatFormat;
 use crate::image_rows::ImageRowsCache;
 use crate::images::ImageEncoder;
 use crate::message::Message;
-use crate::mtp_drafts::MtpDrafter;
+use crate::mtp_drafts::{propose_drafts, DraftAsk, MtpDrafter};
 use crate::prompt::{Prompt, PromptAblation, PromptBuilder};
 use crate::sampling::SamplingParams;
 use crate::session::{
@@ -110,7 +110,9 @@ struct Running {
     window: Vec<u32>,
     /// With MTP drafts: the head's drafter of this sequence (its own head cache).
     mtp: Option<MtpDrafter>,
-    /// Every draft the head proposed, in order (kept for `SchedulerAblation::record_drafts`).
+    /// MTP drafts to ask the head for after this step's sampling (all sequences' at once).
+    mtp_ask: usize,
+    /// With `SchedulerAblation::record_drafts`: every draft the head proposed, in order.
     proposed: Vec<u32>,
     /// The prompt's ids (prompt lookup reads them with the answer's).
     prompt_ids: Vec<u32>,
@@ -421,6 +423,7 @@ impl Scheduler {
             decoding,
             window: Vec::new(),
             mtp,
+            mtp_ask: 0,
             proposed: Vec::new(),
             prompt_ids: s.prompt.ids.clone(),
             next_rotary_pos: s.prompt.next_rotary_pos(),
@@ -562,23 +565,62 @@ impl Scheduler {
             self.hand_rows_to_drafters();
         }
         let mut done = Vec::new();
-        let drafts = self.drafts;
-        let decoder = &mut self.decoder;
         for (i, (r, mut l)) in self.running.iter_mut().zip(logits).enumerate() {
-            let outcome = advance(
-                r,
-                &mut l,
-                &self.format,
-                (self.context, vocab),
-                (drafts, decoder),
-            );
+            let outcome = advance(r, &mut l, &self.format, (self.context, vocab), self.drafts);
             if let Some(outcome) = outcome {
                 done.push((i, outcome));
             }
         }
+        if self.mtp_drafts {
+            self.propose_mtp_drafts(&mut done);
+        }
         for (i, outcome) in done.into_iter().rev() {
             let r = self.running.remove(i);
             self.finish(r, outcome);
+        }
+    }
+
+    /// The MTP drafts every sequence asked for in this step's sampling, in one head step per
+    /// draft over all of them (each sequence's drafts as its own alone); they join its window. A
+    /// failed head step fails the sequences that asked (into `done`, kept in index order).
+    fn propose_mtp_drafts(&mut self, done: &mut Vec<(usize, Result<FinishReason>)>) {
+        let mut asked = Vec::new();
+        let mut asks: Vec<DraftAsk<'_>> = Vec::new();
+        for (i, r) in self.running.iter_mut().enumerate() {
+            let k = std::mem::take(&mut r.mtp_ask);
+            if let Some(drafter) = r.mtp.as_mut().filter(|_| k > 0) {
+                asked.push(i);
+                asks.push(DraftAsk {
+                    drafter,
+                    token: r.window[0],
+                    k,
+                });
+            }
+        }
+        if asks.is_empty() {
+            return;
+        }
+        match propose_drafts(&mut self.decoder, &mut asks) {
+            Ok(drafts) => {
+                drop(asks);
+                for (i, d) in asked.into_iter().zip(drafts) {
+                    let r = &mut self.running[i];
+                    if self.ablation.record_drafts {
+                        r.proposed.extend_from_slice(&d);
+                    }
+                    r.window.extend(d);
+                }
+            }
+            Err(e) => {
+                drop(asks);
+                let msg = e.to_string();
+                done.extend(
+                    asked
+                        .into_iter()
+                        .map(|i| (i, Err(EngineError::Prompt(msg.clone())))),
+                );
+                done.sort_by_key(|d| d.0);
+            }
         }
     }
 
@@ -672,7 +714,7 @@ fn advance(
     logits: &mut [f32],
     format: &ChatFormat,
     (context, vocab): (usize, usize),
-    (drafts, decoder): (usize, &mut Decoder),
+    drafts: usize,
 ) -> Option<Result<FinishReason>> {
     // The rows of this step whose logits are here: 1, or a decode step's window.
     let mut rows = 1;
@@ -759,14 +801,9 @@ fn advance(
             };
             r.window.clear();
             r.window.push(token);
-            if let Some(m) = r.mtp.as_mut().filter(|_| k > 0) {
-                match m.propose(decoder, token, k) {
-                    Ok(d) => {
-                        r.proposed.extend(d.iter().take(k));
-                        r.window.extend(d.into_iter().take(k));
-                    }
-                    Err(e) => return Some(Err(e)),
-                }
+            if r.mtp.is_some() {
+                // The scheduler asks every sequence's head at once after the sampling.
+                r.mtp_ask = k;
             } else if k > 0 {
                 let mut seen = r.prompt_ids.clone();
                 seen.extend_from_slice(r.decoding.ids());

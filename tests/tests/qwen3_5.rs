@@ -426,6 +426,130 @@ fn the_mtp_heads_output_is_its_last_steps_rows() {
     assert_eq!(after, last_row(&mut fresh));
 }
 
+/// `serve --drafts mtp` runs every conversation's MTP step in one (`Decoder::mtp_step_sequences`):
+/// each sequence's logits and output rows are bit for bit its own step's alone, on a q4 pack (its
+/// GEMMs over several rows) and an f32 one, over a catch-up of many rows and a chained row after
+/// it. Control: the chained rows run against each other's head caches differ.
+#[test]
+fn the_mtp_head_over_several_sequences_is_each_alone() {
+    use decoder::{KvCache, MtpSequenceStep};
+    let case = Case::new("q35-odd");
+    for kind in [QuantKind::Q4, QuantKind::F32] {
+        let (_dir, pack) = case.pack(kind);
+        let mut f = forward(&pack, options());
+        let (hidden, embeds, hybrid) = mtp_inputs(&case, &mut f);
+        let h = f.semantics().hidden_size;
+        let n = embeds.len() / h;
+        assert!(n > 3);
+        // Sequence a: every row; b: the first n - 2. Then one chained row each, at its next
+        // position, reading the other's first row (inputs differ between the two).
+        let rows_of = |m: usize| {
+            (
+                &hidden[..m * h],
+                &embeds[..m * h],
+                hybrid.slice_rows(0, m, n, h),
+            )
+        };
+        let (a, b) = (rows_of(n), rows_of(n - 2));
+        let chained = |m: usize| decoder::HybridInputs {
+            planes: Some(vec![m as i64 + 5; 3]),
+            ..decoder::HybridInputs::default()
+        };
+        let (ca, cb) = (chained(n), chained(n - 2));
+        let next = [
+            (&hidden[h..2 * h], &embeds[..h]),
+            (&hidden[..h], &embeds[h..2 * h]),
+        ];
+        let new_cache = |f: &Decoder| f.new_mtp_cache(n + 1, decoder::KvDtype::F32);
+        // Alone: (catch-up logits of every row, output rows; chained row's logits, output row).
+        let mut alone = Vec::new();
+        for (i, (hs, es, hy)) in [&a, &b].into_iter().enumerate() {
+            let mut cache = new_cache(&f);
+            let l1 = f
+                .mtp_step(&mut cache, hs, es, hy, Logits::AllRows)
+                .unwrap()
+                .to_vec();
+            let o1 = f.mtp_hidden().to_vec();
+            let hy2 = [&ca, &cb][i];
+            let l2 = f
+                .mtp_step(&mut cache, next[i].0, next[i].1, hy2, Logits::LastRow)
+                .unwrap()
+                .to_vec();
+            alone.push((l1, o1, l2, f.mtp_hidden().to_vec()));
+        }
+        let together = |f: &mut Decoder, swapped: bool| {
+            let (mut c0, mut c1): (KvCache, KvCache) = (new_cache(f), new_cache(f));
+            let mut steps = [
+                MtpSequenceStep {
+                    cache: &mut c0,
+                    hidden: a.0,
+                    embeds: a.1,
+                    hybrid: &a.2,
+                    logits: Logits::AllRows,
+                },
+                MtpSequenceStep {
+                    cache: &mut c1,
+                    hidden: b.0,
+                    embeds: b.1,
+                    hybrid: &b.2,
+                    logits: Logits::AllRows,
+                },
+            ];
+            let out = f.mtp_step_sequences(&mut steps).unwrap();
+            let l1 = [out.of(0).to_vec(), out.of(1).to_vec()];
+            let o1 = f.mtp_hidden().to_vec();
+            let (first, second) = if swapped {
+                (&mut c1, &mut c0)
+            } else {
+                (&mut c0, &mut c1)
+            };
+            let mut steps = [
+                MtpSequenceStep {
+                    cache: first,
+                    hidden: next[0].0,
+                    embeds: next[0].1,
+                    hybrid: &ca,
+                    logits: Logits::LastRow,
+                },
+                MtpSequenceStep {
+                    cache: second,
+                    hidden: next[1].0,
+                    embeds: next[1].1,
+                    hybrid: &cb,
+                    logits: Logits::LastRow,
+                },
+            ];
+            let out = f.mtp_step_sequences(&mut steps).unwrap();
+            let l2 = [out.of(0).to_vec(), out.of(1).to_vec()];
+            (l1, o1, l2, f.mtp_hidden().to_vec())
+        };
+        let (l1, o1, l2, o2) = together(&mut f, false);
+        for i in 0..2 {
+            assert_eq!(l1[i], alone[i].0, "{kind}: sequence {i}'s catch-up logits");
+            assert_eq!(l2[i], alone[i].2, "{kind}: sequence {i}'s chained logits");
+        }
+        assert_eq!(
+            o1,
+            [&alone[0].1[..], &alone[1].1[..]].concat(),
+            "{kind}: catch-up rows"
+        );
+        assert_eq!(
+            o2,
+            [&alone[0].3[..], &alone[1].3[..]].concat(),
+            "{kind}: chained rows"
+        );
+        let (_, _, wrong, _) = together(&mut f, true);
+        assert_ne!(
+            wrong[0], alone[0].2,
+            "{kind}: control, a's row against b's cache"
+        );
+        assert_ne!(
+            wrong[1], alone[1].2,
+            "{kind}: control, b's row against a's cache"
+        );
+    }
+}
+
 /// The head's logits over `hidden` / `embeds` (all rows, a fresh head cache).
 fn mtp_logits(
     f: &mut Decoder,

@@ -43,12 +43,13 @@ impl Mtp {
         }))
     }
 
-    /// The head over the step's rows: `hidden` and `embeds` (`rows x hidden` each) in, its output
-    /// rows (after `norm`, before the model's head) into `out`; K/V to `cache`.
+    /// The head over the step's rows: `hidden` and `embeds` (`rows x hidden` each, the
+    /// segments' rows one after another) in, its output rows (after `norm`, before the model's
+    /// head) into `out`; each segment's K/V to its cache in `caches`.
     pub(crate) fn forward(
         &self,
         step: &Step<'_>,
-        cache: &mut KvCache,
+        caches: &mut [&mut KvCache],
         st: &mut StepState,
         hidden: &[f32],
         embeds: &[f32],
@@ -72,7 +73,7 @@ impl Mtp {
         let x = grow(out, rows * h);
         step.runtime
             .gemm(step.pack, self.fc, &s.shared[..rows * 2 * h], rows, x)?;
-        self.layer.forward(step, &mut [cache], st, x)?;
+        self.layer.forward(step, caches, st, x)?;
         let w = norm_weights(step, self.norm);
         for_rows(pool, x, h, |_, row| {
             let copy = row.to_vec();

@@ -9,16 +9,19 @@
 //! `--drafts mtp` does: before each window the head catches up over the rows the model ran and
 //! chains its k steps (`engine::mtp_drafts::MtpDrafter`), then its proposals are replaced by the
 //! oracle's. That is MTP drafting's speed at 100% acceptance (the head's random weights would
-//! accept nothing), against which the target (>= 1.8x) is set.
+//! accept nothing), against which the target (>= 1.8x) is set. With `--streams N` it also
+//! times the head's drafting for N conversations in steady state (each catching up over a window
+//! of k + 1 rows, then chaining) at once (`engine::mtp_drafts::propose_drafts`, as `serve
+//! --parallel N --drafts mtp` runs it) against the same N one at a time.
 
-use crate::measure::{load_avg, secs};
+use crate::measure::{load_avg, median, secs};
 use crate::random_pack::pack_for;
 use crate::report::{load, round2, round_ms};
 use crate::steps::{forward_with_room, tokens};
 use crate::{refuse, Common};
 use compute::ops::sampling::argmax;
 use decoder::{Decoder, HybridInputs, KvDtype, Logits};
-use engine::mtp_drafts::MtpDrafter;
+use engine::mtp_drafts::{propose_drafts, DraftAsk, MtpDrafter};
 use packs::random::RandomShape;
 use packs::QuantKind;
 use serde_json::{json, Map, Value};
@@ -201,12 +204,73 @@ fn mtp_drafted(
     (ids, secs(t.elapsed()), forwards, gemm_s, head)
 }
 
+/// Timed rounds of [`mtp_streams`] (the median counts).
+const STREAM_ROUNDS: usize = 5;
+
+/// The head's drafting for `n` conversations in steady state: each drafter has read the prompt
+/// and catches up over its last k + 1 rows (a window's), then chains k - 1 rows; at once against
+/// one at a time, alternated round by round. (ms at once, ms one at a time), medians.
+fn mtp_streams(f: &mut Decoder, vocab: usize, k: usize, n: usize, capacity: usize) -> (f64, f64) {
+    let h = f.semantics().hidden_size;
+    f.keep_last_hidden(true);
+    let token = prefill(f, vocab);
+    let prompt = tokens(PROMPT, vocab);
+    let (hidden, rows) = (f.last_hidden().to_vec(), embeds(f, &prompt));
+    f.keep_last_hidden(false);
+    let from = PROMPT - (k + 1);
+    let mut drafters: Vec<MtpDrafter> = (0..n)
+        .map(|_| {
+            let mut d = MtpDrafter::new(f, capacity, KvDtype::Bf16);
+            let read = (&hidden[..from * h], &[][..]);
+            d.ran_rows(0, read, &rows[..from * h], &HybridInputs::text(0));
+            d.propose(f, token, 1).unwrap_or_else(|e| refuse(e));
+            d
+        })
+        .collect();
+    // Back to the window's rows pending: what a decode step leaves.
+    let window = |d: &mut MtpDrafter| {
+        d.ran_rows(
+            from,
+            (&[], &hidden[from * h..PROMPT * h]),
+            &rows[from * h..],
+            &HybridInputs::text(from as i64),
+        )
+    };
+    let (mut together, mut apart) = (Vec::new(), Vec::new());
+    for round in 0..=STREAM_ROUNDS {
+        drafters.iter_mut().for_each(window);
+        let t = Instant::now();
+        let mut asks: Vec<DraftAsk<'_>> = drafters
+            .iter_mut()
+            .map(|drafter| DraftAsk { drafter, token, k })
+            .collect();
+        let all = propose_drafts(f, &mut asks).unwrap_or_else(|e| refuse(e));
+        let t_together = secs(t.elapsed());
+        drafters.iter_mut().for_each(window);
+        let t = Instant::now();
+        let each: Vec<Vec<u32>> = drafters
+            .iter_mut()
+            .map(|d| d.propose(f, token, k).unwrap_or_else(|e| refuse(e)))
+            .collect();
+        let t_apart = secs(t.elapsed());
+        if all != each || all.iter().any(|d| d.len() != k) {
+            refuse("the head's drafts at once differ from one at a time");
+        }
+        // Round 0 warms the caches and the pool.
+        if round > 0 {
+            together.push(t_together * 1e3);
+            apart.push(t_apart * 1e3);
+        }
+    }
+    (median(together), median(apart))
+}
+
 pub fn run(
     c: &Common,
     shape: &RandomShape,
     kinds: &[QuantKind],
     (k, mtp_vocab): (usize, Option<usize>),
-    tokens_n: usize,
+    (tokens_n, streams): (usize, usize),
     source: Source,
 ) -> Value {
     if !(1..=engine::MAX_DRAFTS).contains(&k) {
@@ -277,6 +341,21 @@ pub fn run(
                 (ids, s, n, g, h, 0.0)
             }
         };
+        let head_streams = (source == Source::Mtp && streams > 1).then(|| {
+            let (together, apart) = mtp_streams(&mut f, vocab, k, streams, PROMPT + k + 8);
+            if !c.json {
+                println!(
+                    "  the head's drafts for {streams} conversations: {together:.1} ms at once, {apart:.1} ms one at a time (x{:.2}), drafts identical",
+                    apart / together
+                );
+            }
+            json!({
+                "streams": streams,
+                "ms_at_once": round_ms(together),
+                "ms_one_at_a_time": round_ms(apart),
+                "x_one_at_a_time": round2(apart / together),
+            })
+        });
         let same = ids == truth;
         let steps = (tokens_n - 1) as f64;
         let (plain_tok_s, drafted_tok_s) = (steps / plain_s, steps / drafted_s);
@@ -307,6 +386,7 @@ pub fn run(
                 "mtp_ms_per_forward": round_ms(head.total_s / forwards as f64 * 1e3),
                 "mtp_gemm_ms_per_forward": round_ms(head.gemm_s / forwards as f64 * 1e3),
                 "mtp_steps_per_forward": round2(head.steps as f64 / forwards as f64),
+                "mtp_streams": head_streams,
                 "ids_identical": same,
             }),
         );

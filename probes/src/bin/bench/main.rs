@@ -124,6 +124,11 @@ enum Mode {
         /// the first N, or all; default 65536). Example: --draft-vocab all
         #[arg(long, value_name = "N|all")]
         draft_vocab: Option<String>,
+        /// With --source mtp: also time the head's drafting for N conversations at once (one head
+        /// step per draft over all of them, as `serve --parallel N --drafts mtp` runs it) against
+        /// the same N one at a time. Example: --source mtp --streams 4
+        #[arg(long, default_value_t = 1)]
+        streams: usize,
     },
     /// A new conversation joining running decodes, as `serve --parallel` schedules it (each step
     /// one row per running conversation and the next slice of the new prompt): its time to the
@@ -276,15 +281,24 @@ fn main() {
             tokens,
             source,
             draft_vocab,
+            streams,
         }) => {
             if draft_vocab.is_some() && *source != drafts::Source::Mtp {
                 refuse("--draft-vocab: applies to --source mtp only; drop it or add --source mtp");
+            }
+            if *streams != 1 && *source != drafts::Source::Mtp {
+                refuse("--streams: applies to --source mtp only; drop it or add --source mtp");
+            }
+            if !(1..=64).contains(streams) {
+                refuse(format!(
+                    "--streams {streams}: conversations must be in 1..=64"
+                ));
             }
             let vocab = match draft_vocab {
                 Some(v) => engine::parse_draft_vocab(v).unwrap_or_else(|e| refuse(e)),
                 None => Some(engine::MTP_VOCAB),
             };
-            drafts::run(c, &shape, &kinds, (*k, vocab), *tokens, *source)
+            drafts::run(c, &shape, &kinds, (*k, vocab), (*tokens, *streams), *source)
         }
     };
     if c.json {

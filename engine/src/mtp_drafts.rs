@@ -44,6 +44,18 @@ pub struct MtpDrafter {
     chained_hidden: Vec<f32>,
     row: Vec<f32>,
     hybrid: HybridInputs,
+    /// The row before the model's prompt state (`keep_row_before`): where a later prompt
+    /// starting the same way resumes, the head re-reads it with that prompt's next embedding.
+    kept: Option<KeptRow>,
+}
+
+/// One row the head reads: its slot, the model's final hidden state there, the embedding fed at
+/// it and its position.
+struct KeptRow {
+    slot: usize,
+    hidden: Vec<f32>,
+    embed: Vec<f32>,
+    position: [i64; 3],
 }
 
 /// One sequence's ask for drafts ([`propose_drafts`]): its drafter, the token just sampled after
@@ -65,6 +77,7 @@ impl MtpDrafter {
             chained_hidden: Vec::new(),
             row: Vec::new(),
             hybrid: HybridInputs::default(),
+            kept: None,
         }
     }
 
@@ -74,15 +87,59 @@ impl MtpDrafter {
     }
 
     /// Forgets everything at and after slot `slot` (a rolled-back window, a new prompt's rows).
+    /// The head's row `slot - 1` read the embedding fed at `slot`; when the head has run it and
+    /// a new prompt follows, it is read again from the kept row ([`MtpDrafter::keep_row_before`])
+    /// if there is one for it: the head then drafts as after reading the new prompt whole.
     pub fn truncate(&mut self, slot: usize) {
         let done = self.cache.len();
-        if slot <= done {
-            // The head's rows are K/V only: they cut anywhere.
-            let _ = self.cache.truncate(slot);
-            self.pending.truncate(0);
-        } else {
-            self.pending.truncate(slot - done);
+        if self.kept.as_ref().is_some_and(|k| slot <= k.slot) {
+            self.kept = None;
         }
+        if slot > done {
+            self.pending.truncate(slot - done);
+            return;
+        }
+        self.pending.truncate(0);
+        match self.kept.as_ref().filter(|k| k.slot + 1 == slot) {
+            Some(k) => {
+                let _ = self.cache.truncate(k.slot);
+                let p = &mut self.pending;
+                p.hidden.extend_from_slice(&k.hidden);
+                p.embeds.extend_from_slice(&k.embed);
+                p.positions.push(k.position);
+            }
+            // The head's rows are K/V only: they cut anywhere.
+            None => {
+                let _ = self.cache.truncate(slot);
+            }
+        }
+    }
+
+    /// Whether a prompt sharing the first `slot` rows with what the head read resumes there
+    /// exactly (as if it read the new prompt whole): the head has not run row `slot - 1` yet, or
+    /// keeps it ([`MtpDrafter::keep_row_before`]), or `slot` is 0.
+    pub fn resumes_at(&self, slot: usize) -> bool {
+        let done = self.cache.len();
+        slot == 0
+            || (slot > done && slot <= done + self.pending.rows())
+            || self.kept.as_ref().is_some_and(|k| k.slot + 1 == slot)
+    }
+
+    /// The model keeps a prompt state at `slot` (a Qwen3.5 cache's, before a prompt's last row:
+    /// where a later prompt starting the same way resumes): the head keeps row `slot - 1`, which
+    /// it has read but not run yet, to run it again then.
+    pub fn keep_row_before(&mut self, slot: usize) {
+        let (done, h) = (self.cache.len(), self.hidden_size);
+        self.kept = (slot > done && slot <= done + self.pending.rows()).then(|| {
+            let i = slot - 1 - done;
+            let p = &self.pending;
+            KeptRow {
+                slot: slot - 1,
+                hidden: p.hidden[i * h..(i + 1) * h].to_vec(),
+                embed: p.embeds[i * h..(i + 1) * h].to_vec(),
+                position: p.positions[i],
+            }
+        });
     }
 
     /// The model ran rows `first_slot..` (`embeds`, `rows x hidden`) at `hybrid`'s positions:

@@ -89,6 +89,8 @@ struct Submission {
 struct Pooled {
     cache: KvCache,
     keys: Vec<RowKey>,
+    /// With MTP drafts: the head's drafter that read the cache's rows.
+    mtp: Option<MtpDrafter>,
     /// When it was last given back (the least recently used empty one goes first).
     last_used: u64,
 }
@@ -242,10 +244,12 @@ impl Scheduler {
         let dtype = parts.decoder.kv().dtype();
         // The decoder's own cache is not used here: its memory goes back.
         parts.decoder.release_cache();
+        let mtp_drafts = parts.mtp && options.drafts > 0;
         let free = (0..options.parallel)
             .map(|_| Pooled {
                 cache: parts.decoder.new_cache(parts.context, dtype),
                 keys: Vec::new(),
+                mtp: mtp_drafts.then(|| MtpDrafter::new(&parts.decoder, parts.context, dtype)),
                 last_used: 0,
             })
             .collect();
@@ -283,7 +287,7 @@ impl Scheduler {
             drafted,
             prefill_chunk: options.prefill_chunk,
             drafts: options.drafts,
-            mtp_drafts: parts.mtp && options.drafts > 0,
+            mtp_drafts,
             context: parts.context,
             ablation,
         };
@@ -345,12 +349,9 @@ impl Scheduler {
         let Pooled {
             mut cache,
             keys: mut cached,
+            mut mtp,
             ..
         } = self.free.swap_remove(best);
-        if self.mtp_drafts {
-            // The head has not read those rows: it would draft from fewer rows than alone.
-            cached.clear();
-        }
         // A running sequence holding more of the prompt lends its rows: they are copied in.
         let held = reuse_prefix(&cached, &keys, &s.prompt, |r| r);
         let mut copied = 0;
@@ -370,7 +371,15 @@ impl Scheduler {
                 cached = keys[..copied].to_vec();
             }
         }
-        let reused = reuse_prefix(&cached, &keys, &s.prompt, |r| cache.truncate(r));
+        let mut reused = reuse_prefix(&cached, &keys, &s.prompt, |r| cache.truncate(r));
+        if let Some(m) = mtp.as_mut() {
+            // The head drafts from the kept rows only where it resumes as if it read the prompt
+            // whole (at a prompt state it kept); elsewhere the prompt is prefilled whole.
+            if !m.resumes_at(reused) {
+                reused = cache.truncate(0);
+            }
+            m.truncate(reused);
+        }
         let copied = copied.min(reused);
         let decoding = s.decoding;
         let rows = s.prompt.rows();
@@ -409,9 +418,6 @@ impl Scheduler {
         let mut timings = s.timings;
         timings.prefilled_tokens = new_rows;
         timings.copied_tokens = copied;
-        let mtp = self
-            .mtp_drafts
-            .then(|| MtpDrafter::new(&self.decoder, self.context, cache.dtype()));
         self.running.push(Running {
             cache,
             keys,
@@ -655,13 +661,15 @@ impl Scheduler {
         }
     }
 
-    /// A cache goes back to the pool holding the rows `keys` names (cut to what it holds).
-    fn give_back(&mut self, cache: KvCache, mut keys: Vec<RowKey>) {
+    /// A cache goes back to the pool holding the rows `keys` names (cut to what it holds), with
+    /// the head's drafter that read them.
+    fn give_back(&mut self, cache: KvCache, mut keys: Vec<RowKey>, mtp: Option<MtpDrafter>) {
         keys.truncate(cache.len());
         self.tick += 1;
         self.free.push(Pooled {
             cache,
             keys,
+            mtp,
             last_used: self.tick,
         });
     }
@@ -675,6 +683,7 @@ impl Scheduler {
         let Running {
             cache,
             mut keys,
+            mtp,
             reused,
             decoding,
             events,
@@ -686,7 +695,7 @@ impl Scheduler {
         } = r;
         // The fed answer ids follow the prompt's rows in the cache.
         keys.extend(decoding.ids().iter().map(|&id| RowKey { id, image: None }));
-        self.give_back(cache, keys);
+        self.give_back(cache, keys, mtp);
         let result = outcome.and_then(|finish| {
             if let Some(t) = decode_start {
                 timings.decode = t.elapsed();
@@ -725,6 +734,9 @@ fn advance(
             // All but the prompt's last row: a Qwen3.5 cache keeps its state here (a prompt
             // state a later prompt starting the same way resumes from; K/V need none).
             r.cache.checkpoint();
+            if let Some(m) = r.mtp.as_mut() {
+                m.keep_row_before(r.cache.len());
+            }
         }
         if r.fed < r.slices.len() {
             return None;

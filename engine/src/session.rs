@@ -698,6 +698,9 @@ impl Session {
         self.logits.extend_from_slice(logits);
         if let Some(m) = self.mtp.as_mut() {
             m.ran(reuse, &self.forward, &embeds, &hybrid, &mtp_hidden);
+            if first > 0 {
+                m.keep_row_before(reuse + first);
+            }
         }
         self.cached.extend_from_slice(&keys[reuse..]);
         self.next_rotary_pos = prompt.next_rotary_pos();

@@ -546,3 +546,124 @@ fn moe_mtp_drafts_leave_greedy_ids_unchanged() {
     let (ids, _, _) = greedy_with_mtp_drafts(&pack, &prompt, n, 3, true);
     assert_ne!(ids, plain, "a kept rejected row went unnoticed");
 }
+
+/// A drafter that read one prompt and resumes at its kept prompt state for another prompt
+/// starting the same way (`serve --drafts mtp` reusing a pooled cache, a chat's next turn) drafts
+/// as one that read the other prompt whole: same drafts, same head output bits. The head's row
+/// before the state read the old prompt's next embedding; it is run again from the kept row.
+/// Control: without the kept row the resumed head keeps that stale row and its output differs.
+#[test]
+fn the_mtp_head_resumes_at_a_kept_prompt_state_as_if_it_read_the_prompt_whole() {
+    use decoder::{Decoder, DecoderOptions, HybridInputs, KvDtype, Logits};
+    use engine::mtp_drafts::MtpDrafter;
+    let pack = pack();
+    let runtime = compute::Runtime::host(2).unwrap();
+    let options = DecoderOptions {
+        capacity: 64,
+        ..DecoderOptions::default()
+    };
+    let mut f = Decoder::new(&pack, &runtime, options).unwrap();
+    f.keep_last_hidden(true);
+    let h = f.semantics().hidden_size;
+    let shared = [3u32, 17, 42, 5, 99, 120, 7];
+    let r = shared.len();
+    let first: Vec<u32> = [&shared[..], &[64, 11, 150, 31]].concat();
+    let second: Vec<u32> = [&shared[..], &[8, 77, 23]].concat();
+    let rows_of = |f: &mut Decoder, ids: &[u32]| {
+        f.reset();
+        f.step_batch(ids, 0, 0, Logits::LastRow).unwrap();
+        let mut e = vec![0.0; ids.len() * h];
+        for (row, &id) in e.chunks_exact_mut(h).zip(ids) {
+            f.embed_row(id, row);
+        }
+        (f.last_hidden().to_vec(), e)
+    };
+    let (mut hidden1, embeds1) = rows_of(&mut f, &first);
+    let (hidden2, embeds2) = rows_of(&mut f, &second);
+    // The shared rows' hidden states as the second prompt's (the model's part is not under test).
+    hidden1[..r * h].copy_from_slice(&hidden2[..r * h]);
+    let (t1, t2, k) = (5u32, 9u32, 3);
+    let text = HybridInputs::text;
+    // Whole: the second prompt read at once.
+    let mut whole = MtpDrafter::new(&f, 64, KvDtype::F32);
+    whole.ran_rows(0, (&hidden2, &[]), &embeds2, &text(0));
+    let want = whole.propose(&mut f, t2, k).unwrap();
+    let want_out = f.mtp_hidden().to_vec();
+    assert_eq!(want.len(), k);
+    let resumed = |f: &mut Decoder, keep: bool| {
+        let mut d = MtpDrafter::new(f, 64, KvDtype::F32);
+        d.ran_rows(0, (&hidden1, &[]), &embeds1, &text(0));
+        if keep {
+            // The model's prompt state after the shared rows but the last one.
+            d.keep_row_before(r);
+        }
+        d.propose(f, t1, k).unwrap();
+        let resumes = d.resumes_at(r);
+        d.ran_rows(
+            r,
+            (&hidden2[r * h..], &[]),
+            &embeds2[r * h..],
+            &text(r as i64),
+        );
+        let drafts = d.propose(f, t2, k).unwrap();
+        (resumes, drafts, f.mtp_hidden().to_vec())
+    };
+    let (resumes, drafts, out) = resumed(&mut f, true);
+    assert!(resumes);
+    assert_eq!(drafts, want, "the resumed head's drafts");
+    assert_eq!(out, want_out, "the resumed head's output row");
+    let (resumes, _, stale) = resumed(&mut f, false);
+    assert!(!resumes, "control: no kept row, no exact resume");
+    assert_ne!(stale, want_out, "control: the stale row went unnoticed");
+}
+
+/// `serve --parallel --drafts mtp`: a chat's second turn reuses the first turn's pooled cache up
+/// to its prompt state (the head's drafter travels with the cache and resumes there), gives
+/// transformers' ids, and proposes the drafts it proposes when its whole history is prefilled in
+/// a fresh scheduler. Control: the first turn's reuse is measured (nothing to reuse: 0 rows). The
+/// drafts' ids on this tiny model do not tell a stale head row apart (tried): the head's exact
+/// resume, bit for bit and with its control, is the drafter test above.
+#[test]
+fn mtp_drafts_in_serve_reuse_a_pooled_prompt_state() {
+    use engine::{Scheduler, SchedulerAblation, SchedulerOptions};
+    let runs = &answers()["runs"];
+    let mut s = session_with(0, false);
+    let turn1 = messages(&mut s, &runs["chat_turn1"]);
+    let turn2 = messages(&mut s, &runs["chat"]);
+    let options = SchedulerOptions {
+        parallel: 2,
+        prefill_chunk: 4,
+        drafts: 3,
+    };
+    let start = || {
+        let ablation = SchedulerAblation {
+            record_drafts: true,
+            ..SchedulerAblation::default()
+        };
+        Scheduler::start_ablated(session_with(3, true), options, ablation)
+            .unwrap()
+            .0
+    };
+    let h = start();
+    let g1 = h.generate(&turn1, &greedy(), &mut |_| true).unwrap();
+    assert_eq!(g1.ids, ids(&runs["chat_turn1"]["greedy_ids"]));
+    assert_eq!(g1.reused_tokens, 0, "control: a first turn reuses nothing");
+    let g2 = h.generate(&turn2, &greedy(), &mut |_| true).unwrap();
+    assert_eq!(g2.ids, ids(&runs["chat"]["greedy_ids"]), "turn 2");
+    let turn1_rows = runs["chat_turn1"]["prompt_rows"].as_u64().unwrap() as usize;
+    assert_eq!(
+        g2.reused_tokens,
+        turn1_rows - 1,
+        "turn 2 resumes at turn 1's state"
+    );
+    assert!(g2.timings.drafts_proposed > 0, "no MTP drafts in turn 2");
+    let resumed = h.recorded_drafts().remove(1);
+    let fresh = start();
+    let g = fresh.generate(&turn2, &greedy(), &mut |_| true).unwrap();
+    assert_eq!(g.reused_tokens, 0);
+    assert_eq!(
+        resumed,
+        fresh.recorded_drafts().remove(0),
+        "turn 2's drafts"
+    );
+}

@@ -51,6 +51,7 @@ pub struct MtpDrafter {
 
 /// One row the head reads: its slot, the model's final hidden state there, the embedding fed at
 /// it and its position.
+#[derive(Clone)]
 struct KeptRow {
     slot: usize,
     hidden: Vec<f32>,
@@ -123,6 +124,38 @@ impl MtpDrafter {
         slot == 0
             || (slot > done && slot <= done + self.pending.rows())
             || self.kept.as_ref().is_some_and(|k| k.slot + 1 == slot)
+    }
+
+    /// `src`'s first `slot` rows as this drafter's, as if it read them itself (a prompt copying a
+    /// running conversation's rows up to its prompt state): the head's rows before `slot - 1`,
+    /// and the rows it has not run yet. Returns false, holding nothing, where `src` does not
+    /// resume exactly at `slot` ([`MtpDrafter::resumes_at`]).
+    pub fn copy_prefix(&mut self, src: &MtpDrafter, slot: usize) -> bool {
+        self.truncate(0);
+        self.kept = None;
+        if slot == 0 || !src.resumes_at(slot) {
+            return false;
+        }
+        let (done, h) = (src.cache.len(), self.hidden_size);
+        let ran = done.min(slot - 1);
+        if ran > 0 && self.cache.copy_prefix(&src.cache, ran) != ran {
+            self.truncate(0);
+            return false;
+        }
+        let p = &mut self.pending;
+        if slot > done {
+            // Rows `done..slot` are pending in `src`.
+            let n = slot - done;
+            p.hidden.extend_from_slice(&src.pending.hidden[..n * h]);
+            p.embeds.extend_from_slice(&src.pending.embeds[..n * h]);
+            p.positions.extend_from_slice(&src.pending.positions[..n]);
+        } else if let Some(k) = &src.kept {
+            p.hidden.extend_from_slice(&k.hidden);
+            p.embeds.extend_from_slice(&k.embed);
+            p.positions.push(k.position);
+        }
+        self.kept = src.kept.clone().filter(|k| k.slot < slot);
+        true
     }
 
     /// The model keeps a prompt state at `slot` (a Qwen3.5 cache's, before a prompt's last row:

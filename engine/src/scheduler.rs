@@ -355,20 +355,23 @@ impl Scheduler {
         // A running sequence holding more of the prompt lends its rows: they are copied in.
         let held = reuse_prefix(&cached, &keys, &s.prompt, |r| r);
         let mut copied = 0;
-        let lent = if self.mtp_drafts {
-            None
-        } else {
-            self.longest_running_prefix(&keys, &s.prompt)
-        };
+        let lent = self.longest_running_prefix(&keys, &s.prompt);
         if let Some((from, rows)) = lent {
-            if rows > held {
-                let src = &self.running[from].cache;
+            let src = &self.running[from];
+            // With MTP drafts the head's rows come along, where they resume exactly.
+            let head_resumes = |rows| src.mtp.as_ref().is_none_or(|m| m.resumes_at(rows));
+            if rows > held && head_resumes(rows) {
                 copied = if self.ablation.copy_one_row_short {
-                    cache.copy_prefix_but_last_row(src, rows)
+                    cache.copy_prefix_but_last_row(&src.cache, rows)
                 } else {
-                    cache.copy_prefix(src, rows)
+                    cache.copy_prefix(&src.cache, rows)
                 };
                 cached = keys[..copied].to_vec();
+                if let (Some(m), Some(from)) = (mtp.as_mut(), src.mtp.as_ref()) {
+                    if !m.copy_prefix(from, copied) {
+                        cached.clear();
+                    }
+                }
             }
         }
         let mut reused = reuse_prefix(&cached, &keys, &s.prompt, |r| cache.truncate(r));
@@ -447,7 +450,7 @@ impl Scheduler {
     /// state before the running prompt's last row is kept, so only a prompt that starts with the
     /// whole running prompt waits. The wait ends when the runner's prompt is in or it leaves.
     fn waits_for_a_prefix(&self, s: &Submission) -> bool {
-        if self.ablation.no_prefix_wait || self.mtp_drafts {
+        if self.ablation.no_prefix_wait {
             return false;
         }
         let keys = row_keys(&s.prompt);

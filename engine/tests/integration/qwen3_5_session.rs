@@ -615,6 +615,30 @@ fn the_mtp_head_resumes_at_a_kept_prompt_state_as_if_it_read_the_prompt_whole() 
     let (resumes, _, stale) = resumed(&mut f, false);
     assert!(!resumes, "control: no kept row, no exact resume");
     assert_ne!(stale, want_out, "control: the stale row went unnoticed");
+    // A copy of the first drafter's rows up to the state (a prompt copying a running one's rows)
+    // drafts the same; before the head ran them (mid-prefill) as well as after.
+    for run_first in [true, false] {
+        let mut src = MtpDrafter::new(&f, 64, KvDtype::F32);
+        src.ran_rows(0, (&hidden1, &[]), &embeds1, &text(0));
+        src.keep_row_before(r);
+        if run_first {
+            src.propose(&mut f, t1, k).unwrap();
+        }
+        let mut copy = MtpDrafter::new(&f, 64, KvDtype::F32);
+        assert!(copy.copy_prefix(&src, r));
+        copy.ran_rows(
+            r,
+            (&hidden2[r * h..], &[]),
+            &embeds2[r * h..],
+            &text(r as i64),
+        );
+        assert_eq!(copy.propose(&mut f, t2, k).unwrap(), want);
+        assert_eq!(f.mtp_hidden(), &want_out[..], "the copy's output row");
+        if run_first {
+            // Control: one row short of the state is no exact resume, and is refused.
+            assert!(!copy.copy_prefix(&src, r - 1));
+        }
+    }
 }
 
 /// `serve --parallel --drafts mtp`: a chat's second turn reuses the first turn's pooled cache up
@@ -665,5 +689,48 @@ fn mtp_drafts_in_serve_reuse_a_pooled_prompt_state() {
         resumed,
         fresh.recorded_drafts().remove(0),
         "turn 2's drafts"
+    );
+}
+
+/// `serve --parallel --drafts mtp`: a prompt starting as a running conversation's copies its rows
+/// up to its prompt state with the head's rows (`MtpDrafter::copy_prefix`), gives transformers'
+/// ids and proposes the drafts it proposes alone.
+#[test]
+fn mtp_drafts_copy_a_running_prompt_state_with_the_heads_rows() {
+    use engine::{Scheduler, SchedulerAblation, SchedulerOptions};
+    let runs = &answers()["runs"];
+    let mut s = session_with(0, false);
+    let holder = messages(&mut s, &runs["two_images"]);
+    let rows = s.prompt(&holder).unwrap().rows();
+    let options = SchedulerOptions {
+        parallel: 2,
+        prefill_chunk: 4,
+        drafts: 3,
+    };
+    let start = || {
+        let ablation = SchedulerAblation {
+            record_drafts: true,
+            ..SchedulerAblation::default()
+        };
+        Scheduler::start_ablated(session_with(3, true), options, ablation)
+            .unwrap()
+            .0
+    };
+    let alone = start();
+    let want = alone.generate(&holder, &greedy(), &mut |_| true).unwrap();
+    assert_eq!(want.ids, ids(&runs["two_images"]["greedy_ids"]));
+    let h = start();
+    let got = crate::common::ask_beside(&h, &holder, (&holder, &greedy()));
+    assert_eq!(got.ids, want.ids);
+    assert_eq!(
+        got.timings.copied_tokens,
+        rows - 1,
+        "the running prompt's state copied"
+    );
+    // The ask finished first (the holder leaves after it).
+    assert_eq!(
+        h.recorded_drafts().remove(0),
+        alone.recorded_drafts().remove(0),
+        "the drafts after a copy"
     );
 }

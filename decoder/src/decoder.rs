@@ -372,12 +372,11 @@ impl Decoder {
         self.mtp = Some(mtp);
         let spans = result?;
         let vocab = self.mtp_vocab();
-        let out_rows: usize = spans.iter().map(|s| s.1).sum();
-        Ok(SequenceLogits {
-            logits: &self.state.scratch.logits[..out_rows * vocab],
+        Ok(SequenceLogits::of_spans(
+            &self.state.scratch.logits,
             spans,
             vocab,
-        })
+        ))
     }
 
     /// The checks and the pass of [`Decoder::mtp_step_sequences`]; returns each sequence's
@@ -393,39 +392,27 @@ impl Decoder {
                 "mtp_step_sequences needs at least one sequence".into(),
             ));
         }
-        let mut segments = Vec::with_capacity(sequences.len());
-        let mut row0 = 0;
-        for (i, seq) in sequences.iter().enumerate() {
-            let in_seq = |e: DecoderError| DecoderError::InSequence {
-                index: i,
-                source: Box::new(e),
-            };
+        let segments = segments_of(sequences.len(), |i| {
+            let seq = &sequences[i];
             let rows = seq.embeds.len() / h.max(1);
             if rows == 0 || seq.embeds.len() != rows * h || seq.hidden.len() != rows * h {
-                return Err(in_seq(DecoderError::Options(format!(
+                return Err(DecoderError::Options(format!(
                     "mtp_step: {} hidden and {} embedding values, expected the same positive \
                      number of rows of {h}",
                     seq.hidden.len(),
                     seq.embeds.len()
-                ))));
-            }
-            if seq.cache.layers() != 1 || seq.cache.kv_dim() != self.shape.kv_dim() {
-                return Err(in_seq(DecoderError::Options(
-                    "the MTP head's cache must come from Decoder::new_mtp_cache".into(),
                 )));
             }
-            self.check_hybrid(seq.hybrid, rows).map_err(in_seq)?;
-            self.check_room(seq.cache, seq.cache.len(), rows)
-                .map_err(in_seq)?;
-            segments.push(Segment {
-                row0,
-                rows,
-                start_slot: seq.cache.len(),
-                hybrid: seq.hybrid,
-            });
-            row0 += rows;
-        }
-        let rows = row0;
+            if seq.cache.layers() != 1 || seq.cache.kv_dim() != self.shape.kv_dim() {
+                return Err(DecoderError::Options(
+                    "the MTP head's cache must come from Decoder::new_mtp_cache".into(),
+                ));
+            }
+            self.check_hybrid(seq.hybrid, rows)?;
+            self.check_room(seq.cache, seq.cache.len(), rows)?;
+            Ok((rows, seq.cache.len(), seq.hybrid))
+        })?;
+        let rows: usize = segments.iter().map(|s| s.rows).sum();
         // The head reads its rows' inputs one after another, as the model's step reads `x`.
         let (mut hidden, mut embeds) = (
             std::mem::take(&mut self.mtp_in.0),
@@ -468,16 +455,7 @@ impl Decoder {
             self.mtp_out = out;
             r?;
             // The wanted rows, segment after segment, into one GEMM over the head.
-            let mut spans = Vec::with_capacity(segments.len());
-            let mut out_rows = 0;
-            for (seg, w) in segments.iter().zip(&which) {
-                let n = match w {
-                    Logits::LastRow => 1,
-                    Logits::AllRows => seg.rows,
-                };
-                spans.push((out_rows, n));
-                out_rows += n;
-            }
+            let (spans, out_rows) = logit_spans(&segments, &which);
             let (head, vocab) = (self.mtp_logits, self.mtp_vocab());
             let s = &mut self.state.scratch;
             let xn = grow(&mut s.xn, out_rows * h);
@@ -515,29 +493,17 @@ impl Decoder {
             ));
         }
         let texts = text_inputs(sequences);
-        let mut segments = Vec::with_capacity(sequences.len());
-        let mut row0 = 0;
-        for (i, seq) in sequences.iter().enumerate() {
-            let in_seq = |e: DecoderError| DecoderError::InSequence {
-                index: i,
-                source: Box::new(e),
-            };
-            self.check_cache(seq.cache).map_err(in_seq)?;
+        let segments = segments_of(sequences.len(), |i| {
+            let seq = &sequences[i];
+            self.check_cache(seq.cache)?;
             let hybrid = match seq.input {
                 StepInput::Tokens { .. } => &texts[i],
                 StepInput::Embeds { hybrid, .. } => hybrid,
             };
-            let rows = self.check_input(&seq.input).map_err(in_seq)?;
-            self.check_room(seq.cache, seq.cache.len(), rows)
-                .map_err(in_seq)?;
-            segments.push(Segment {
-                row0,
-                rows,
-                start_slot: seq.cache.len(),
-                hybrid,
-            });
-            row0 += rows;
-        }
+            let rows = self.check_input(&seq.input)?;
+            self.check_room(seq.cache, seq.cache.len(), rows)?;
+            Ok((rows, seq.cache.len(), hybrid))
+        })?;
         let which: Vec<Logits> = sequences.iter().map(|s| s.logits).collect();
         let mut x = std::mem::take(&mut self.state.scratch.x);
         self.embed_inputs(&mut x, sequences.iter().map(|s| &s.input));
@@ -546,12 +512,11 @@ impl Decoder {
         self.state.scratch.x = x;
         let spans = result?;
         let vocab = self.sem.vocab_size;
-        let out_rows: usize = spans.iter().map(|s| s.1).sum();
-        Ok(SequenceLogits {
-            logits: &self.state.scratch.logits[..out_rows * vocab],
+        Ok(SequenceLogits::of_spans(
+            &self.state.scratch.logits,
             spans,
             vocab,
-        })
+        ))
     }
 
     /// One sequence on the decoder's own cache; `start_slot` must be its next free slot.
@@ -847,16 +812,7 @@ impl Decoder {
             });
         }
         // Final norm and head, on the rows whose logits are wanted, segment after segment.
-        let mut spans = Vec::with_capacity(segments.len());
-        let mut out_rows = 0;
-        for (seg, w) in segments.iter().zip(which) {
-            let n = match w {
-                Logits::LastRow => 1,
-                Logits::AllRows => seg.rows,
-            };
-            spans.push((out_rows, n));
-            out_rows += n;
-        }
+        let (spans, out_rows) = logit_spans(segments, which);
         let s = &mut st.scratch;
         let w_final = self.pack.norm_at(self.final_norm);
         let xn = grow(&mut s.xn, out_rows * hidden);
@@ -885,6 +841,46 @@ impl Decoder {
         }
         Ok(spans)
     }
+}
+
+/// A step's segments, one sequence's rows after another's: `check(i)` gives sequence i's rows,
+/// first cache slot and positions, or its refusal, which is returned named by the index.
+fn segments_of<'h>(
+    count: usize,
+    mut check: impl FnMut(usize) -> Result<(usize, usize, &'h HybridInputs), DecoderError>,
+) -> Result<Vec<Segment<'h>>, DecoderError> {
+    let mut segments = Vec::with_capacity(count);
+    let mut row0 = 0;
+    for index in 0..count {
+        let (rows, start_slot, hybrid) = check(index).map_err(|e| DecoderError::InSequence {
+            index,
+            source: Box::new(e),
+        })?;
+        segments.push(Segment {
+            row0,
+            rows,
+            start_slot,
+            hybrid,
+        });
+        row0 += rows;
+    }
+    Ok(segments)
+}
+
+/// Per segment, where its wanted logits rows go (first row, rows: its last row, or all of them),
+/// one segment after another; and the rows in all.
+fn logit_spans(segments: &[Segment<'_>], which: &[Logits]) -> (Vec<(usize, usize)>, usize) {
+    let mut spans = Vec::with_capacity(segments.len());
+    let mut rows = 0;
+    for (seg, w) in segments.iter().zip(which) {
+        let n = match w {
+            Logits::LastRow => 1,
+            Logits::AllRows => seg.rows,
+        };
+        spans.push((rows, n));
+        rows += n;
+    }
+    (spans, rows)
 }
 
 /// cos/sin of every row of the step (`rotary_dim / 2` each), shared by all layers.
@@ -983,7 +979,17 @@ pub struct SequenceLogits<'a> {
     vocab: usize,
 }
 
-impl SequenceLogits<'_> {
+impl<'a> SequenceLogits<'a> {
+    /// The logits rows of `spans` (per sequence: first row, rows) at the start of `logits`.
+    fn of_spans(logits: &'a [f32], spans: Vec<(usize, usize)>, vocab: usize) -> Self {
+        let rows: usize = spans.iter().map(|s| s.1).sum();
+        SequenceLogits {
+            logits: &logits[..rows * vocab],
+            spans,
+            vocab,
+        }
+    }
+
     /// Sequence `i`'s logits: its last row's, or all its rows' (`rows x vocab`).
     pub fn of(&self, i: usize) -> &[f32] {
         let (first, rows) = self.spans[i];

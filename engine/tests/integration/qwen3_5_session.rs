@@ -325,24 +325,9 @@ fn conversations_beside_each_other_answer_as_alone() {
 /// greedy answers stay right: the model checks every draft).
 #[test]
 fn mtp_drafts_beside_each_other_are_each_conversations_own() {
-    use engine::{Scheduler, SchedulerAblation, SchedulerOptions};
     let runs = &answers()["runs"];
     let convs = greedy_and_sampled(&mut session_with(0, false));
-    let options = SchedulerOptions {
-        parallel: 6,
-        prefill_chunk: 4,
-        drafts: 3,
-    };
-    let start = |mtp_reads_the_first_rows| {
-        let ablation = SchedulerAblation {
-            mtp_reads_the_first_rows,
-            record_drafts: true,
-            ..SchedulerAblation::default()
-        };
-        Scheduler::start_ablated(session_with(3, true), options, ablation)
-            .unwrap()
-            .0
-    };
+    let start = |first_rows| mtp_scheduler(6, first_rows);
     let answer = |h: &engine::SchedulerHandle, (m, p): &(Vec<Message>, SamplingParams)| {
         h.generate(m, p, &mut |_| true).unwrap().ids
     };
@@ -649,25 +634,11 @@ fn the_mtp_head_resumes_at_a_kept_prompt_state_as_if_it_read_the_prompt_whole() 
 /// resume, bit for bit and with its control, is the drafter test above.
 #[test]
 fn mtp_drafts_in_serve_reuse_a_pooled_prompt_state() {
-    use engine::{Scheduler, SchedulerAblation, SchedulerOptions};
     let runs = &answers()["runs"];
     let mut s = session_with(0, false);
     let turn1 = messages(&mut s, &runs["chat_turn1"]);
     let turn2 = messages(&mut s, &runs["chat"]);
-    let options = SchedulerOptions {
-        parallel: 2,
-        prefill_chunk: 4,
-        drafts: 3,
-    };
-    let start = || {
-        let ablation = SchedulerAblation {
-            record_drafts: true,
-            ..SchedulerAblation::default()
-        };
-        Scheduler::start_ablated(session_with(3, true), options, ablation)
-            .unwrap()
-            .0
-    };
+    let start = || mtp_scheduler(2, false);
     let h = start();
     let g1 = h.generate(&turn1, &greedy(), &mut |_| true).unwrap();
     assert_eq!(g1.ids, ids(&runs["chat_turn1"]["greedy_ids"]));
@@ -697,25 +668,11 @@ fn mtp_drafts_in_serve_reuse_a_pooled_prompt_state() {
 /// ids and proposes the drafts it proposes alone.
 #[test]
 fn mtp_drafts_copy_a_running_prompt_state_with_the_heads_rows() {
-    use engine::{Scheduler, SchedulerAblation, SchedulerOptions};
     let runs = &answers()["runs"];
     let mut s = session_with(0, false);
     let holder = messages(&mut s, &runs["two_images"]);
     let rows = s.prompt(&holder).unwrap().rows();
-    let options = SchedulerOptions {
-        parallel: 2,
-        prefill_chunk: 4,
-        drafts: 3,
-    };
-    let start = || {
-        let ablation = SchedulerAblation {
-            record_drafts: true,
-            ..SchedulerAblation::default()
-        };
-        Scheduler::start_ablated(session_with(3, true), options, ablation)
-            .unwrap()
-            .0
-    };
+    let start = || mtp_scheduler(2, false);
     let alone = start();
     let want = alone.generate(&holder, &greedy(), &mut |_| true).unwrap();
     assert_eq!(want.ids, ids(&runs["two_images"]["greedy_ids"]));
@@ -733,4 +690,23 @@ fn mtp_drafts_copy_a_running_prompt_state_with_the_heads_rows() {
         alone.recorded_drafts().remove(0),
         "the drafts after a copy"
     );
+}
+
+/// A scheduler of `parallel` conversations with 3 MTP drafts a window and prompt slices of 4 rows,
+/// recording every conversation's drafts; with `mtp_reads_the_first_rows`, the planted mistake.
+fn mtp_scheduler(parallel: usize, mtp_reads_the_first_rows: bool) -> engine::SchedulerHandle {
+    use engine::{Scheduler, SchedulerAblation, SchedulerOptions};
+    let options = SchedulerOptions {
+        parallel,
+        prefill_chunk: 4,
+        drafts: 3,
+    };
+    let ablation = SchedulerAblation {
+        mtp_reads_the_first_rows,
+        record_drafts: true,
+        ..SchedulerAblation::default()
+    };
+    Scheduler::start_ablated(session_with(3, true), options, ablation)
+        .unwrap()
+        .0
 }

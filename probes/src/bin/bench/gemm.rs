@@ -74,6 +74,14 @@ pub fn run(
     if rows.is_empty() || rows.contains(&0) {
         refuse("--rows: every row count must be at least 1");
     }
+    if shape.semantics.delta_net.is_some() {
+        // Refused before its pack is made (1.4 GB for qwen3.5-2b q4).
+        refuse(format!(
+            "bench gemm times Qwen3-VL's linears (q/k/v/o, gate/up, down); shape {} is a Qwen3.5 \
+             one: bench decode --shape {} times its decode, GEMMs and the rest",
+            shape.name, shape.name
+        ));
+    }
     bench(c, shape, kinds, rows, &isas)
 }
 

@@ -550,6 +550,25 @@ mod tests {
         answer_after(false, form, pieces, tools)
     }
 
+    /// A server engine over a scripted answerer (no model), no template arguments.
+    fn scripted(pieces: &[&str], form: CallForm, opens_think: bool) -> ServerEngine<Scripted> {
+        ServerEngine {
+            answerer: Scripted::new(pieces, form, opens_think),
+            template_kwargs: Default::default(),
+        }
+    }
+
+    /// A request of one user message, "hi".
+    fn hi() -> ChatRequest {
+        ChatRequest {
+            messages: vec![api::Message::new(
+                api::Role::User,
+                vec![Part::Text("hi".into())],
+            )],
+            ..ChatRequest::default()
+        }
+    }
+
     /// `answer_in` after a prompt that opens a think block (`opens_think`) or not.
     fn answer_after(
         opens_think: bool,
@@ -557,18 +576,8 @@ mod tests {
         pieces: &[&str],
         tools: Tools,
     ) -> (String, Result<Completion, api::EngineError>, Scripted) {
-        let mut engine = ServerEngine {
-            answerer: Scripted::new(pieces, form, opens_think),
-            template_kwargs: Default::default(),
-        };
-        let request = ChatRequest {
-            messages: vec![api::Message::new(
-                api::Role::User,
-                vec![Part::Text("hi".into())],
-            )],
-            tools,
-            ..ChatRequest::default()
-        };
+        let mut engine = scripted(pieces, form, opens_think);
+        let request = ChatRequest { tools, ..hi() };
         let mut streamed = String::new();
         let c = engine.complete(&request, &mut |e| {
             if let api::Event::Text(t) = e {
@@ -683,18 +692,11 @@ mod tests {
     #[test]
     fn an_open_think_block_is_told_for_free_answers_only() {
         let opens = |format: ResponseFormat, tools: Tools| {
-            let mut engine = ServerEngine {
-                answerer: Scripted::new(&["{}"], CallForm::Json, true),
-                template_kwargs: Default::default(),
-            };
+            let mut engine = scripted(&["{}"], CallForm::Json, true);
             let request = ChatRequest {
-                messages: vec![api::Message::new(
-                    api::Role::User,
-                    vec![Part::Text("hi".into())],
-                )],
                 format,
                 tools,
-                ..ChatRequest::default()
+                ..hi()
             };
             let mut told = None;
             engine
@@ -719,10 +721,7 @@ mod tests {
     /// An assistant message's reasoning goes to the template as its `reasoning_content`.
     #[test]
     fn history_reasoning_becomes_the_templates_reasoning_content() {
-        let engine = ServerEngine {
-            answerer: Scripted::new(&[], CallForm::Json, false),
-            template_kwargs: Default::default(),
-        };
+        let engine = scripted(&[], CallForm::Json, false);
         let request = ChatRequest {
             messages: vec![
                 api::Message::new(api::Role::User, vec![Part::Text("hi".into())]),

@@ -167,8 +167,9 @@ pub struct ModelArgs {
     /// / `mtp:N` from a Qwen3.5 pack's multi-token-prediction head (3 chained drafts, or N; a
     /// pack without the head is refused). Sampled answers take drafts by the speculative
     /// acceptance rule (the same distribution); `serve --parallel N` runs every conversation's
-    /// windows in the shared forward (with mtp, each conversation's head drafts for it and prompts
-    /// are prefilled whole, not from a shared prefix). Default off.
+    /// windows in the shared forward (with mtp, each conversation's head drafts for it, all of
+    /// them in one head step, and a shared prefix is reused only up to a prompt state, where the
+    /// head resumes exactly). Default off.
     /// Examples: --drafts 4, --drafts mtp, --drafts mtp:2
     #[arg(long, value_name = "N|mtp[:N]|off", default_value = "off", value_parser = parse_drafts)]
     pub drafts: DraftsArg,

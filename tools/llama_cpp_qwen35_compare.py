@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Our host decoder against llama.cpp on a random Qwen3.5-2B-shaped text model, same machine and threads.
+"""Our host decoder against llama.cpp on a random Qwen3.5-2B-shaped text model (or, with --model
+moe, a reduced Qwen3.5-35B-A3B / Qwen3.6 one), same machine and threads.
 
   python3 tools/llama_cpp_qwen35_compare.py [--rounds 2] [--threads 2] [--lock /work/notes/bench.lock]
+  python3 tools/llama_cpp_qwen35_compare.py --model moe --kinds q4   # qwen3.5-35b-a3b-reduced
 
 1. builds llama-bench and llama-quantize as tools/llama_cpp_compare.py does (the llama.cpp vendored
    in the llama-cpp-python sdist, into --cache, default target/llama.cpp; kept and resumed). Its
@@ -24,6 +26,17 @@
    and one JSON line. Our 512-row prefill is an image prompt (bench's steps.rs), theirs text:
    the same rows through the same layers.
 
+--model moe: the geometry of `bench --shape qwen3.5-35b-a3b-reduced` (packs/src/shapes.rs:
+Qwen3.5-35B-A3B's layers, 4 of its 40 [linear x3, full]: hidden 2048, 16 / 2 heads of 256, DeltaNet
+16 key / 32 value heads of 128, 256 experts top-8 of intermediate 512 with a shared expert of 512
+and its sigmoid gate, untied head) as `Qwen3_5MoeForCausalLM`, the experts fused as transformers 5
+saves them (`mlp.experts.gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`). It is ~8.5 GB in bf16,
+so the converter writes Q8_0 straight away (`--outtype q8_0`, no F16), the checkpoint is deleted
+after, and Q4_0 is `llama-quantize --allow-requantize --pure` of that Q8_0 (values differ from a
+quantization of F16; speed does not depend on them). Per layer and token both read the bytes of
+the full model's layer, so the ratios are the full model's but for the share of the embedding and
+head.
+
 Needs torch, safetensors, tokenizers (transformers' dependencies), gguf, numpy, cmake, a C++
 compiler, cargo, ~25 GB of disk. CI runs none of this: it is a tool, not a test.
 """
@@ -44,6 +57,7 @@ REPO = base.REPO
 say, run = base.say, base.run
 
 SHAPE_NAME = "qwen3.5-2b"
+MOE = False
 TEXT = dict(
     vocab_size=248320, hidden_size=2048, num_hidden_layers=24, intermediate_size=6144,
     num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
@@ -57,6 +71,16 @@ DECODE_TOKENS = 32
 TARGETS = {"prefill": 2.0, "decode": 1.2}
 
 
+def use_moe() -> None:
+    """The reduced Qwen3.5-35B-A3B of `bench --shape qwen3.5-35b-a3b-reduced`."""
+    global SHAPE_NAME, MOE
+    SHAPE_NAME, MOE = "qwen3.5-35b-a3b-reduced", True
+    del TEXT["intermediate_size"]
+    TEXT.update(num_hidden_layers=4, num_attention_heads=16, linear_num_value_heads=32,
+                num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+                shared_expert_intermediate_size=512, norm_topk_prob=True)
+
+
 def layer_types() -> list[str]:
     n, every = TEXT["num_hidden_layers"], TEXT["full_attention_interval"]
     return ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)]
@@ -64,13 +88,13 @@ def layer_types() -> list[str]:
 
 def config() -> dict:
     return {
-        "architectures": ["Qwen3_5ForCausalLM"],
-        "model_type": "qwen3_5_text",
+        "architectures": ["Qwen3_5MoeForCausalLM" if MOE else "Qwen3_5ForCausalLM"],
+        "model_type": "qwen3_5_moe_text" if MOE else "qwen3_5_text",
         **TEXT,
         "layer_types": layer_types(),
         "hidden_act": "silu",
         "attention_bias": False,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": not MOE,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10_000_000.0,
                             "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
                             "mrope_interleaved": True},
@@ -134,15 +158,28 @@ def write_checkpoint(out: str, seed: int) -> None:
 
     shard["model.embed_tokens.weight"] = uniform((t["vocab_size"], h), 0.1)
     shard["model.norm.weight"] = norm(h)
+    if MOE:
+        shard["lm_head.weight"] = linear(t["vocab_size"], h)
     flush()
     for i, kind in enumerate(layer_types()):
         say(f"  layer {i + 1}/{t['num_hidden_layers']} ({kind})")
         p = f"model.layers.{i}."
         shard[p + "input_layernorm.weight"] = norm(h)
         shard[p + "post_attention_layernorm.weight"] = norm(h)
-        shard[p + "mlp.gate_proj.weight"] = linear(t["intermediate_size"], h)
-        shard[p + "mlp.up_proj.weight"] = linear(t["intermediate_size"], h)
-        shard[p + "mlp.down_proj.weight"] = linear(h, t["intermediate_size"])
+        if MOE:
+            e, i = t["num_experts"], t["moe_intermediate_size"]
+            si = t["shared_expert_intermediate_size"]
+            shard[p + "mlp.gate.weight"] = linear(e, h)
+            shard[p + "mlp.experts.gate_up_proj"] = uniform((e, 2 * i, h), (3.0 / h) ** 0.5)
+            shard[p + "mlp.experts.down_proj"] = uniform((e, h, i), (3.0 / i) ** 0.5)
+            shard[p + "mlp.shared_expert.gate_proj.weight"] = linear(si, h)
+            shard[p + "mlp.shared_expert.up_proj.weight"] = linear(si, h)
+            shard[p + "mlp.shared_expert.down_proj.weight"] = linear(h, si)
+            shard[p + "mlp.shared_expert_gate.weight"] = linear(1, h)
+        else:
+            shard[p + "mlp.gate_proj.weight"] = linear(t["intermediate_size"], h)
+            shard[p + "mlp.up_proj.weight"] = linear(t["intermediate_size"], h)
+            shard[p + "mlp.down_proj.weight"] = linear(h, t["intermediate_size"])
         if kind == "linear_attention":
             a = p + "linear_attn."
             nv = t["linear_num_value_heads"]
@@ -177,7 +214,8 @@ import sys
 sys.path.insert(0, {src!r})
 # --no-mtp: the random checkpoint has no mtp.* layers (hub checkpoints do; transformers ignores
 # them, and so does our pack).
-sys.argv = ["convert_hf_to_gguf.py", {ckpt!r}, "--outtype", "f16", "--no-mtp", "--outfile", {out!r}]
+sys.argv = ["convert_hf_to_gguf.py", {ckpt!r}, "--outtype", {outtype!r}, "--no-mtp", "--outfile",
+            {out!r}]
 import convert_hf_to_gguf as convert
 from conversion import base
 # The random checkpoint's byte-level tokenizer is not Qwen3.5's: name its pre-tokenizer as the
@@ -192,6 +230,8 @@ def make_models(cache: str, src: str, quantize: str, seed: int) -> dict[str, str
     os.makedirs(models, exist_ok=True)
     stem = os.path.join(models, f"{SHAPE_NAME}-text-seed{seed}")
     ckpt = stem + "-hf"
+    if MOE:
+        return make_moe_models(stem, ckpt, src, quantize, seed)
     if not os.path.exists(os.path.join(ckpt, "config.json")):
         say(f"model: writing {ckpt} (random, bf16)")
         write_checkpoint(ckpt, seed)
@@ -200,7 +240,8 @@ def make_models(cache: str, src: str, quantize: str, seed: int) -> dict[str, str
     f16 = stem + "-F16.gguf"
     if not os.path.exists(f16):
         say("model: llama.cpp's convert_hf_to_gguf.py -> F16")
-        run([sys.executable, "-c", CONVERT.format(src=src, ckpt=ckpt, out=f16 + ".tmp")], quiet=True)
+        run([sys.executable, "-c", CONVERT.format(src=src, ckpt=ckpt, out=f16 + ".tmp",
+                                                  outtype="f16")], quiet=True)
         os.replace(f16 + ".tmp", f16)
     else:
         say(f"model: kept {f16}")
@@ -215,6 +256,32 @@ def make_models(cache: str, src: str, quantize: str, seed: int) -> dict[str, str
             say(f"model: kept {path}")
         out[theirs] = path
     return out
+
+
+def make_moe_models(stem: str, ckpt: str, src: str, quantize: str, seed: int) -> dict[str, str]:
+    """--model moe: Q8_0 from the converter, the checkpoint deleted, Q4_0 requantized from Q8_0
+    (module docs: the bf16 checkpoint is ~8.5 GB)."""
+    import shutil
+
+    q8, q4 = f"{stem}-Q8_0.gguf", f"{stem}-Q4_0.gguf"
+    if not os.path.exists(q8):
+        if not os.path.exists(os.path.join(ckpt, "config.json")):
+            say(f"model: writing {ckpt} (random, bf16, ~8.5 GB)")
+            write_checkpoint(ckpt, seed)
+        say("model: llama.cpp's convert_hf_to_gguf.py -> Q8_0")
+        run([sys.executable, "-c", CONVERT.format(src=src, ckpt=ckpt, out=q8 + ".tmp",
+                                                  outtype="q8_0")], quiet=True)
+        os.replace(q8 + ".tmp", q8)
+        shutil.rmtree(ckpt)
+    else:
+        say(f"model: kept {q8}")
+    if not os.path.exists(q4):
+        say("model: requantizing Q8_0 to Q4_0 (--allow-requantize --pure)")
+        run([quantize, "--allow-requantize", "--pure", q8, q4 + ".tmp", "Q4_0"], quiet=True)
+        os.replace(q4 + ".tmp", q4)
+    else:
+        say(f"model: kept {q4}")
+    return {"Q8_0": q8, "Q4_0": q4}
 
 
 def ours(bench: str, kind: str, threads: int, pack_dir: str, lock) -> dict[str, float]:
@@ -259,7 +326,11 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="a tiny model of the same kinds of "
                     "layers, to check the conversion path in seconds (no timing)")
     ap.add_argument("--kinds", default="q4,i8")
+    ap.add_argument("--model", choices=["2b", "moe"], default="2b",
+                    help="Qwen3.5-2B's geometry, or a reduced Qwen3.5-35B-A3B's (module docs)")
     args = ap.parse_args()
+    if args.model == "moe":
+        use_moe()
     if args.rounds < 2:
         sys.exit("--rounds: at least 2 (A B A B)")
     pairs = [p for p in PAIRS if p[0] in args.kinds.split(",")]

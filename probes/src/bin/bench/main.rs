@@ -241,14 +241,7 @@ fn main() {
         refuse(format!("cannot create {}: {e}", c.pack_dir.display()));
     }
     let report = match &args.mode {
-        None => roofline::run(
-            c,
-            &shape,
-            &kinds,
-            args.prefill_rows
-                .as_deref()
-                .unwrap_or(&roofline::PREFILL_ROWS),
-        ),
+        None => roofline::run(c, &shape, &kinds, args.prefill_rows.as_deref()),
         Some(Mode::Attention {
             context,
             rows,

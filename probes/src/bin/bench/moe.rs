@@ -12,10 +12,16 @@ use packs::random::RandomShape;
 use packs::{QuantKind, TensorKind};
 use serde_json::{json, Map, Value};
 
+/// Prompt rows of the MoE report's prefill unless `--prefill-rows` names others.
+pub const PREFILL_ROWS: usize = 128;
+
 /// A mixture-of-experts shape: decode reads only the routed experts, so the bytes a step reads are
 /// measured (the experts the router picked, counted by the forward) rather than the pack's linears.
-pub fn run(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value {
-    const PREFILL: usize = 128;
+/// Prefills of each of `prefill_rows` (the median of two).
+pub fn run(c: &Common, shape: &RandomShape, kinds: &[QuantKind], prefill_rows: &[usize]) -> Value {
+    if prefill_rows.is_empty() || prefill_rows.contains(&0) {
+        crate::refuse("--prefill-rows: every row count must be at least 1");
+    }
     let sem = &shape.semantics;
     let moe = sem.moe.clone().expect("a MoE shape");
     let isa = Isa::best();
@@ -62,13 +68,24 @@ pub fn run(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value {
         let total_params = dense_params + sparse * moe.num_experts as u64 * expert_params;
 
         let rss_reset = reset_peak_rss();
-        let mut f = forward_for(&pack, c.threads, KvDtype::F32, LONG_CONTEXT);
+        let most = prefill_rows.iter().copied().max().unwrap_or(0);
+        let mut f = forward_for(&pack, c.threads, KvDtype::F32, most.max(LONG_CONTEXT));
         prefill(&mut f, 16);
-        let runs: Vec<PrefillRun> = (0..2).map(|_| prefill(&mut f, PREFILL)).collect();
-        let prefill_t = median(runs.iter().map(|r| r.secs).collect());
-        f.take_moe_stats();
-        prefill(&mut f, PREFILL);
-        let prefill_runs = f.take_moe_stats().expert_runs;
+        // Per row count: (rows, seconds, expert runs of one prefill).
+        let prefills: Vec<(usize, f64, u64)> = prefill_rows
+            .iter()
+            .map(|&rows| {
+                let runs: Vec<PrefillRun> = (0..2).map(|_| prefill(&mut f, rows)).collect();
+                f.take_moe_stats();
+                prefill(&mut f, rows);
+                let expert_runs = f.take_moe_stats().expert_runs;
+                (
+                    rows,
+                    median(runs.iter().map(|r| r.secs).collect()),
+                    expert_runs,
+                )
+            })
+            .collect();
         let peak = peak_rss_mb();
 
         let probe = ReadProbe::new(c.threads);
@@ -100,12 +117,14 @@ pub fn run(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value {
                 100.0 * d.roofline(bytes),
                 median(d.read.clone())
             );
-            println!(
-                "  prefill {PREFILL} rows {:8.2} tok/s  ({prefill_runs} expert runs: each routed expert read once per batch, at most {} of {})",
-                PREFILL as f64 / prefill_t,
-                sparse * moe.num_experts as u64,
-                PREFILL as u64 * sparse * moe.top_k as u64
-            );
+            for &(rows, secs, expert_runs) in &prefills {
+                println!(
+                    "  prefill {rows} rows {:8.2} tok/s  ({expert_runs} expert runs: each routed expert read once per batch, at most {} of {})",
+                    rows as f64 / secs,
+                    sparse * moe.num_experts as u64,
+                    rows as u64 * sparse * moe.top_k as u64
+                );
+            }
             print_peak_rss(
                 peak,
                 rss_reset,
@@ -123,8 +142,14 @@ pub fn run(c: &Common, shape: &RandomShape, kinds: &[QuantKind]) -> Value {
                 "bytes_per_active_param": bytes / active_params as f64,
                 "roofline_pct": round2(100.0 * d.roofline(bytes)),
                 "read_gb_s": round2(median(d.read.clone())),
-                "prefill_tok_s_128": round2(PREFILL as f64 / prefill_t),
-                "prefill_expert_runs_128": prefill_runs,
+                "prefill_tok_s": prefills
+                    .iter()
+                    .map(|&(rows, secs, _)| (rows.to_string(), json!(round2(rows as f64 / secs))))
+                    .collect::<Map<_, _>>(),
+                "prefill_expert_runs": prefills
+                    .iter()
+                    .map(|&(rows, _, runs)| (rows.to_string(), json!(runs)))
+                    .collect::<Map<_, _>>(),
                 "peak_rss_mb": peak.map(round2),
                 "peak_rss_reset": rss_reset,
                 "pack_mb": round2(pack_mb),

@@ -52,11 +52,19 @@ fn linear_macs(pack: &Pack) -> (u64, u64) {
 const LAYERS_PREFIX: &str = "model.language_model.layers.";
 
 /// `prefill_rows`: the row counts to prefill ([`PREFILL_ROWS`] by default); [`LONG_CONTEXT`] is
-/// always among them (the ctx-512 decode continues from its cache).
-pub fn run(c: &Common, shape: &RandomShape, kinds: &[QuantKind], prefill_rows: &[usize]) -> Value {
+/// always among them (the ctx-512 decode continues from its cache). A mixture-of-experts shape
+/// has its own report ([`crate::moe::run`], 128 rows by default).
+pub fn run(
+    c: &Common,
+    shape: &RandomShape,
+    kinds: &[QuantKind],
+    prefill_rows: Option<&[usize]>,
+) -> Value {
     if shape.semantics.moe.is_some() {
-        return crate::moe::run(c, shape, kinds);
+        let rows = prefill_rows.unwrap_or(&[crate::moe::PREFILL_ROWS]);
+        return crate::moe::run(c, shape, kinds, rows);
     }
+    let prefill_rows = prefill_rows.unwrap_or(&PREFILL_ROWS);
     let packs: Vec<(QuantKind, Arc<Pack>)> =
         kinds.iter().map(|&k| (k, pack_for(c, shape, k))).collect();
     let isa = Isa::best();

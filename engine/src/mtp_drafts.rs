@@ -26,6 +26,13 @@ impl Pending {
         self.positions.len()
     }
 
+    /// One more row, a kept one.
+    fn push(&mut self, row: &KeptRow) {
+        self.hidden.extend_from_slice(&row.hidden);
+        self.embeds.extend_from_slice(&row.embed);
+        self.positions.push(row.position);
+    }
+
     fn truncate(&mut self, rows: usize) {
         let h = self.hidden.len() / self.rows().max(1);
         self.hidden.truncate(rows * h);
@@ -104,10 +111,7 @@ impl MtpDrafter {
         match self.kept.as_ref().filter(|k| k.slot + 1 == slot) {
             Some(k) => {
                 let _ = self.cache.truncate(k.slot);
-                let p = &mut self.pending;
-                p.hidden.extend_from_slice(&k.hidden);
-                p.embeds.extend_from_slice(&k.embed);
-                p.positions.push(k.position);
+                self.pending.push(k);
             }
             // The head's rows are K/V only: they cut anywhere.
             None => {
@@ -132,7 +136,6 @@ impl MtpDrafter {
     /// resume exactly at `slot` ([`MtpDrafter::resumes_at`]).
     pub fn copy_prefix(&mut self, src: &MtpDrafter, slot: usize) -> bool {
         self.truncate(0);
-        self.kept = None;
         if slot == 0 || !src.resumes_at(slot) {
             return false;
         }
@@ -150,9 +153,7 @@ impl MtpDrafter {
             p.embeds.extend_from_slice(&src.pending.embeds[..n * h]);
             p.positions.extend_from_slice(&src.pending.positions[..n]);
         } else if let Some(k) = &src.kept {
-            p.hidden.extend_from_slice(&k.hidden);
-            p.embeds.extend_from_slice(&k.embed);
-            p.positions.push(k.position);
+            p.push(k);
         }
         self.kept = src.kept.clone().filter(|k| k.slot < slot);
         true

@@ -710,3 +710,84 @@ fn mtp_scheduler(parallel: usize, mtp_reads_the_first_rows: bool) -> engine::Sch
         .unwrap()
         .0
 }
+
+/// `propose_drafts` over asks of different lengths (as `serve` meets them: a window near the
+/// context's end asks fewer, a constrained answer none) gives each ask the drafts it gets alone:
+/// none for k 0, the first of them for k 1, all three for k 3, and a drafter with nothing to catch
+/// up over none. Control: the chained drafts are not the first one repeated.
+#[test]
+fn mtp_drafts_for_asks_of_different_lengths_are_each_asks_own() {
+    use decoder::{Decoder, DecoderOptions, HybridInputs, KvDtype, Logits};
+    use engine::mtp_drafts::{propose_drafts, DraftAsk, MtpDrafter};
+    let pack = pack();
+    let runtime = compute::Runtime::host(2).unwrap();
+    let options = DecoderOptions {
+        capacity: 64,
+        ..DecoderOptions::default()
+    };
+    let mut f = Decoder::new(&pack, &runtime, options).unwrap();
+    f.keep_last_hidden(true);
+    let h = f.semantics().hidden_size;
+    let prompt = [3u32, 17, 42, 5, 99, 120, 7, 64];
+    f.step_batch(&prompt, 0, 0, Logits::LastRow).unwrap();
+    let hidden = f.last_hidden().to_vec();
+    let mut embeds = vec![0.0; prompt.len() * h];
+    for (row, &id) in embeds.chunks_exact_mut(h).zip(&prompt) {
+        f.embed_row(id, row);
+    }
+    let read = |f: &Decoder| {
+        let mut d = MtpDrafter::new(f, 64, KvDtype::F32);
+        d.ran_rows(0, (&hidden, &[]), &embeds, &HybridInputs::text(0));
+        d
+    };
+    let token = 9;
+    let alone = read(&f).propose(&mut f, token, 3).unwrap();
+    assert_eq!(alone.len(), 3);
+    assert!(
+        alone[1..].iter().any(|&d| d != alone[0]),
+        "control: the chain repeats its first draft ({alone:?})"
+    );
+    let mut drafters: Vec<MtpDrafter> = (0..3).map(|_| read(&f)).collect();
+    // The last one has nothing to catch up over: it has drafted already.
+    drafters[2].propose(&mut f, token, 1).unwrap();
+    let [a, b, c] = &mut drafters[..] else {
+        unreachable!()
+    };
+    let mut asks = [
+        DraftAsk {
+            drafter: a,
+            token,
+            k: 0,
+        },
+        DraftAsk {
+            drafter: b,
+            token,
+            k: 1,
+        },
+        DraftAsk {
+            drafter: c,
+            token,
+            k: 3,
+        },
+    ];
+    let got = propose_drafts(&mut f, &mut asks).unwrap();
+    assert_eq!(got, vec![vec![], alone[..1].to_vec(), vec![]]);
+    let mut fresh: Vec<MtpDrafter> = (0..2).map(|_| read(&f)).collect();
+    let [a, b] = &mut fresh[..] else {
+        unreachable!()
+    };
+    let mut asks = [
+        DraftAsk {
+            drafter: a,
+            token,
+            k: 3,
+        },
+        DraftAsk {
+            drafter: b,
+            token,
+            k: 1,
+        },
+    ];
+    let got = propose_drafts(&mut f, &mut asks).unwrap();
+    assert_eq!(got, vec![alone.clone(), alone[..1].to_vec()]);
+}

@@ -79,3 +79,49 @@ fn c_asks_about_two_pictures_by_path_and_gets_transformers_answer() {
     let (one, _) = ask(&exe, &pack, &missing, &["picture-1.png"]);
     assert_ne!(one, TRANSFORMERS_ANSWER, "one picture answered like two");
 }
+
+/// The same C program on a Qwen3.5 pack (the tiny hybrid checkpoint of
+/// tests/fixtures/chat-qwen3_5): the pack says the family, the C side does not change, and the
+/// answer is transformers' (its answer.json, run "two_images"). Control: one picture answers
+/// otherwise.
+#[test]
+fn c_asks_a_qwen3_5_pack_about_two_pictures_and_gets_transformers_answer() {
+    let fixture = common::crate_dir().join("../tests/fixtures/chat-qwen3_5");
+    let answers: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("answer.json")).unwrap())
+            .unwrap();
+    let run = &answers["runs"]["two_images"];
+    assert_eq!(
+        run["messages"][0]["content"][2]["text"],
+        "Describe these pictures."
+    );
+    let want = run["answer"].as_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("qwen3_5-f32.pack");
+    let opts = packs::build::BuildOptions::new(packs::QuantKind::F32);
+    packs::build::build_from_hf(&fixture.join("Qwen3.5-tiny"), &pack, &opts).unwrap();
+    let missing = dir.path().join("no-such-picture.png");
+    let exe = common::compile("chat_run.c", dir.path(), Link::Dynamic);
+    let ask = |pictures: &[&str]| {
+        let pictures: Vec<PathBuf> = pictures.iter().map(|p| fixture.join(p)).collect();
+        let mut args: Vec<&OsStr> = vec![
+            pack.as_os_str(),
+            OsStr::new("Describe these pictures."),
+            missing.as_os_str(),
+        ];
+        args.extend(pictures.iter().map(|p| p.as_os_str()));
+        let out = common::run(&exe, &args);
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("answer "))
+            .unwrap_or_else(|| panic!("chat_run printed no answer:\n{stdout}"))
+            .to_string()
+    };
+    assert_eq!(ask(&["picture-1.png", "picture-2.png"]), want);
+    assert_ne!(
+        ask(&["picture-1.png"]),
+        want,
+        "one picture answered like two"
+    );
+}

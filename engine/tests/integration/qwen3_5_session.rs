@@ -539,16 +539,9 @@ fn moe_mtp_drafts_leave_greedy_ids_unchanged() {
 /// Control: without the kept row the resumed head keeps that stale row and its output differs.
 #[test]
 fn the_mtp_head_resumes_at_a_kept_prompt_state_as_if_it_read_the_prompt_whole() {
-    use decoder::{Decoder, DecoderOptions, HybridInputs, KvDtype, Logits};
+    use decoder::{Decoder, HybridInputs, KvDtype, Logits};
     use engine::mtp_drafts::MtpDrafter;
-    let pack = pack();
-    let runtime = compute::Runtime::host(2).unwrap();
-    let options = DecoderOptions {
-        capacity: 64,
-        ..DecoderOptions::default()
-    };
-    let mut f = Decoder::new(&pack, &runtime, options).unwrap();
-    f.keep_last_hidden(true);
+    let mut f = head_decoder();
     let h = f.semantics().hidden_size;
     let shared = [3u32, 17, 42, 5, 99, 120, 7];
     let r = shared.len();
@@ -717,16 +710,9 @@ fn mtp_scheduler(parallel: usize, mtp_reads_the_first_rows: bool) -> engine::Sch
 /// up over none. Control: the chained drafts are not the first one repeated.
 #[test]
 fn mtp_drafts_for_asks_of_different_lengths_are_each_asks_own() {
-    use decoder::{Decoder, DecoderOptions, HybridInputs, KvDtype, Logits};
+    use decoder::{Decoder, HybridInputs, KvDtype, Logits};
     use engine::mtp_drafts::{propose_drafts, DraftAsk, MtpDrafter};
-    let pack = pack();
-    let runtime = compute::Runtime::host(2).unwrap();
-    let options = DecoderOptions {
-        capacity: 64,
-        ..DecoderOptions::default()
-    };
-    let mut f = Decoder::new(&pack, &runtime, options).unwrap();
-    f.keep_last_hidden(true);
+    let mut f = head_decoder();
     let h = f.semantics().hidden_size;
     let prompt = [3u32, 17, 42, 5, 99, 120, 7, 64];
     f.step_batch(&prompt, 0, 0, Logits::LastRow).unwrap();
@@ -790,4 +776,17 @@ fn mtp_drafts_for_asks_of_different_lengths_are_each_asks_own() {
     ];
     let got = propose_drafts(&mut f, &mut asks).unwrap();
     assert_eq!(got, vec![alone.clone(), alone[..1].to_vec()]);
+}
+
+/// The Qwen3.5 fixture's decoder (64 slots, 2 threads) keeping every row's final hidden state,
+/// as the MTP head reads them.
+fn head_decoder() -> decoder::Decoder {
+    let runtime = compute::Runtime::host(2).unwrap();
+    let options = decoder::DecoderOptions {
+        capacity: 64,
+        ..decoder::DecoderOptions::default()
+    };
+    let mut f = decoder::Decoder::new(&pack(), &runtime, options).unwrap();
+    f.keep_last_hidden(true);
+    f
 }

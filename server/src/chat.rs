@@ -225,7 +225,7 @@ pub enum Event<'a> {
     Text(&'a str),
 }
 
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq)]
 pub enum EngineError {
     /// The request itself is wrong (an undecodable image, a prompt over the context): HTTP 400.
     #[error("{0}")]

@@ -40,6 +40,8 @@ pub struct ServeOptions {
     pub max_tokens_cap: usize,
     /// Requests that may wait beside the running one (503 with Retry-After past it).
     pub queue_capacity: usize,
+    /// One line on stderr per request that ran (`queue::request_line`).
+    pub log_requests: bool,
 }
 
 impl Default for ServeOptions {
@@ -51,6 +53,7 @@ impl Default for ServeOptions {
             body_limit: 48 << 20,
             max_tokens_cap: 2048,
             queue_capacity: 16,
+            log_requests: false,
         }
     }
 }
@@ -96,7 +99,8 @@ where
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let (queue, workers) = queue::Queue::start(engines, options.queue_capacity);
+    let (queue, workers) =
+        queue::Queue::start(engines, options.queue_capacity, options.log_requests);
     let result = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(options.addr)
             .await

@@ -4,10 +4,11 @@
 //! workers over handles of one scheduler answer that many requests at once, batched into the same
 //! forwards by the engine (`engine::Scheduler`).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -33,7 +34,8 @@ pub struct Job {
 
 #[derive(Clone)]
 pub struct Queue {
-    sender: SyncSender<Job>,
+    /// Jobs with the moment they were queued.
+    sender: SyncSender<(Job, Instant)>,
     /// Requests waiting or running.
     depth: Arc<AtomicUsize>,
     capacity: usize,
@@ -41,29 +43,40 @@ pub struct Queue {
 
 impl Queue {
     /// Starts one worker thread per engine; at most `capacity` requests wait beside the running
-    /// ones. The workers end when every `Queue` clone is dropped.
+    /// ones. With `log`, each request that ran leaves one line on stderr ([`request_line`]). The
+    /// workers end when every `Queue` clone is dropped.
     pub fn start(
         engines: Vec<Box<dyn ChatEngine>>,
         capacity: usize,
+        log: bool,
     ) -> (Queue, Vec<JoinHandle<()>>) {
-        let (sender, receiver) = sync_channel::<Job>(capacity);
+        let (sender, receiver) = sync_channel::<(Job, Instant)>(capacity);
         let receiver = Arc::new(Mutex::new(receiver));
         let depth = Arc::new(AtomicUsize::new(0));
+        let ran = Arc::new(AtomicU64::new(0));
         let workers = engines
             .into_iter()
             .enumerate()
             .map(|(i, mut engine)| {
-                let (receiver, depth) = (receiver.clone(), depth.clone());
+                let (receiver, depth, ran) = (receiver.clone(), depth.clone(), ran.clone());
                 std::thread::Builder::new()
                     .name(format!("xdna-vl-engine-{i}"))
                     .spawn(move || loop {
                         // One idle worker waits on the channel at a time; the lock is released
                         // before the job runs.
                         let job = receiver.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                        let Ok(job) = job else { return };
+                        let Ok((job, queued)) = job else { return };
                         // A client that left while waiting costs nothing.
                         if !job.events.is_closed() {
-                            run(engine.as_mut(), job);
+                            let n = ran.fetch_add(1, Ordering::SeqCst) + 1;
+                            let (waited, started) = (queued.elapsed(), Instant::now());
+                            let result = run(engine.as_mut(), job);
+                            if log {
+                                eprintln!(
+                                    "{}",
+                                    request_line(n, waited, started.elapsed(), &result)
+                                );
+                            }
                         }
                         depth.fetch_sub(1, Ordering::SeqCst);
                     })
@@ -83,7 +96,7 @@ impl Queue {
     /// Queues a job, or refuses it with 503 when `capacity` are already waiting.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         self.depth.fetch_add(1, Ordering::SeqCst);
-        match self.sender.try_send(job) {
+        match self.sender.try_send((job, Instant::now())) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => {
                 self.depth.fetch_sub(1, Ordering::SeqCst);
@@ -102,7 +115,9 @@ impl Queue {
     }
 }
 
-fn run(engine: &mut dyn ChatEngine, job: Job) {
+/// Runs the job; its outcome goes to the request and, for the log, back to the caller (the text
+/// is already the request's: only the counts and the finish or the error are kept).
+fn run(engine: &mut dyn ChatEngine, job: Job) -> Result<Completion, EngineError> {
     let events = job.events;
     let mut on_event = |event: Event<'_>| {
         let sent = match event {
@@ -126,5 +141,98 @@ fn run(engine: &mut dyn ChatEngine, job: Job) {
             "the engine panicked on this request".into(),
         ))
     });
+    let outcome = match &result {
+        Ok(c) => Ok(Completion {
+            text: String::new(),
+            reasoning: String::new(),
+            tool_calls: Vec::new(),
+            ids: Vec::new(),
+            ..*c
+        }),
+        Err(e) => Err(e.clone()),
+    };
     let _ = events.send(JobEvent::Done(result));
+    outcome
+}
+
+/// The log line of request `n` (the n-th that ran): how long it waited in the queue and ran, and
+/// what came of it — token counts, the engine's prompt and answer times and the answer's tok/s,
+/// and how it finished; or that the client left, or the error (as its client was told).
+pub fn request_line(
+    n: u64,
+    waited: Duration,
+    ran: Duration,
+    result: &Result<Completion, EngineError>,
+) -> String {
+    let head = format!("request {n}: waited {}, ran {}", time(waited), time(ran));
+    match result {
+        Ok(c) => {
+            let answer = c.answer_time.as_secs_f64();
+            let rate = if answer > 0.0 {
+                format!(" ({:.1} tok/s)", c.completion_tokens as f64 / answer)
+            } else {
+                String::new()
+            };
+            format!(
+                "{head}: {} prompt tokens in {}, {} answer tokens in {}{rate}, finish {}",
+                c.prompt_tokens,
+                time(c.prompt_time),
+                c.completion_tokens,
+                time(c.answer_time),
+                c.finish.as_str()
+            )
+        }
+        Err(EngineError::Cancelled) => format!("{head}: cancelled (the client left)"),
+        Err(EngineError::Invalid(m)) => format!("{head}: refused (400): {m}"),
+        Err(EngineError::Failed(m)) => format!("{head}: failed (500): {m}"),
+    }
+}
+
+/// A time as a person reads it: milliseconds below a second, else seconds.
+fn time(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 1.0 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::Finish;
+
+    fn completion(completion_tokens: usize, answer_ms: u64) -> Completion {
+        Completion {
+            text: "hello".into(),
+            reasoning: String::new(),
+            tool_calls: Vec::new(),
+            prompt_tokens: 17,
+            completion_tokens,
+            ids: Vec::new(),
+            finish: Finish::Length,
+            prompt_time: Duration::from_millis(50),
+            answer_time: Duration::from_millis(answer_ms),
+        }
+    }
+
+    /// A request's log line carries its counts, times, rate and finish, or its error by kind;
+    /// an answer of no time gives no rate rather than inf. Control: another count is another line.
+    #[test]
+    fn a_request_line_says_what_came_of_it() {
+        let (w, r) = (Duration::from_millis(1250), Duration::from_millis(260));
+        let ok = request_line(3, w, r, &Ok(completion(8, 200)));
+        assert_eq!(
+            ok,
+            "request 3: waited 1.25 s, ran 260.0 ms: 17 prompt tokens in 50.0 ms, 8 answer tokens \
+             in 200.0 ms (40.0 tok/s), finish length"
+        );
+        assert_ne!(ok, request_line(3, w, r, &Ok(completion(9, 200))));
+        assert!(!request_line(1, w, r, &Ok(completion(0, 0))).contains("tok/s"));
+        let err = |e| request_line(4, w, r, &Err(e));
+        assert!(err(EngineError::Cancelled).ends_with("cancelled (the client left)"));
+        assert!(err(EngineError::Invalid("too long".into())).ends_with("refused (400): too long"));
+        assert!(err(EngineError::Failed("boom".into())).ends_with("failed (500): boom"));
+    }
 }

@@ -80,6 +80,11 @@ pub struct ServeArgs {
     /// Example: --queue 32
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub queue: usize,
+    /// No line on stderr per request. Without it each request that ran prints one: how long it
+    /// waited and ran, its prompt and answer tokens with their times and the answer's tok/s, and
+    /// how it finished (or its error, or that the client left).
+    #[arg(long)]
+    pub quiet: bool,
     /// Conversations answered at once, batched into the same forwards (each holds a KV cache of
     /// --ctx tokens). 1 answers one request at a time and reuses the previous prompt's cached
     /// rows. Default: as many as --kv-budget-mib holds, at most 8. Example: --parallel 4

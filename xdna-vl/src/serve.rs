@@ -392,6 +392,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
         body_limit: args.body_limit_mib << 20,
         max_tokens_cap: args.max_tokens,
         queue_capacity: args.queue,
+        log_requests: !args.quiet,
     };
     let model = format!(
         "{} ({} backend, context {}",

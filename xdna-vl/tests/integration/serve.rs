@@ -17,6 +17,8 @@ use crate::common::{chat_dir, pack};
 pub(crate) struct Served {
     child: Child,
     pub(crate) addr: SocketAddr,
+    /// Its stderr after the listening line.
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Served {
@@ -37,8 +39,32 @@ impl Served {
                 break a.trim().parse().unwrap();
             }
         };
-        std::thread::spawn(move || for _ in lines {});
-        Served { child, addr }
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Served { child, addr, log }
+    }
+
+    /// The stderr lines so far that start with `prefix`, after waiting up to a second for one.
+    pub(crate) fn log_lines(&self, prefix: &str) -> Vec<String> {
+        let matching = || -> Vec<String> {
+            let log = self.log.lock().unwrap();
+            log.iter()
+                .filter(|l| l.starts_with(prefix))
+                .cloned()
+                .collect()
+        };
+        for _ in 0..100 {
+            if !matching().is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        matching()
     }
 
     pub(crate) fn post(&self, body: &Value) -> Reply {
@@ -414,4 +440,32 @@ fn ollama_routes_answer_as_xdna_vl_run_does() {
     assert_eq!(listed["size"], std::fs::metadata(pack()).unwrap().len());
     assert_eq!(listed["capabilities"], json!(["completion", "vision"]));
     assert_eq!(served.terminate(), 0);
+}
+
+/// Each request that ran leaves one line on stderr with its counts and finish; a refused one its
+/// error. Control: `--quiet` leaves none.
+#[test]
+fn each_request_leaves_a_log_line_unless_quiet() {
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+    let served = Served::start(&[]);
+    let r = served.post(&body);
+    assert_eq!(r.status, 200);
+    let prompt = r.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    let lines = served.log_lines("request 1:");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains(&format!("{prompt} prompt tokens"))
+            && lines[0].contains("3 answer tokens")
+            && lines[0].ends_with("finish length"),
+        "{}",
+        lines[0]
+    );
+    let bad = json!({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]});
+    assert_eq!(served.post(&bad).status, 400);
+    let lines = served.log_lines("request 2:");
+    assert!(lines[0].contains("refused (400): image"), "{lines:?}");
+    let quiet = Served::start(&["--quiet"]);
+    assert_eq!(quiet.post(&body).status, 200);
+    assert!(quiet.log_lines("request").is_empty());
 }

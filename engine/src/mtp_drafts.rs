@@ -211,6 +211,31 @@ impl MtpDrafter {
             .extend((0..rows).map(|r| hybrid.position(r, rows)));
     }
 
+    /// [`MtpDrafter::ran_rows`] for text rows: the model ran `tokens` from `first_slot` at plain
+    /// positions from `start_pos` (a decode step or a draft window), their final hidden states
+    /// `hidden`; their embeddings go straight to the pending rows.
+    pub fn ran_tokens(
+        &mut self,
+        first_slot: usize,
+        hidden: &[f32],
+        decoder: &Decoder,
+        (tokens, start_pos): (&[u32], i64),
+    ) {
+        self.truncate(first_slot);
+        let (h, n) = (self.hidden_size, tokens.len());
+        debug_assert_eq!(hidden.len(), n * h);
+        debug_assert_eq!(self.cache.len() + self.pending.rows(), first_slot);
+        let p = &mut self.pending;
+        p.hidden.extend_from_slice(hidden);
+        let at = p.embeds.len();
+        p.embeds.resize(at + n * h, 0.0);
+        for (row, &t) in p.embeds[at..].chunks_exact_mut(h).zip(tokens) {
+            decoder.embed_row(t, row);
+        }
+        let text = HybridInputs::text(start_pos);
+        p.positions.extend((0..n).map(|r| text.position(r, n)));
+    }
+
     /// Up to `k` drafts to follow `token` (sampled after the model's last row): the head catches
     /// up over the pending rows, then chains. [`propose_drafts`] for one sequence.
     pub fn propose(&mut self, decoder: &mut Decoder, token: u32, k: usize) -> Result<Vec<u32>> {
@@ -254,11 +279,7 @@ impl MtpDrafter {
     /// row's position) reads the head's own output row of the step before.
     fn chain_inputs(&mut self, decoder: &Decoder, draft: u32, last: [i64; 3], i: usize) {
         decoder.embed_row(draft, &mut self.row);
-        let p = last[0] + i as i64;
-        self.hybrid = HybridInputs {
-            planes: Some(vec![p, p, p]),
-            ..HybridInputs::default()
-        };
+        self.hybrid = HybridInputs::text(last[0] + i as i64);
     }
 }
 

@@ -42,8 +42,8 @@ use crate::mtp_drafts::{propose_drafts, DraftAsk, MtpDrafter};
 use crate::prompt::{Prompt, PromptAblation, PromptBuilder};
 use crate::sampling::SamplingParams;
 use crate::session::{
-    answer_params, prompt_fits, prompt_input, refuse_images, reuse_prefix, row_keys, token_embeds,
-    Event, FinishReason, Generation, RowKey, Session, Timings,
+    answer_params, prompt_fits, prompt_input, refuse_images, reuse_prefix, row_keys, Event,
+    FinishReason, Generation, RowKey, Session, Timings,
 };
 use crate::template::TemplateInputs;
 
@@ -170,11 +170,10 @@ pub struct Scheduler {
     inbox: Receiver<Submission>,
     prefill_chunk: usize,
     drafts: usize,
-    /// Drafts come from the MTP head (each sequence its drafter) instead of prompt lookup. Its
-    /// sequences then prefill their whole prompt: the head drafts from every row the model ran
-    /// for the sequence (its hidden states are not kept with a pooled or lent prefix), so a
-    /// conversation's drafts, and a sampled answer's draws, are those it has alone, whatever the
-    /// pool held.
+    /// Drafts come from the MTP head (each sequence its drafter, which travels with its cache in
+    /// the pool) instead of prompt lookup. A prompt reuses pooled or running rows only where the
+    /// head resumes as if it read them itself (`MtpDrafter::resumes_at`), so a conversation's
+    /// drafts, and a sampled answer's draws, are those it has alone, whatever the pool held.
     mtp_drafts: bool,
     context: usize,
     /// Free caches, as the handles see it.
@@ -650,13 +649,12 @@ impl Scheduler {
                 } else {
                     row0
                 };
-                let mine = (&[][..], &hidden[from * h..(from + rows) * h]);
+                let mine = &hidden[from * h..(from + rows) * h];
                 match slice {
-                    Some((embeds, hybrid)) => m.ran_rows(first, mine, embeds, hybrid),
+                    Some((embeds, hybrid)) => m.ran_rows(first, (&[], mine), embeds, hybrid),
                     None => {
-                        let embeds = token_embeds(&self.decoder, &r.window);
-                        let text = HybridInputs::text(r.next_rotary_pos);
-                        m.ran_rows(first, mine, &embeds, &text);
+                        let window = (&r.window[..], r.next_rotary_pos);
+                        m.ran_tokens(first, mine, &self.decoder, window);
                     }
                 }
             }

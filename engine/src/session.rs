@@ -577,14 +577,8 @@ impl Session {
                     self.logits.clear();
                     self.logits.extend_from_slice(logits);
                     if let Some(m) = self.mtp.as_mut() {
-                        let embeds = token_embeds(&self.forward, &[token]);
-                        m.ran(
-                            slot,
-                            &self.forward,
-                            &embeds,
-                            &HybridInputs::text(first_pos),
-                            &[],
-                        );
+                        let hidden = self.forward.last_hidden();
+                        m.ran_tokens(slot, hidden, &self.forward, (&[token], first_pos));
                     }
                     self.cached.push(RowKey {
                         id: token,
@@ -606,14 +600,8 @@ impl Session {
                     self.logits.clear();
                     self.logits.extend_from_slice(&window.logits[..vocab]);
                     if let Some(m) = self.mtp.as_mut() {
-                        let embeds = token_embeds(&self.forward, &rows);
-                        m.ran(
-                            slot,
-                            &self.forward,
-                            &embeds,
-                            &HybridInputs::text(first_pos),
-                            &[],
-                        );
+                        let hidden = self.forward.last_hidden();
+                        m.ran_tokens(slot, hidden, &self.forward, (&rows, first_pos));
                     }
                     self.next_rotary_pos += rows.len() as i64;
                     timings.drafts_proposed += drafts.len();
@@ -739,16 +727,6 @@ pub(crate) fn reuse_prefix(
         }
         reuse = kept;
     }
-}
-
-/// The embedding rows of `tokens` (`tokens x hidden`).
-pub(crate) fn token_embeds(decoder: &Decoder, tokens: &[u32]) -> Vec<f32> {
-    let h = decoder.semantics().hidden_size;
-    let mut out = vec![0.0; tokens.len() * h];
-    for (row, &t) in out.chunks_exact_mut(h).zip(tokens) {
-        decoder.embed_row(t, row);
-    }
-    out
 }
 
 /// The request's sampling with the checkpoint's eos ids when it names none; bad parameters are

@@ -56,8 +56,8 @@ struct ByExpert {
 
 /// Groups the routes of `rows` rows (`top_k` each) by expert in one pass (a counting sort, so
 /// stable): each expert's rows in the order a scan of the rows finds them. A scan of every row per
-/// expert took 1.6% of a 512-row prefill's samples at 256 experts (`perf record` of `bench --shape
-/// qwen3.5-35b-a3b-reduced --prefill-rows 512`).
+/// expert took 1.6% of the samples of `perf record` over `bench --shape qwen3.5-35b-a3b-reduced
+/// --prefill-rows 512` (256 experts; its prefills and decode steps).
 fn bucket_routes(
     routes: &Routes,
     (rows, top_k): (usize, usize),

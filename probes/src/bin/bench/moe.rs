@@ -3,7 +3,7 @@
 use crate::measure::{median, peak_rss_mb, reset_peak_rss, ReadProbe};
 use crate::random_pack::pack_for;
 use crate::report::{print_peak_rss, round2};
-use crate::roofline::{forward_for, DECODE_STEPS, LONG_CONTEXT};
+use crate::roofline::{forward_for, DECODE_STEPS};
 use crate::steps::{decode_steps, prefill, PrefillRun};
 use crate::Common;
 use compute::kernels::Isa;
@@ -69,7 +69,7 @@ pub fn run(c: &Common, shape: &RandomShape, kinds: &[QuantKind], prefill_rows: &
 
         let rss_reset = reset_peak_rss();
         let most = prefill_rows.iter().copied().max().unwrap_or(0);
-        let mut f = forward_for(&pack, c.threads, KvDtype::F32, most.max(LONG_CONTEXT));
+        let mut f = forward_for(&pack, c.threads, KvDtype::F32, most);
         prefill(&mut f, 16);
         // Per row count: (rows, seconds, expert runs of one prefill).
         let prefills: Vec<(usize, f64, u64)> = prefill_rows
